@@ -1,0 +1,3 @@
+//! The mutating admission webhook: a pure planner and the AdmissionReview wire layer.
+pub mod plan;
+pub mod review;

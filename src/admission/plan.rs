@@ -1,0 +1,1077 @@
+//! The mutation planner (PURE): (pod, policy, namespace facts) -> JSON Patch | denial.
+//!
+//! Every step looks at what the pod already has, so the patch applies to the exact object
+//! received (missing parents are created whole, existing arrays are appended to) and a second
+//! pass over the patched pod adds nothing.
+
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde_json::{Value, json};
+
+use crate::mig::MigTable;
+use crate::policy::{MigStrategy, Policy, TolerationOperator, gpus_of};
+use crate::request::{self, ANNOTATION_REQUEST, GpuClass, GpuRequest};
+
+/// Pod Security Admission label on namespaces.
+pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+
+/// Node labels the webhook's affinity uses (GPU Feature Discovery).
+pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
+
+/// Whether the policy's RuntimeClass exists in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeClassState {
+    Exists,
+    Missing,
+    /// Not known (no cluster in `--dev`, or the lookup failed).
+    Unknown,
+}
+
+/// What the planner knows about the cluster for one request.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    pub namespace: &'a str,
+    /// The namespace's labels; `None` when they could not be read (no cluster).
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    pub runtime_class: RuntimeClassState,
+}
+
+/// Why a pod was denied: a fixed set, used as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DenialReason {
+    Unparsable,
+    UnknownMigProfile,
+    ConflictingLimits,
+    ClassForbidden,
+    TooLarge,
+    ContainerNotFound,
+    NodeNameSet,
+    HostIpcForbidden,
+    NotAPod,
+    NamespaceUnavailable,
+}
+
+impl DenialReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenialReason::Unparsable => "unparsable",
+            DenialReason::UnknownMigProfile => "unknown_mig_profile",
+            DenialReason::ConflictingLimits => "conflicting_limits",
+            DenialReason::ClassForbidden => "class_forbidden",
+            DenialReason::TooLarge => "too_large",
+            DenialReason::ContainerNotFound => "container_not_found",
+            DenialReason::NodeNameSet => "node_name_set",
+            DenialReason::HostIpcForbidden => "host_ipc_forbidden",
+            DenialReason::NotAPod => "not_a_pod",
+            DenialReason::NamespaceUnavailable => "namespace_unavailable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub reason: DenialReason,
+    pub message: String,
+}
+
+impl Denial {
+    fn new(reason: DenialReason, message: impl Into<String>) -> Self {
+        Denial {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// A planned mutation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mutation {
+    pub request: GpuRequest,
+    pub patch: Vec<PatchOperation>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// The pod carries no `gpu-share` annotation: allowed untouched.
+    NotRequested,
+    Mutate(Mutation),
+    Deny(Denial),
+}
+
+/// Reads the annotations of a raw pod object. Used before typed parsing, so that a pod without
+/// the annotation is never blocked, whatever else it holds.
+pub fn annotations_of(object: &Value) -> BTreeMap<String, String> {
+    object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Plans the mutation of one pod on CREATE.
+pub fn plan(object: &Value, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
+    let annotations = annotations_of(object);
+    let annotated = match request::from_annotations(&annotations) {
+        Ok(None) => return Decision::NotRequested,
+        Ok(Some(a)) => a,
+        Err(e) => {
+            return Decision::Deny(Denial::new(
+                DenialReason::Unparsable,
+                format!("gpu-share: {e}"),
+            ));
+        }
+    };
+    let pod: Pod = match serde_json::from_value(object.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            return Decision::Deny(Denial::new(
+                DenialReason::NotAPod,
+                format!("gpu-share: the object is not a valid Pod: {e}"),
+            ));
+        }
+    };
+    match plan_pod(&pod, &annotated, policy, mig, facts) {
+        Ok(m) => Decision::Mutate(m),
+        Err(d) => Decision::Deny(d),
+    }
+}
+
+fn plan_pod(
+    pod: &Pod,
+    annotated: &request::AnnotatedRequest,
+    policy: &Policy,
+    mig: &MigTable,
+    facts: &Facts<'_>,
+) -> Result<Mutation, Denial> {
+    let req = &annotated.request;
+    let class = req.class.to_string();
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| Denial::new(DenialReason::NotAPod, "gpu-share: the pod has no spec"))?;
+
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Err(Denial::new(
+            DenialReason::NodeNameSet,
+            format!(
+                "gpu-share: the pod sets spec.nodeName ({node}), which bypasses the gpu-share scheduler and its GPU \
+                 accounting; remove spec.nodeName (use a nodeSelector or node affinity to pin the pod instead)"
+            ),
+        ));
+    }
+
+    // MIG profile must exist in the table.
+    let mig_profile = match &req.class {
+        GpuClass::Mig { profile } => match mig.find(profile) {
+            Some((model, p)) => Some((model, p)),
+            None => {
+                let hints = mig.suggestions(profile);
+                return Err(Denial::new(
+                    DenialReason::UnknownMigProfile,
+                    format!(
+                        "gpu-share: unknown MIG profile {profile:?} (did you mean {}?); known profiles: {}",
+                        hints.join(" or "),
+                        mig.profile_names().join(", ")
+                    ),
+                ));
+            }
+        },
+        _ => None,
+    };
+
+    // Namespace rule.
+    let rule = policy.rule_for(facts.namespace, facts.namespace_labels);
+    if let Some((i, rule)) = rule {
+        if !rule.allowed_classes.is_empty() && !rule.allowed_classes.contains(&req.class.kind()) {
+            let allowed: Vec<&str> = rule.allowed_classes.iter().map(|c| c.as_str()).collect();
+            return Err(Denial::new(
+                DenialReason::ClassForbidden,
+                format!(
+                    "gpu-share: class {} is not allowed in namespace {} (policy rule {} allows: {})",
+                    req.class.kind(),
+                    facts.namespace,
+                    rule.describe(i),
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        if let Some(max) = rule.max_gpus_per_pod {
+            let size = gpus_of(req, mig);
+            if size > max + 1e-9 {
+                return Err(Denial::new(
+                    DenialReason::TooLarge,
+                    format!(
+                        "gpu-share: {} asks for {} GPUs, more than the {} GPUs per pod that policy rule {} allows in namespace {}",
+                        req.normalized(),
+                        fmt_num(size),
+                        fmt_num(max),
+                        rule.describe(i),
+                        facts.namespace
+                    ),
+                ));
+            }
+        }
+    }
+
+    // Target container.
+    let index = match &annotated.container {
+        Some(name) => spec.containers.iter().position(|c| &c.name == name).ok_or_else(|| {
+            let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+            Denial::new(
+                DenialReason::ContainerNotFound,
+                format!(
+                    "gpu-share: annotation gpu-share/container names {name:?}, but the pod's containers are: {}",
+                    names.join(", ")
+                ),
+            )
+        })?,
+        None if spec.containers.is_empty() => {
+            return Err(Denial::new(DenialReason::ContainerNotFound, "gpu-share: the pod has no containers"));
+        }
+        None => 0,
+    };
+    let container = &spec.containers[index];
+
+    // The normalized request annotation: written by gpu-share only.
+    let normalized = req.normalized();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if let Some(existing) = annotations.get(ANNOTATION_REQUEST)
+        && existing != &normalized
+    {
+        return Err(Denial::new(
+            DenialReason::ConflictingLimits,
+            format!(
+                "gpu-share: annotation {ANNOTATION_REQUEST} says {existing:?} but gpu-share asks for {normalized:?}; \
+                     {ANNOTATION_REQUEST} is written by the webhook: remove it (and the GPU resources copied with it)"
+            ),
+        ));
+    }
+
+    // Existing GPU resources must agree with the annotation.
+    let (resource, quantity) = policy.resource_for(req);
+    check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
+
+    // MPS hostIPC.
+    let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
+        && policy.mps.host_ipc
+        && spec.host_ipc != Some(true);
+    if inject_host_ipc {
+        if let Some((i, rule)) = rule.filter(|(_, r)| !r.allow_host_ipc) {
+            return Err(Denial::new(
+                DenialReason::HostIpcForbidden,
+                format!(
+                    "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but policy rule {} \
+                     does not allow injecting hostIPC in namespace {}; use a mig or timeslice class, or allow hostIPC there",
+                    rule.describe(i),
+                    facts.namespace
+                ),
+            ));
+        }
+        if let Some(level) = facts
+            .namespace_labels
+            .and_then(|l| l.get(POD_SECURITY_ENFORCE))
+            && (level == "baseline" || level == "restricted")
+        {
+            return Err(Denial::new(
+                DenialReason::HostIpcForbidden,
+                format!(
+                    "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but namespace {} \
+                         enforces Pod Security level {level:?}, which forbids hostIPC; use a mig or timeslice class, run \
+                         MPS pods in a privileged namespace, or set mps.hostIPC: false if your MPS stack (NVIDIA device \
+                         plugin v0.15+) does not need it",
+                    facts.namespace
+                ),
+            ));
+        }
+    }
+
+    let mut b = PatchBuilder::default();
+    let mut warnings = Vec::new();
+    let c = index.to_string();
+    let cpath = ["spec", "containers", c.as_str()];
+
+    // 1. The extended resource.
+    let has_limit = container
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| l.contains_key(&resource));
+    if !has_limit {
+        let value = json!(quantity.to_string());
+        match container.resources.as_ref() {
+            None => b.add(
+                &[&cpath[..], &["resources"]].concat(),
+                json!({ "limits": { resource.as_str(): value } }),
+            ),
+            Some(r) if r.limits.is_none() => b.add(
+                &[&cpath[..], &["resources", "limits"]].concat(),
+                json!({ resource.as_str(): value }),
+            ),
+            Some(_) => b.add(
+                &[&cpath[..], &["resources", "limits", resource.as_str()]].concat(),
+                value,
+            ),
+        }
+    }
+
+    // 2. Tolerations.
+    let existing = spec.tolerations.clone().unwrap_or_default();
+    let missing: Vec<Value> = policy
+        .tolerations
+        .iter()
+        .filter(|want| !existing.iter().any(|have| tolerates(have, want)))
+        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
+        .collect();
+    if !missing.is_empty() {
+        if spec.tolerations.is_none() {
+            b.add(&["spec", "tolerations"], Value::Array(missing));
+        } else {
+            for t in missing {
+                b.add(&["spec", "tolerations", "-"], t);
+            }
+        }
+    }
+
+    // 3. RuntimeClass.
+    if !policy.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
+        match facts.runtime_class {
+            RuntimeClassState::Exists => b.add(
+                &["spec", "runtimeClassName"],
+                json!(policy.runtime_class_name),
+            ),
+            RuntimeClassState::Missing => warnings.push(format!(
+                "gpu-share: RuntimeClass {} does not exist; runtimeClassName not set",
+                policy.runtime_class_name
+            )),
+            RuntimeClassState::Unknown => warnings.push(format!(
+                "gpu-share: could not check RuntimeClass {}; runtimeClassName not set",
+                policy.runtime_class_name
+            )),
+        }
+    }
+
+    // 4. MPS: hostIPC, runAsUser.
+    if inject_host_ipc {
+        b.add(&["spec", "hostIPC"], json!(true));
+        warnings.push("gpu-share: injected hostIPC: true for MPS".to_string());
+    }
+    if let (GpuClass::Mps { .. }, Some(uid)) = (&req.class, policy.mps.run_as_user) {
+        let container_sets = container
+            .security_context
+            .as_ref()
+            .and_then(|s| s.run_as_user)
+            .is_some();
+        match spec.security_context.as_ref() {
+            _ if container_sets => {}
+            None => b.add(&["spec", "securityContext"], json!({ "runAsUser": uid })),
+            Some(sc) if sc.run_as_user.is_none() => {
+                b.add(&["spec", "securityContext", "runAsUser"], json!(uid))
+            }
+            Some(_) => {}
+        }
+    }
+
+    // 5. Node affinity.
+    if policy.node_affinity {
+        let exprs = affinity_for(&req.class, policy);
+        add_required_affinity(&mut b, pod, &exprs);
+    }
+
+    // 6. schedulerName.
+    if !policy.scheduler_name.is_empty() {
+        match spec.scheduler_name.as_deref() {
+            None | Some("") | Some("default-scheduler") => b.add(&["spec", "schedulerName"], json!(policy.scheduler_name)),
+            Some(s) if s == policy.scheduler_name => {}
+            Some(s) => warnings.push(format!("gpu-share: pod keeps its own scheduler {s}; GPU shares are not accounted by gpu-share")),
+        }
+    }
+
+    // 7. Env.
+    let mut env: Vec<(String, String)> = Vec::new();
+    if policy.workload_env {
+        env.push(("GPU_SHARE_CLASS".into(), class.clone()));
+        let (fraction, memory) = match (&req.class, mig_profile) {
+            (GpuClass::Mig { .. }, Some((model, p))) => (
+                fmt_num(
+                    f64::from(p.compute_slices) / f64::from(model.compute_slices)
+                        * f64::from(req.count),
+                ),
+                p.memory_mib.map(|m| m * u64::from(req.count)),
+            ),
+            (GpuClass::Mps { percent } | GpuClass::Timeslice { percent }, _) => {
+                (GpuRequest::fraction_of(*percent), req.memory_mib)
+            }
+            (GpuClass::Exclusive { count }, _) => (count.to_string(), None),
+            (GpuClass::Mig { .. }, None) => (String::new(), None),
+        };
+        if !fraction.is_empty() {
+            env.push(("GPU_SHARE_FRACTION".into(), fraction));
+        }
+        if let Some(m) = memory {
+            env.push(("GPU_SHARE_MEMORY_MIB".into(), m.to_string()));
+        }
+    }
+    if let GpuClass::Mps { percent } = req.class {
+        if policy.mps.active_thread_percentage {
+            env.push((
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                percent.to_string(),
+            ));
+        }
+        if let Some(m) = req.memory_mib {
+            env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M")));
+        }
+    }
+    add_env(&mut b, container, &cpath, &env);
+
+    // 8. The normalized request annotation (the parent exists: it holds the gpu-share annotation).
+    if !annotations.contains_key(ANNOTATION_REQUEST) {
+        b.add(
+            &["metadata", "annotations", ANNOTATION_REQUEST],
+            json!(normalized),
+        );
+    }
+
+    Ok(Mutation {
+        request: req.clone(),
+        patch: b.ops,
+        warnings,
+    })
+}
+
+fn check_existing_gpu_resources(
+    containers: &[Container],
+    target: usize,
+    resource: &str,
+    quantity: u32,
+) -> Result<(), Denial> {
+    for (i, c) in containers.iter().enumerate() {
+        let Some(res) = c.resources.as_ref() else {
+            continue;
+        };
+        for (field, map) in [("limits", &res.limits), ("requests", &res.requests)] {
+            for (name, q) in map.iter().flatten() {
+                if !name.starts_with("nvidia.com/") {
+                    continue;
+                }
+                if i == target && name == resource && q.0 == quantity.to_string() {
+                    continue;
+                }
+                return Err(Denial::new(
+                    DenialReason::ConflictingLimits,
+                    format!(
+                        "gpu-share: container {:?} already sets {name}: {} in resources.{field}, which conflicts with the \
+                         gpu-share annotation (it would set {resource}: {quantity} on container {:?}); remove the GPU \
+                         resources or the annotation",
+                        c.name, q.0, containers[target].name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether an existing pod toleration already covers the one the policy wants.
+fn tolerates(
+    have: &k8s_openapi::api::core::v1::Toleration,
+    want: &crate::policy::Toleration,
+) -> bool {
+    let have_key = have.key.as_deref().unwrap_or("");
+    let have_op = have.operator.as_deref().unwrap_or("Equal");
+    let have_effect = have.effect.as_deref().unwrap_or("");
+    let want_effect = want.effect.map(|e| format!("{e:?}")).unwrap_or_default();
+    if have_key.is_empty() && have_op == "Exists" {
+        return have_effect.is_empty() || have_effect == want_effect;
+    }
+    if have_key != want.key || !(have_effect.is_empty() || have_effect == want_effect) {
+        return false;
+    }
+    match (have_op, want.operator) {
+        ("Exists", _) => true,
+        ("Equal", TolerationOperator::Equal) => {
+            have.value.as_deref().unwrap_or("") == want.value.as_deref().unwrap_or("")
+        }
+        _ => false,
+    }
+}
+
+/// A node selector requirement as JSON.
+type Expr = (String, &'static str, Vec<String>);
+
+fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
+    let e = |k: &str, op: &'static str, v: &str| (k.to_string(), op, vec![v.to_string()]);
+    match class {
+        GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
+        GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
+        GpuClass::Exclusive { .. } => vec![
+            e(LABEL_SHARING_STRATEGY, "In", "none"),
+            e(LABEL_MIG_STRATEGY, "NotIn", "single"),
+        ],
+        GpuClass::Mig { profile } => match policy.mig.strategy {
+            MigStrategy::Single => vec![e(
+                LABEL_MIG_CONFIG,
+                "In",
+                &crate::mig::all_config_name(profile),
+            )],
+            MigStrategy::Mixed => vec![],
+        },
+    }
+}
+
+fn expr_json(e: &Expr) -> Value {
+    json!({ "key": e.0, "operator": e.1, "values": e.2 })
+}
+
+/// ANDs the expressions into every existing required node selector term (terms are ORed), or adds
+/// a new term if there is none. Creates the missing parents whole.
+fn add_required_affinity(b: &mut PatchBuilder, pod: &Pod, exprs: &[Expr]) {
+    if exprs.is_empty() {
+        return;
+    }
+    let spec = pod.spec.as_ref();
+    let affinity = spec.and_then(|s| s.affinity.as_ref());
+    let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
+    let required = node_affinity.and_then(|n| {
+        n.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let all: Vec<Value> = exprs.iter().map(expr_json).collect();
+    let new_term = json!({ "nodeSelectorTerms": [{ "matchExpressions": all }] });
+    const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
+    const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+    match (affinity, node_affinity, required) {
+        (None, _, _) => b.add(
+            &["spec", "affinity"],
+            json!({ "nodeAffinity": { REQ: new_term } }),
+        ),
+        (Some(_), None, _) => b.add(&NA, json!({ REQ: new_term })),
+        (Some(_), Some(_), None) => b.add(&[&NA[..], &[REQ]].concat(), new_term),
+        (Some(_), Some(_), Some(r)) if r.node_selector_terms.is_empty() => b.add(
+            &[&NA[..], &[REQ, "nodeSelectorTerms"]].concat(),
+            new_term["nodeSelectorTerms"].clone(),
+        ),
+        (Some(_), Some(_), Some(r)) => {
+            for (i, term) in r.node_selector_terms.iter().enumerate() {
+                let i = i.to_string();
+                let path = [
+                    &NA[..],
+                    &[REQ, "nodeSelectorTerms", i.as_str(), "matchExpressions"],
+                ]
+                .concat();
+                let have = term.match_expressions.as_deref().unwrap_or_default();
+                let missing: Vec<Value> = exprs
+                    .iter()
+                    .filter(|e| {
+                        !have.iter().any(|h| {
+                            h.key == e.0
+                                && h.operator == e.1
+                                && h.values.as_deref().unwrap_or_default() == e.2
+                        })
+                    })
+                    .map(expr_json)
+                    .collect();
+                if missing.is_empty() {
+                    continue;
+                }
+                if term.match_expressions.is_none() {
+                    b.add(&path, Value::Array(missing));
+                } else {
+                    for m in missing {
+                        b.add(&[&path[..], &["-"]].concat(), m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Appends env vars the container does not already define (its own values win).
+fn add_env(b: &mut PatchBuilder, container: &Container, cpath: &[&str], env: &[(String, String)]) {
+    let have: Vec<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    let missing: Vec<Value> = env
+        .iter()
+        .filter(|(n, _)| !have.contains(&n.as_str()))
+        .map(|(n, v)| json!({ "name": n, "value": v }))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if container.env.is_none() {
+        b.add(&[cpath, &["env"]].concat(), Value::Array(missing));
+    } else {
+        for m in missing {
+            b.add(&[cpath, &["env", "-"]].concat(), m);
+        }
+    }
+}
+
+#[derive(Default)]
+struct PatchBuilder {
+    ops: Vec<PatchOperation>,
+}
+
+impl PatchBuilder {
+    fn add(&mut self, tokens: &[&str], value: Value) {
+        self.ops.push(PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(tokens.iter().copied()),
+            value,
+        }));
+    }
+}
+
+/// A number with at most four decimals and no trailing zeros.
+fn fmt_num(x: f64) -> String {
+    let s = format!("{x:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(annotations: Value, spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "p-", "namespace": "ml", "annotations": annotations},
+               "spec": spec})
+    }
+
+    fn basic_spec() -> Value {
+        json!({"containers": [{"name": "main", "image": "x", "resources": {}}], "schedulerName": "default-scheduler"})
+    }
+
+    fn facts() -> Facts<'static> {
+        Facts {
+            namespace: "ml",
+            namespace_labels: None,
+            runtime_class: RuntimeClassState::Exists,
+        }
+    }
+
+    fn run(obj: &Value) -> Decision {
+        let p = Policy::default_policy();
+        plan(obj, &p, &p.mig_table(), &facts())
+    }
+
+    fn apply(obj: &Value, m: &Mutation) -> Value {
+        let mut doc = obj.clone();
+        json_patch::patch(&mut doc, &m.patch).expect("patch applies");
+        doc
+    }
+
+    fn mutated(obj: &Value) -> (Value, Mutation) {
+        match run(obj) {
+            Decision::Mutate(m) => (apply(obj, &m), m),
+            other => panic!("expected a mutation, got {other:?}"),
+        }
+    }
+
+    fn denied(obj: &Value) -> Denial {
+        match run(obj) {
+            Decision::Deny(d) => d,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    fn env_of(doc: &Value, name: &str) -> Option<String> {
+        doc["spec"]["containers"][0]["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap_or_default().to_string())
+    }
+
+    #[test]
+    fn no_annotation_no_patch() {
+        assert_eq!(
+            run(&pod(json!({"x": "y"}), basic_spec())),
+            Decision::NotRequested
+        );
+        // Even an object that is not a valid pod is left alone without the annotation.
+        assert_eq!(run(&json!({"spec": "garbage"})), Decision::NotRequested);
+    }
+
+    #[test]
+    fn mig_mixed() {
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "mig-1g.10gb+me"}), basic_spec()));
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb.me"],
+            "1"
+        );
+        assert_eq!(doc["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
+        assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
+        assert_eq!(doc["spec"]["schedulerName"], "gpu-share-scheduler");
+        assert_eq!(
+            doc["metadata"]["annotations"]["gpu-share.io/request"],
+            "mig-1g.10gb+me"
+        );
+        assert!(
+            doc["spec"].get("affinity").is_none(),
+            "mixed MIG: the resource name selects nodes"
+        );
+        assert_eq!(
+            env_of(&doc, "GPU_SHARE_FRACTION").as_deref(),
+            Some("0.1429")
+        );
+        assert_eq!(
+            env_of(&doc, "GPU_SHARE_MEMORY_MIB").as_deref(),
+            Some("9984")
+        );
+        assert!(m.warnings.is_empty());
+    }
+
+    #[test]
+    fn mig_single_strategy_uses_gpu_and_affinity() {
+        let mut p = Policy::default_policy();
+        p.mig.strategy = MigStrategy::Single;
+        let obj = pod(
+            json!({"gpu-share": "mig-3g.40gb", "gpu-share/count": "2"}),
+            basic_spec(),
+        );
+        let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
+            panic!()
+        };
+        let doc = apply(&obj, &m);
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "2"
+        );
+        let term = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0];
+        assert_eq!(
+            term["matchExpressions"][0],
+            json!({"key": "nvidia.com/mig.config", "operator": "In", "values": ["all-3g.40gb"]})
+        );
+    }
+
+    #[test]
+    fn mps_with_memory() {
+        let (doc, m) = mutated(&pod(
+            json!({"gpu-share": "mps-25", "gpu-share/memory": "8Gi"}),
+            basic_spec(),
+        ));
+        assert_eq!(doc["spec"]["hostIPC"], true);
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "1"
+        );
+        assert_eq!(
+            env_of(&doc, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(),
+            Some("25")
+        );
+        assert_eq!(
+            env_of(&doc, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
+            Some("0=8192M")
+        );
+        assert_eq!(env_of(&doc, "GPU_SHARE_FRACTION").as_deref(), Some("0.25"));
+        assert_eq!(
+            env_of(&doc, "GPU_SHARE_MEMORY_MIB").as_deref(),
+            Some("8192")
+        );
+        assert_eq!(
+            doc["metadata"]["annotations"]["gpu-share.io/request"],
+            "mps-25,memory=8192Mi"
+        );
+        let term = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0];
+        assert_eq!(term["matchExpressions"][0]["values"][0], "mps");
+        assert!(m.warnings.iter().any(|w| w.contains("hostIPC")));
+    }
+
+    #[test]
+    fn mps_without_memory_sets_no_memory_limit() {
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "mps-50"}), basic_spec()));
+        assert_eq!(env_of(&doc, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), None);
+        assert_eq!(env_of(&doc, "GPU_SHARE_MEMORY_MIB"), None);
+    }
+
+    #[test]
+    fn mps_run_as_user_never_overrides() {
+        let mut p = Policy::default_policy();
+        p.mps.run_as_user = Some(1000);
+        let obj = pod(json!({"gpu-share": "mps-50"}), basic_spec());
+        let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
+            panic!()
+        };
+        assert_eq!(
+            apply(&obj, &m)["spec"]["securityContext"]["runAsUser"],
+            1000
+        );
+        let mut spec = basic_spec();
+        spec["securityContext"] = json!({"runAsUser": 7});
+        let obj = pod(json!({"gpu-share": "mps-50"}), spec);
+        let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
+            panic!()
+        };
+        assert_eq!(apply(&obj, &m)["spec"]["securityContext"]["runAsUser"], 7);
+    }
+
+    #[test]
+    fn timeslice_and_exclusive_affinity() {
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "timeslice-50"}), basic_spec()));
+        assert!(doc["spec"].get("hostIPC").is_none());
+        assert!(m.warnings.is_empty());
+        let t = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0];
+        assert_eq!(t["matchExpressions"][0]["values"][0], "time-slicing");
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive-2"}), basic_spec()));
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "2"
+        );
+        let t = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0];
+        assert_eq!(
+            t["matchExpressions"][1],
+            json!({"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single"]})
+        );
+        assert_eq!(env_of(&doc, "GPU_SHARE_FRACTION").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn affinity_is_anded_into_every_existing_term() {
+        let mut spec = basic_spec();
+        spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+        ]}}});
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "timeslice-10"}), spec));
+        let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(terms.as_array().unwrap().len(), 2, "no new ORed term");
+        assert_eq!(terms[0]["matchExpressions"][0]["key"], "zone");
+        assert_eq!(terms[0]["matchExpressions"][1]["values"][0], "time-slicing");
+        assert_eq!(terms[1]["matchExpressions"][0]["values"][0], "time-slicing");
+        assert_eq!(terms[1]["matchFields"][0]["key"], "metadata.name");
+    }
+
+    #[test]
+    fn existing_tolerations_and_env_are_appended_to() {
+        let mut spec = basic_spec();
+        spec["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]);
+        spec["containers"][0]["env"] =
+            json!([{"name": "A", "value": "1"}, {"name": "GPU_SHARE_CLASS", "value": "mine"}]);
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive"}), spec));
+        let tol = doc["spec"]["tolerations"].as_array().unwrap();
+        assert_eq!(tol.len(), 2);
+        assert_eq!(tol[0]["key"], "node.kubernetes.io/not-ready");
+        let env = doc["spec"]["containers"][0]["env"].as_array().unwrap();
+        assert_eq!(env[0]["name"], "A");
+        assert_eq!(
+            env_of(&doc, "GPU_SHARE_CLASS").as_deref(),
+            Some("mine"),
+            "the pod's own value wins"
+        );
+    }
+
+    #[test]
+    fn existing_toleration_is_not_duplicated() {
+        let mut spec = basic_spec();
+        spec["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive"}), spec));
+        assert_eq!(doc["spec"]["tolerations"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn second_pass_adds_nothing() {
+        for class in ["mig-1g.10gb", "mps-25", "timeslice-50", "exclusive-2"] {
+            let (doc, _) = mutated(&pod(
+                json!({"gpu-share": class, "gpu-share/container": "main"}),
+                basic_spec(),
+            ));
+            let Decision::Mutate(m) = run(&doc) else {
+                panic!("{class}")
+            };
+            assert!(m.patch.is_empty(), "{class}: {:?}", m.patch);
+        }
+    }
+
+    #[test]
+    fn runtime_class_warnings() {
+        let p = Policy::default_policy();
+        let obj = pod(json!({"gpu-share": "exclusive"}), basic_spec());
+        for state in [RuntimeClassState::Missing, RuntimeClassState::Unknown] {
+            let f = Facts {
+                runtime_class: state,
+                ..facts()
+            };
+            let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &f) else {
+                panic!()
+            };
+            assert!(apply(&obj, &m)["spec"].get("runtimeClassName").is_none());
+            assert!(
+                m.warnings.iter().any(|w| w.contains("RuntimeClass nvidia")),
+                "{:?}",
+                m.warnings
+            );
+        }
+        let mut spec = basic_spec();
+        spec["runtimeClassName"] = json!("custom");
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive"}), spec));
+        assert_eq!(doc["spec"]["runtimeClassName"], "custom");
+    }
+
+    #[test]
+    fn scheduler_name_is_respected() {
+        let mut spec = basic_spec();
+        spec["schedulerName"] = json!("volcano");
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "exclusive"}), spec));
+        assert_eq!(doc["spec"]["schedulerName"], "volcano");
+        assert!(m.warnings.iter().any(|w| w.contains("volcano")));
+    }
+
+    #[test]
+    fn denials_say_why() {
+        let d = denied(&pod(json!({"gpu-share": "mig-7g.79gb"}), basic_spec()));
+        assert_eq!(d.reason, DenialReason::UnknownMigProfile);
+        assert!(d.message.contains("did you mean 7g.80gb"), "{}", d.message);
+
+        let d = denied(&pod(json!({"gpu-share": "half"}), basic_spec()));
+        assert_eq!(d.reason, DenialReason::Unparsable);
+        assert!(d.message.contains("valid forms"));
+
+        let d = denied(&pod(json!({"gpu-share": "mps-0"}), basic_spec()));
+        assert!(d.message.contains("1 to 100"));
+
+        let d = denied(&pod(
+            json!({"gpu-share": "mps-20", "gpu-share/container": "side"}),
+            basic_spec(),
+        ));
+        assert_eq!(d.reason, DenialReason::ContainerNotFound);
+        assert!(d.message.contains("main"));
+
+        let mut spec = basic_spec();
+        spec["nodeName"] = json!("gpu-1");
+        assert_eq!(
+            denied(&pod(json!({"gpu-share": "mps-20"}), spec)).reason,
+            DenialReason::NodeNameSet
+        );
+
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "2"}});
+        let d = denied(&pod(json!({"gpu-share": "exclusive"}), spec));
+        assert_eq!(d.reason, DenialReason::ConflictingLimits);
+        assert!(d.message.contains("nvidia.com/gpu: 2"));
+
+        // The same limit the annotation would set is accepted.
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "2"}});
+        assert!(matches!(
+            run(&pod(json!({"gpu-share": "exclusive-2"}), spec)),
+            Decision::Mutate(_)
+        ));
+
+        let d = denied(&pod(
+            json!({"gpu-share": "mps-20", "gpu-share.io/request": "mps-30"}),
+            basic_spec(),
+        ));
+        assert_eq!(d.reason, DenialReason::ConflictingLimits);
+    }
+
+    #[test]
+    fn namespace_policy_and_pod_security() {
+        let yaml = crate::policy::DEFAULT_POLICY_YAML.replace(
+            "namespaces: []",
+            "namespaces:\n  - names: [ml]\n    allowedClasses: [mig, mps]\n    maxGpusPerPod: 0.5\n  - names: [noipc]\n    allowHostIPC: false\n",
+        );
+        let p = Policy::from_yaml(&yaml).unwrap();
+        let t = p.mig_table();
+        let deny = |obj: &Value, f: &Facts<'_>| match plan(obj, &p, &t, f) {
+            Decision::Deny(d) => d,
+            other => panic!("{other:?}"),
+        };
+        let d = deny(
+            &pod(json!({"gpu-share": "timeslice-10"}), basic_spec()),
+            &facts(),
+        );
+        assert_eq!(d.reason, DenialReason::ClassForbidden);
+        assert!(d.message.contains("allows: mig, mps"), "{}", d.message);
+        let d = deny(&pod(json!({"gpu-share": "mps-60"}), basic_spec()), &facts());
+        assert_eq!(d.reason, DenialReason::TooLarge);
+        assert!(matches!(
+            plan(
+                &pod(json!({"gpu-share": "mps-50"}), basic_spec()),
+                &p,
+                &t,
+                &facts()
+            ),
+            Decision::Mutate(_)
+        ));
+
+        let noipc = Facts {
+            namespace: "noipc",
+            ..facts()
+        };
+        assert_eq!(
+            deny(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &noipc).reason,
+            DenialReason::HostIpcForbidden
+        );
+
+        let labels: BTreeMap<String, String> =
+            [(POD_SECURITY_ENFORCE.to_string(), "baseline".to_string())].into();
+        let psa = Facts {
+            namespace: "other",
+            namespace_labels: Some(&labels),
+            runtime_class: RuntimeClassState::Exists,
+        };
+        let d = deny(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &psa);
+        assert!(d.message.contains("baseline"), "{}", d.message);
+        assert!(matches!(
+            plan(
+                &pod(json!({"gpu-share": "timeslice-50"}), basic_spec()),
+                &p,
+                &t,
+                &psa
+            ),
+            Decision::Mutate(_)
+        ));
+    }
+
+    #[test]
+    fn missing_resources_and_slash_keys() {
+        let spec = json!({"containers": [{"name": "a", "image": "x"}]});
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "mig-1g.10gb"}), spec));
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"],
+            "1"
+        );
+        assert!(m.patch.iter().any(|op| matches!(op, PatchOperation::Add(a) if a.path.as_str() == "/metadata/annotations/gpu-share.io~1request")));
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] = json!({"limits": {"cpu": "1"}});
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "mig-1g.10gb"}), spec));
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["cpu"],
+            "1"
+        );
+        assert!(m.patch.iter().any(|op| matches!(op, PatchOperation::Add(a) if a.path.as_str() == "/spec/containers/0/resources/limits/nvidia.com~1mig-1g.10gb")));
+    }
+
+    #[test]
+    fn init_containers_are_left_alone() {
+        let mut spec = basic_spec();
+        spec["initContainers"] = json!([{"name": "init", "image": "x", "resources": {}}]);
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "mps-20"}), spec.clone()));
+        assert_eq!(doc["spec"]["initContainers"], spec["initContainers"]);
+        assert!(
+            m.patch
+                .iter()
+                .all(|op| !format!("{op:?}").contains("initContainers"))
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! AdmissionReview (admission.k8s.io/v1) in and out, and the `/mutate` handler.
+//!
+//! The response is our own type: the API documents `patch` as a base64 string, while
+//! kube-core's `AdmissionResponse` serializes it as an array of numbers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::{Instrument, field};
+
+use super::plan::{self, Decision, Denial, Facts, RuntimeClassState};
+use crate::server::{AppState, json_error};
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+pub struct GroupVersionResource {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub resource: String,
+}
+
+/// The request half of an AdmissionReview: the fields gpu-share reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    pub uid: String,
+    #[serde(default)]
+    pub kind: Option<GroupVersionKind>,
+    #[serde(default)]
+    pub resource: Option<GroupVersionResource>,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub operation: Option<String>,
+    #[serde(default)]
+    pub object: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReviewIn {
+    pub api_version: String,
+    pub kind: String,
+    pub request: AdmissionRequest,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Status {
+    pub code: u16,
+    pub message: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Base64 of the RFC 6902 JSON Patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub audit_annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReviewOut {
+    pub api_version: String,
+    pub kind: String,
+    pub response: AdmissionResponse,
+}
+
+/// Reads a body as an AdmissionReview. An error here is a 400: the body is not well-formed.
+pub fn parse_review(body: &[u8]) -> Result<AdmissionReviewIn, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if kind != KIND {
+        return Err(format!("body is not an AdmissionReview (kind {kind:?})"));
+    }
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !api_version.starts_with("admission.k8s.io/") {
+        return Err(format!(
+            "AdmissionReview apiVersion {api_version:?} is not admission.k8s.io/v1"
+        ));
+    }
+    if value.get("request").is_none_or(Value::is_null) {
+        return Err("AdmissionReview has no request".to_string());
+    }
+    serde_json::from_value(value).map_err(|e| format!("AdmissionReview request is malformed: {e}"))
+}
+
+/// Whether this request is a pod CREATE (the only thing gpu-share mutates).
+pub fn is_pod_create(req: &AdmissionRequest) -> bool {
+    let is_pod = req
+        .kind
+        .as_ref()
+        .is_none_or(|k| k.kind == "Pod" && k.group.is_empty())
+        && req
+            .resource
+            .as_ref()
+            .is_none_or(|r| r.resource == "pods" && r.group.is_empty());
+    let no_sub = req.sub_resource.as_deref().is_none_or(str::is_empty);
+    is_pod && no_sub && req.operation.as_deref() == Some("CREATE") && req.object.is_some()
+}
+
+/// Wraps a decision into the AdmissionReview the API server expects, echoing apiVersion, kind and uid.
+pub fn respond(review: &AdmissionReviewIn, decision: &Decision) -> AdmissionReviewOut {
+    let uid = review.request.uid.clone();
+    let mut response = AdmissionResponse {
+        uid,
+        allowed: true,
+        status: None,
+        patch: None,
+        patch_type: None,
+        warnings: Vec::new(),
+        audit_annotations: BTreeMap::new(),
+    };
+    match decision {
+        Decision::NotRequested => {}
+        Decision::Mutate(m) => {
+            if !m.patch.is_empty() {
+                let bytes = serde_json::to_vec(&m.patch).unwrap_or_default();
+                response.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+                response.patch_type = Some("JSONPatch".to_string());
+            }
+            response.warnings = m.warnings.iter().map(|w| truncate(w, 256)).collect();
+            response
+                .audit_annotations
+                .insert("request".to_string(), m.request.normalized());
+        }
+        Decision::Deny(Denial { reason, message }) => {
+            response.allowed = false;
+            response.status = Some(Status {
+                code: 403,
+                message: message.clone(),
+                reason: "Forbidden".to_string(),
+            });
+            response
+                .audit_annotations
+                .insert("denied".to_string(), reason.as_str().to_string());
+        }
+    }
+    AdmissionReviewOut {
+        api_version: review.api_version.clone(),
+        kind: KIND.to_string(),
+        response,
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// `POST /mutate`.
+pub async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let review = match parse_review(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "rejected a malformed admission request");
+            state
+                .metrics
+                .observe("mutate", "bad_request", started.elapsed());
+            return json_error(axum::http::StatusCode::BAD_REQUEST, &e);
+        }
+    };
+    let req = &review.request;
+    let namespace = req.namespace.clone().unwrap_or_default();
+    let pod_name = req
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            req.object
+                .as_ref()
+                .and_then(|o| o.pointer("/metadata/generateName"))
+                .and_then(Value::as_str)
+                .map(|g| format!("{g}*"))
+        })
+        .unwrap_or_default();
+    let span = tracing::info_span!(
+        "admission",
+        uid = %req.uid,
+        namespace = %namespace,
+        pod = %pod_name,
+        dry_run = req.dry_run.unwrap_or(false),
+        decision = field::Empty
+    );
+    async move {
+        let decision = decide(&state, &review, &namespace).await;
+        let (label, outcome) = match &decision {
+            Decision::NotRequested => ("skipped", "allowed"),
+            Decision::Mutate(_) => ("mutated", "allowed"),
+            Decision::Deny(d) => {
+                state.metrics.denial(d.reason.as_str());
+                ("denied", "denied")
+            }
+        };
+        tracing::Span::current().record("decision", label);
+        match &decision {
+            Decision::Deny(d) => {
+                tracing::info!(reason = d.reason.as_str(), message = %d.message, "denied")
+            }
+            Decision::Mutate(m) => {
+                tracing::info!(request = %m.request.normalized(), ops = m.patch.len(), "mutated")
+            }
+            Decision::NotRequested => tracing::debug!("no gpu-share annotation"),
+        }
+        state.metrics.observe("mutate", outcome, started.elapsed());
+        axum::Json(respond(&review, &decision)).into_response()
+    }
+    .instrument(span)
+    .await
+}
+
+async fn decide(state: &AppState, review: &AdmissionReviewIn, namespace: &str) -> Decision {
+    let req = &review.request;
+    if !is_pod_create(req) {
+        return Decision::NotRequested;
+    }
+    let Some(object) = req.object.as_ref() else {
+        return Decision::NotRequested;
+    };
+    if !plan::annotations_of(object).contains_key(crate::request::ANNOTATION) {
+        return Decision::NotRequested;
+    }
+    let loaded = state.policy.current();
+    let (labels, runtime_class) = match &state.cluster {
+        None => (None, RuntimeClassState::Unknown),
+        Some(cluster) => {
+            let labels = match cluster.namespace_labels(namespace).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, namespace, "cannot read namespace labels");
+                    if loaded
+                        .policy
+                        .namespaces
+                        .iter()
+                        .any(|r| r.selector.is_some())
+                        || loaded.policy.mps.host_ipc
+                    {
+                        return Decision::Deny(Denial {
+                            reason: plan::DenialReason::NamespaceUnavailable,
+                            message: format!(
+                                "gpu-share: cannot read the labels of namespace {namespace} to apply the policy ({e}); retry shortly"
+                            ),
+                        });
+                    }
+                    None
+                }
+            };
+            let rc = if loaded.policy.runtime_class_name.is_empty() {
+                RuntimeClassState::Unknown
+            } else {
+                cluster
+                    .runtime_class(&loaded.policy.runtime_class_name)
+                    .await
+            };
+            (labels, rc)
+        }
+    };
+    let facts = Facts {
+        namespace,
+        namespace_labels: labels.as_ref(),
+        runtime_class,
+    };
+    plan::plan(object, &loaded.policy, &loaded.mig, &facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_are_in_words() {
+        assert!(parse_review(b"not json").unwrap_err().contains("not JSON"));
+        assert!(
+            parse_review(b"{}")
+                .unwrap_err()
+                .contains("not an AdmissionReview")
+        );
+        assert!(
+            parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#)
+                .unwrap_err()
+                .contains("no request")
+        );
+        assert!(parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":5}}"#)
+            .unwrap_err()
+            .contains("malformed"));
+        assert!(
+            parse_review(br#"{"kind":"AdmissionReview","apiVersion":"v1","request":{"uid":"a"}}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn deny_has_no_patch_and_echoes() {
+        let review = parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u1"}}"#).unwrap();
+        let d = Decision::Deny(Denial {
+            reason: plan::DenialReason::Unparsable,
+            message: "no".into(),
+        });
+        let out = serde_json::to_value(respond(&review, &d)).unwrap();
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(out["kind"], "AdmissionReview");
+        assert_eq!(out["response"]["uid"], "u1");
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 403);
+        assert!(out["response"].get("patch").is_none());
+        assert!(out["response"].get("patchType").is_none());
+    }
+}

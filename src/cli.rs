@@ -1,0 +1,144 @@
+//! The command line (clap): `serve`, `check-policy`. Every `serve` flag has an environment
+//! fallback (`GPU_SHARE_<FLAG>`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpu-share",
+    version,
+    about = "Share NVIDIA GPUs in Kubernetes: admission webhook and scheduler extender"
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "GPU_SHARE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTPS service (webhook and/or extender) and the admin listener.
+    Serve(ServeArgs),
+    /// Validate a policy file and print the effective policy.
+    CheckPolicy {
+        /// The policy file (YAML).
+        file: PathBuf,
+    },
+}
+
+/// Which halves of the service run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Role {
+    /// The mutating admission webhook only (needs no pod or node watches).
+    Webhook,
+    /// The scheduler extender only (the scheduler's sidecar).
+    Extender,
+    /// Both.
+    #[default]
+    All,
+}
+
+impl Role {
+    pub fn webhook(self) -> bool {
+        matches!(self, Role::Webhook | Role::All)
+    }
+
+    pub fn extender(self) -> bool {
+        matches!(self, Role::Extender | Role::All)
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// HTTPS address [default: 0.0.0.0:8443; 127.0.0.1:8443 with --dev].
+    #[arg(long, env = "GPU_SHARE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Plain-HTTP admin address for /livez, /readyz, /metrics [default: 0.0.0.0:8080; 127.0.0.1:8080 with --dev].
+    #[arg(long, env = "GPU_SHARE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Serving certificate (PEM); re-read when it changes.
+    #[arg(long, env = "GPU_SHARE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving private key (PEM).
+    #[arg(long, env = "GPU_SHARE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) for client certificates: when set, clients must present one (mTLS).
+    #[arg(long, env = "GPU_SHARE_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Policy file (YAML) [default: the embedded policies/default.yaml]; reloaded when it changes.
+    #[arg(long, env = "GPU_SHARE_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Which halves to run.
+    #[arg(long, env = "GPU_SHARE_ROLE", value_enum, default_value_t = Role::All)]
+    pub role: Role,
+    /// A NodeList (YAML or JSON) of GPU nodes, for --dev extenders in NodeNames mode.
+    #[arg(long, env = "GPU_SHARE_NODES")]
+    pub nodes: Option<PathBuf>,
+    /// Run with no cluster and no files: a self-signed certificate, loopback listeners, the embedded policy.
+    #[arg(long, env = "GPU_SHARE_DEV")]
+    pub dev: bool,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, env = "GPU_SHARE_SHUTDOWN_GRACE_SECONDS", default_value_t = 25)]
+    pub shutdown_grace_seconds: u64,
+}
+
+impl ServeArgs {
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen.unwrap_or_else(|| {
+            if self.dev {
+                ([127, 0, 0, 1], 8443).into()
+            } else {
+                ([0, 0, 0, 0], 8443).into()
+            }
+        })
+    }
+
+    pub fn admin_listen_addr(&self) -> SocketAddr {
+        self.admin_listen.unwrap_or_else(|| {
+            if self.dev {
+                ([127, 0, 0, 1], 8080).into()
+            } else {
+                ([0, 0, 0, 0], 8080).into()
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_dev() {
+        let cli = Cli::try_parse_from(["gpu-share", "serve", "--dev"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.listen_addr().to_string(), "127.0.0.1:8443");
+        assert_eq!(a.admin_listen_addr().to_string(), "127.0.0.1:8080");
+        assert_eq!(a.role, Role::All);
+        let cli = Cli::try_parse_from([
+            "gpu-share",
+            "serve",
+            "--role",
+            "webhook",
+            "--listen",
+            "0.0.0.0:9443",
+        ])
+        .unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.listen_addr().to_string(), "0.0.0.0:9443");
+        assert_eq!(a.admin_listen_addr().to_string(), "0.0.0.0:8080");
+        assert!(a.role.webhook() && !a.role.extender());
+        assert!(Cli::try_parse_from(["gpu-share", "serve", "--role", "both"]).is_err());
+    }
+}

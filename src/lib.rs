@@ -1,0 +1,46 @@
+//! gpu-share: share NVIDIA GPUs in Kubernetes safely and densely.
+//!
+//! One HTTPS service that is a mutating admission webhook (one `gpu-share` annotation becomes
+//! everything a GPU-sharing pod needs) and a kube-scheduler extender. Decisions are pure
+//! functions over plain data ([`request`], [`mig`], [`policy`], [`admission::plan`]); HTTP, TLS
+//! and the Kubernetes API are a thin shell around them ([`server`], [`cluster`]).
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod certs;
+pub mod cli;
+pub mod cluster;
+pub mod metrics;
+pub mod mig;
+pub mod policy;
+pub mod request;
+pub mod server;
+pub mod telemetry;
+
+/// Errors that stop the service at start, each naming what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{flag}: cannot read {path}: {source}")]
+    ReadFile {
+        flag: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{flag}: {reason}")]
+    Tls { flag: &'static str, reason: String },
+    #[error("--policy {path}: {reason}")]
+    Policy { path: String, reason: String },
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,170 @@
+//! Prometheus metrics (prometheus-client), served as text on the admin listener's `/metrics`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+type HistogramFamily = Family<EndpointLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 100 us .. ~3.3 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// All of the service's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<RequestLabels, Counter>,
+    latency: HistogramFamily,
+    denials: Family<ReasonLabels, Counter>,
+    policy_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_share");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let denials = Family::<ReasonLabels, Counter>::default();
+        let policy_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests by endpoint and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request latency by endpoint",
+            latency.clone(),
+        );
+        registry.register(
+            "admission_denials",
+            "Admission denials by reason",
+            denials.clone(),
+        );
+        registry.register(
+            "policy_reloads",
+            "Policy file reloads by result",
+            policy_reloads.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            requests,
+            latency,
+            denials,
+            policy_reloads,
+        }
+    }
+
+    /// Counts a request and records its latency.
+    pub fn observe(&self, endpoint: &str, outcome: &str, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.into(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn denial(&self, reason: &str) {
+        self.denials
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn policy_reload(&self, result: &str) {
+        self.policy_reloads
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Lets other modules register their own metrics.
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        if let Ok(mut r) = self.registry.lock() {
+            r.register(name, help, metric);
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock()
+            && let Err(e) = prometheus_client::encoding::text::encode(&mut out, &r)
+        {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_counters_and_histograms() {
+        let m = Metrics::new();
+        m.observe("mutate", "allowed", Duration::from_millis(2));
+        m.denial("unparsable");
+        let text = m.encode();
+        assert!(
+            text.contains(r#"gpu_share_requests_total{endpoint="mutate",outcome="allowed"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gpu_share_admission_denials_total{reason="unparsable"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_share_request_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,589 @@
+//! The policy file model and its validation (PURE). Loading and reloading live in `server/`.
+//!
+//! `policies/default.yaml` is the embedded default and documents every field. Validation happens
+//! while the YAML is read, so every error carries the line and column of the offending value.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::mig::{MigModel, MigTable};
+use crate::request::{ClassKind, GpuClass, GpuRequest};
+
+/// The embedded default policy.
+pub const DEFAULT_POLICY_YAML: &str = include_str!("../policies/default.yaml");
+
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    #[error("{0}")]
+    Yaml(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// An extended resource name such as `nvidia.com/gpu` (validated: `<domain>/<name>`, name at
+/// most 63 characters, not in the `kubernetes.io` domain).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ResourceName(String);
+
+impl ResourceName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ResourceName {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let Some((domain, name)) = s.split_once('/') else {
+            return Err(format!(
+                "resource name {s:?} must look like <domain>/<name>, e.g. nvidia.com/gpu"
+            ));
+        };
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if domain.is_empty() || !domain.chars().all(ok_char) || domain.ends_with("kubernetes.io") {
+            return Err(format!(
+                "resource name {s:?}: {domain:?} is not an extended-resource domain"
+            ));
+        }
+        if name.is_empty() || name.len() > 63 || !name.chars().all(ok_char) {
+            return Err(format!(
+                "resource name {s:?}: the part after / must be 1-63 characters of [A-Za-z0-9._-]"
+            ));
+        }
+        Ok(ResourceName(s))
+    }
+}
+
+impl From<ResourceName> for String {
+    fn from(r: ResourceName) -> String {
+        r.0
+    }
+}
+
+impl fmt::Display for ResourceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How the device plugin exposes MIG devices on this cluster's MIG nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    #[default]
+    Mixed,
+    Single,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TolerationOperator {
+    Exists,
+    Equal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+/// A toleration the webhook adds to GPU pods.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Toleration {
+    pub key: String,
+    pub operator: TolerationOperator,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourcesPolicy {
+    /// Resource that mps and timeslice pods ask for (`nvidia.com/gpu`, or e.g. `nvidia.com/gpu.shared`
+    /// when the device plugin runs with `renameByDefault: true`).
+    pub shared: ResourceName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigPolicy {
+    pub strategy: MigStrategy,
+    /// Extra MIG models (B200, GH200, ...): same shape as the built-in table.
+    #[serde(default)]
+    pub models: Vec<MigModel>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MpsPolicy {
+    /// Inject `hostIPC: true` into MPS pods.
+    #[serde(rename = "hostIPC")]
+    pub host_ipc: bool,
+    /// Inject `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    pub active_thread_percentage: bool,
+    /// A `runAsUser` for MPS pods that set none (one MPS server serves one UID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<i64>,
+}
+
+/// Node packing policy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PackingPolicyName {
+    Binpack,
+    Spread,
+    #[default]
+    GpuShare,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PackingPolicy {
+    pub policy: PackingPolicyName,
+}
+
+impl Default for PackingPolicy {
+    fn default() -> Self {
+        PackingPolicy {
+            policy: PackingPolicyName::GpuShare,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// A Kubernetes label selector (`matchLabels` AND `matchExpressions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+impl LabelSelector {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|e| {
+                let got = labels.get(&e.key);
+                match e.operator {
+                    SelectorOperator::In => got.is_some_and(|v| e.values.contains(v)),
+                    SelectorOperator::NotIn => got.is_none_or(|v| !e.values.contains(v)),
+                    SelectorOperator::Exists => got.is_some(),
+                    SelectorOperator::DoesNotExist => got.is_none(),
+                }
+            })
+    }
+}
+
+/// A per-namespace rule. A rule matches when the namespace is in `names` (if given) and its
+/// labels match `selector` (if given); the first matching rule wins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceRule {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Classes pods may ask for; empty means all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_classes: Vec<ClassKind>,
+    /// Largest request per pod, in GPUs (mps-50 is 0.5, exclusive-2 is 2, mig-3g.40gb is 3/7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus_per_pod: Option<f64>,
+    /// Whether the webhook may inject hostIPC for MPS pods here (default true).
+    #[serde(default = "yes", rename = "allowHostIPC")]
+    pub allow_host_ipc: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl NamespaceRule {
+    pub fn matches(&self, namespace: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        if !self.names.is_empty() && !self.names.iter().any(|n| n == namespace) {
+            return false;
+        }
+        match (&self.selector, labels) {
+            (None, _) => true,
+            (Some(sel), Some(labels)) => sel.matches(labels),
+            // Labels unknown (no cluster): a selector rule cannot be evaluated, so it does not match.
+            (Some(_), None) => false,
+        }
+    }
+
+    /// A short name for messages: the names, the selector, or "catch-all".
+    pub fn describe(&self, index: usize) -> String {
+        if !self.names.is_empty() {
+            format!("namespaces[{index}] ({})", self.names.join(", "))
+        } else if self.selector.is_some() {
+            format!("namespaces[{index}] (label selector)")
+        } else {
+            format!("namespaces[{index}] (catch-all)")
+        }
+    }
+}
+
+/// The whole policy file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    pub version: PolicyVersion,
+    pub resources: ResourcesPolicy,
+    pub mig: MigPolicy,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    /// RuntimeClass for GPU pods; empty string: never set one.
+    #[serde(default)]
+    pub runtime_class_name: String,
+    /// Scheduler for GPU pods; empty string: leave `schedulerName` alone.
+    #[serde(default)]
+    pub scheduler_name: String,
+    /// Add required node affinity to nodes of the right sharing mode.
+    pub node_affinity: bool,
+    /// Add `GPU_SHARE_CLASS`, `GPU_SHARE_FRACTION` and `GPU_SHARE_MEMORY_MIB` to the container.
+    pub workload_env: bool,
+    pub mps: MpsPolicy,
+    #[serde(default)]
+    pub packing: PackingPolicy,
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceRule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyVersion {
+    #[serde(rename = "v1")]
+    V1,
+}
+
+impl Policy {
+    /// Parses and validates a policy. Errors name the line and column and say what is wrong.
+    pub fn from_yaml(text: &str) -> Result<Policy, PolicyError> {
+        let policy: Policy =
+            serde_saphyr::from_str(text).map_err(|e| PolicyError::Yaml(e.to_string()))?;
+        policy
+            .validate()
+            .map_err(|e| PolicyError::Invalid(locate(text, &e)))?;
+        Ok(policy)
+    }
+
+    /// The embedded default policy.
+    pub fn default_policy() -> Policy {
+        Policy::from_yaml(DEFAULT_POLICY_YAML)
+            .expect("the embedded default policy is valid (tested)")
+    }
+
+    /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
+    fn validate(&self) -> Result<(), String> {
+        for (i, rule) in self.namespaces.iter().enumerate() {
+            if let Some(max) = rule.max_gpus_per_pod
+                && !(max.is_finite() && max > 0.0)
+            {
+                return Err(format!(
+                    "namespaces[{i}].maxGpusPerPod must be a number above 0, got {max}"
+                ));
+            }
+            if let Some(sel) = &rule.selector {
+                for (j, e) in sel.match_expressions.iter().enumerate() {
+                    let needs_values =
+                        matches!(e.operator, SelectorOperator::In | SelectorOperator::NotIn);
+                    if needs_values == e.values.is_empty() {
+                        return Err(format!(
+                            "namespaces[{i}].selector.matchExpressions[{j}]: operator {:?} {} values",
+                            e.operator,
+                            if needs_values { "needs" } else { "takes no" }
+                        ));
+                    }
+                }
+            }
+        }
+        for (i, t) in self.tolerations.iter().enumerate() {
+            if t.key.is_empty() {
+                return Err(format!("tolerations[{i}].key must not be empty"));
+            }
+            if t.operator == TolerationOperator::Exists && t.value.is_some() {
+                return Err(format!("tolerations[{i}]: operator Exists takes no value"));
+            }
+        }
+        let table = MigTable::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, m) in self.mig.models.iter().enumerate() {
+            if !seen.insert(m.model.clone()) {
+                return Err(format!(
+                    "mig.models[{i}]: model {} is listed twice",
+                    m.model
+                ));
+            }
+            if m.memory_slices == 0 || m.compute_slices == 0 || m.profiles.is_empty() {
+                return Err(format!(
+                    "mig.models[{i}] ({}): memorySlices, computeSlices and profiles must be set",
+                    m.model
+                ));
+            }
+            for p in &m.profiles {
+                let shaped = crate::request::parse_class(&format!("mig-{}", p.name)).is_ok();
+                if !shaped {
+                    return Err(format!(
+                        "mig.models[{i}].profiles: {:?} is not a profile name like 1g.10gb",
+                        p.name
+                    ));
+                }
+                if p.memory_slices == 0
+                    || p.memory_slices > m.memory_slices
+                    || p.compute_slices > m.compute_slices
+                {
+                    return Err(format!(
+                        "mig.models[{i}].profiles[{}]: slices exceed the GPU's",
+                        p.name
+                    ));
+                }
+                if p.starts.is_empty()
+                    || p.starts
+                        .iter()
+                        .any(|s| s + p.memory_slices > m.memory_slices)
+                {
+                    return Err(format!(
+                        "mig.models[{i}].profiles[{}]: starts must be set and stay within the GPU",
+                        p.name
+                    ));
+                }
+                if let Some((other, existing)) = table.find(&p.name)
+                    && other.model != m.model
+                    && existing.compute_slices != p.compute_slices
+                {
+                    return Err(format!(
+                        "mig.models[{i}].profiles[{}]: the name is already used by {} with other slices",
+                        p.name, other.model
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The MIG table: built-in models plus the policy's.
+    pub fn mig_table(&self) -> MigTable {
+        MigTable::with_extra(&self.mig.models)
+    }
+
+    /// The first namespace rule that applies, with its index.
+    pub fn rule_for(
+        &self,
+        namespace: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> Option<(usize, &NamespaceRule)> {
+        self.namespaces
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.matches(namespace, labels))
+    }
+
+    /// The extended resource name and quantity the webhook injects for a request.
+    pub fn resource_for(&self, request: &GpuRequest) -> (String, u32) {
+        match &request.class {
+            GpuClass::Mig { profile } => match self.mig.strategy {
+                MigStrategy::Mixed => (crate::mig::resource_name(profile), request.count),
+                MigStrategy::Single => ("nvidia.com/gpu".to_string(), request.count),
+            },
+            GpuClass::Mps { .. } | GpuClass::Timeslice { .. } => {
+                (self.resources.shared.to_string(), 1)
+            }
+            GpuClass::Exclusive { count } => ("nvidia.com/gpu".to_string(), *count),
+        }
+    }
+
+    /// Every resource name this policy can inject (for the scheduler's `managedResources`).
+    pub fn managed_resources(&self) -> Vec<String> {
+        let mut names = vec![
+            "nvidia.com/gpu".to_string(),
+            self.resources.shared.to_string(),
+        ];
+        if self.mig.strategy == MigStrategy::Mixed {
+            names.extend(
+                self.mig_table()
+                    .profile_names()
+                    .iter()
+                    .map(|p| crate::mig::resource_name(p)),
+            );
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The effective policy as YAML (for `check-policy`).
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot render policy: {e}\n"))
+    }
+}
+
+/// Adds the line of the first path segment found in the text to a validation message.
+fn locate(text: &str, message: &str) -> String {
+    let field = message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '[' || c == ']'))
+        .next()
+        .unwrap_or_default();
+    let top = field.split(['.', '[']).next().unwrap_or_default();
+    let line = text
+        .lines()
+        .position(|l| l.trim_start().starts_with(&format!("{top}:")));
+    match line {
+        Some(n) if !top.is_empty() => format!("line {}: {message}", n + 1),
+        _ => message.to_string(),
+    }
+}
+
+/// A GPU request's size in GPUs, for `maxGpusPerPod`.
+pub fn gpus_of(request: &GpuRequest, table: &MigTable) -> f64 {
+    match &request.class {
+        GpuClass::Mig { profile } => table
+            .find(profile)
+            .map(|(m, p)| {
+                f64::from(p.compute_slices) / f64::from(m.compute_slices) * f64::from(request.count)
+            })
+            .unwrap_or(0.0),
+        GpuClass::Mps { percent } | GpuClass::Timeslice { percent } => f64::from(*percent) / 100.0,
+        GpuClass::Exclusive { count } => f64::from(*count),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_policy_is_valid_and_has_nvidia_defaults() {
+        let p = Policy::default_policy();
+        assert_eq!(p.resources.shared.as_str(), "nvidia.com/gpu");
+        assert_eq!(p.mig.strategy, MigStrategy::Mixed);
+        assert_eq!(p.runtime_class_name, "nvidia");
+        assert_eq!(p.scheduler_name, "gpu-share-scheduler");
+        assert!(p.mps.host_ipc);
+        assert_eq!(p.tolerations[0].key, "nvidia.com/gpu");
+        assert!(
+            p.managed_resources()
+                .contains(&"nvidia.com/mig-1g.10gb.me".to_string())
+        );
+        // Round trip through the printed form.
+        assert_eq!(Policy::from_yaml(&p.to_yaml()).unwrap(), p);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let bad = DEFAULT_POLICY_YAML.replace("shared: nvidia.com/gpu", "shared: gpu");
+        let e = Policy::from_yaml(&bad).unwrap_err().to_string();
+        assert!(e.contains("line"), "{e}");
+        assert!(e.contains("<domain>/<name>"), "{e}");
+        let bad = DEFAULT_POLICY_YAML.replace("strategy: mixed", "strategy: both");
+        let e = Policy::from_yaml(&bad).unwrap_err().to_string();
+        assert!(e.contains("line"), "{e}");
+        let bad = format!("{DEFAULT_POLICY_YAML}\nsurprise: 1\n");
+        assert!(
+            Policy::from_yaml(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("surprise")
+        );
+        let bad =
+            format!("{DEFAULT_POLICY_YAML}\nnamespaces:\n  - names: [a]\n    maxGpusPerPod: -1\n");
+        let e = Policy::from_yaml(&bad.replace("namespaces: []\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maxGpusPerPod") && e.contains("line"), "{e}");
+        assert!(Policy::from_yaml("").is_err());
+        assert!(Policy::from_yaml(": : :").is_err());
+    }
+
+    #[test]
+    fn namespace_rules_first_match_wins() {
+        let yaml = DEFAULT_POLICY_YAML.replace(
+            "namespaces: []",
+            "namespaces:\n  - names: [research]\n    allowedClasses: [mig]\n  - selector:\n      matchLabels: {team: ml}\n    allowHostIPC: false\n  - maxGpusPerPod: 1\n",
+        );
+        let p = Policy::from_yaml(&yaml).unwrap();
+        let labels: BTreeMap<String, String> = [("team".to_string(), "ml".to_string())].into();
+        assert_eq!(p.rule_for("research", Some(&labels)).unwrap().0, 0);
+        assert_eq!(p.rule_for("other", Some(&labels)).unwrap().0, 1);
+        assert_eq!(
+            p.rule_for("other", None).unwrap().0,
+            2,
+            "selector rules need labels"
+        );
+        assert_eq!(p.rule_for("other", Some(&BTreeMap::new())).unwrap().0, 2);
+    }
+
+    #[test]
+    fn selector_operators() {
+        let labels: BTreeMap<String, String> = [("a".to_string(), "1".to_string())].into();
+        let req = |operator, values: &[&str]| LabelSelector {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![SelectorRequirement {
+                key: "a".into(),
+                operator,
+                values: values.iter().map(|s| s.to_string()).collect(),
+            }],
+        };
+        assert!(req(SelectorOperator::In, &["1"]).matches(&labels));
+        assert!(!req(SelectorOperator::NotIn, &["1"]).matches(&labels));
+        assert!(req(SelectorOperator::Exists, &[]).matches(&labels));
+        assert!(!req(SelectorOperator::DoesNotExist, &[]).matches(&labels));
+    }
+
+    #[test]
+    fn resource_names_and_sizes() {
+        let p = Policy::default_policy();
+        let t = p.mig_table();
+        let mig = GpuRequest::new(GpuClass::Mig {
+            profile: "1g.10gb+me".into(),
+        });
+        assert_eq!(
+            p.resource_for(&mig),
+            ("nvidia.com/mig-1g.10gb.me".to_string(), 1)
+        );
+        assert_eq!(
+            p.resource_for(&GpuRequest::new(GpuClass::Exclusive { count: 2 })),
+            ("nvidia.com/gpu".into(), 2)
+        );
+        assert!(
+            (gpus_of(
+                &GpuRequest::new(GpuClass::Mig {
+                    profile: "3g.40gb".into()
+                }),
+                &t
+            ) - 3.0 / 7.0)
+                .abs()
+                < 1e-9
+        );
+        assert!((gpus_of(&GpuRequest::new(GpuClass::Mps { percent: 25 }), &t) - 0.25).abs() < 1e-9);
+        assert!(ResourceName::try_from("nvidia.com/gpu".to_string()).is_ok());
+        assert!(ResourceName::try_from("kubernetes.io/gpu".to_string()).is_err());
+        assert!(ResourceName::try_from(format!("nvidia.com/{}", "x".repeat(64))).is_err());
+    }
+}

@@ -1,0 +1,445 @@
+//! The HTTPS service and the plain-HTTP admin listener: routers, TLS accept loop with
+//! per-connection certificate reload, policy reload, readiness, graceful shutdown.
+
+pub mod shutdown;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::cli::{Role, ServeArgs};
+use crate::cluster::ClusterFacts;
+use crate::metrics::Metrics;
+use crate::mig::MigTable;
+use crate::policy::Policy;
+use crate::{Error, Result};
+
+/// Largest AdmissionReview body accepted (a pod is at most ~1.5 MiB in etcd).
+pub const MUTATE_BODY_LIMIT: usize = 4 << 20;
+
+/// A policy with what is derived from it.
+#[derive(Debug, Clone)]
+pub struct LoadedPolicy {
+    pub policy: Policy,
+    pub mig: MigTable,
+}
+
+impl LoadedPolicy {
+    pub fn new(policy: Policy) -> Self {
+        let mig = policy.mig_table();
+        LoadedPolicy { policy, mig }
+    }
+}
+
+/// The current policy, swapped atomically on reload.
+pub struct PolicyStore {
+    current: ArcSwap<LoadedPolicy>,
+}
+
+impl PolicyStore {
+    pub fn new(policy: Policy) -> Self {
+        PolicyStore {
+            current: ArcSwap::from_pointee(LoadedPolicy::new(policy)),
+        }
+    }
+
+    pub fn current(&self) -> Arc<LoadedPolicy> {
+        self.current.load_full()
+    }
+
+    pub fn replace(&self, policy: Policy) {
+        self.current.store(Arc::new(LoadedPolicy::new(policy)));
+    }
+}
+
+/// What `/readyz` waits for.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    pub certificate: AtomicBool,
+    pub policy: AtomicBool,
+    /// The API server answered (webhook) or the caches synced (extender); true in `--dev`.
+    pub cluster: AtomicBool,
+}
+
+impl Readiness {
+    pub fn all_ready() -> Self {
+        Readiness {
+            certificate: AtomicBool::new(true),
+            policy: AtomicBool::new(true),
+            cluster: AtomicBool::new(true),
+        }
+    }
+
+    /// What is not ready yet, in words (empty when ready).
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if !self.certificate.load(Ordering::Acquire) {
+            m.push("certificate not loaded");
+        }
+        if !self.policy.load(Ordering::Acquire) {
+            m.push("policy not loaded");
+        }
+        if !self.cluster.load(Ordering::Acquire) {
+            m.push("Kubernetes API not reached or caches not synced");
+        }
+        m
+    }
+}
+
+/// Shared state of every handler.
+pub struct AppState {
+    pub role: Role,
+    pub policy: Arc<PolicyStore>,
+    /// `None` in `--dev` (no cluster).
+    pub cluster: Option<ClusterFacts>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<Readiness>,
+}
+
+impl AppState {
+    /// State for `--dev` and tests: the given policy, no cluster, everything ready.
+    pub fn dev(role: Role, policy: Policy) -> Self {
+        AppState {
+            role,
+            policy: Arc::new(PolicyStore::new(policy)),
+            cluster: None,
+            metrics: Arc::new(Metrics::new()),
+            ready: Arc::new(Readiness::all_ready()),
+        }
+    }
+}
+
+/// A JSON error body: `{"error": "<what is wrong>"}`.
+pub fn json_error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// The HTTPS routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut r = Router::new();
+    if state.role.webhook() {
+        r = r.route(
+            "/mutate",
+            post(crate::admission::review::mutate).layer(DefaultBodyLimit::max(MUTATE_BODY_LIMIT)),
+        );
+    }
+    r.fallback(not_found).with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    json_error(
+        StatusCode::NOT_FOUND,
+        &format!("no route for {}", uri.path()),
+    )
+}
+
+/// The plain-HTTP admin routes: `/livez`, `/readyz`, `/metrics`.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let missing = state.ready.missing();
+    if missing.is_empty() {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}", missing.join("; ")),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Serves HTTPS on `listener` until `shutdown` turns true, then drains in-flight requests for at
+/// most `grace`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<tls::ReloadingTls>,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = tls.acceptor().await;
+        let service = TowerToHyperService::new(app.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls_stream = match tokio::time::timeout(
+                Duration::from_secs(10),
+                acceptor.accept(stream),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("stopped accepting; draining in-flight requests");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "in-flight requests did not finish in time; closing"),
+    }
+}
+
+/// Serves the admin router over plain HTTP until shutdown.
+pub async fn serve_admin(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "admin listener failed");
+    }
+}
+
+/// Reads and validates a policy file.
+pub fn load_policy(path: &PathBuf) -> Result<Policy> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Policy {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    Policy::from_yaml(&text).map_err(|e| Error::Policy {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Re-reads the policy file every `every`; a valid change replaces the policy, an invalid one
+/// keeps the last good policy and logs why. Works with ConfigMap symlink swaps (content compare).
+pub fn spawn_policy_reloader(
+    path: PathBuf,
+    store: Arc<PolicyStore>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut last = tokio::fs::read(&path).await.ok();
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let bytes = match tokio::fs::read(&path).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot re-read the policy; keeping the last good one");
+                    continue;
+                }
+            };
+            if last.as_deref() == Some(&bytes[..]) {
+                continue;
+            }
+            last = Some(bytes.clone());
+            match Policy::from_yaml(&String::from_utf8_lossy(&bytes)) {
+                Ok(p) => {
+                    store.replace(p);
+                    metrics.policy_reload("ok");
+                    tracing::info!(path = %path.display(), "policy reloaded");
+                }
+                Err(e) => {
+                    metrics.policy_reload("invalid");
+                    tracing::error!(path = %path.display(), error = %e, "new policy is invalid; keeping the last good one");
+                }
+            }
+        }
+    });
+}
+
+/// Binds a TCP listener, naming the address on failure.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen { addr, source })
+}
+
+/// `gpu-share serve`.
+pub async fn run(args: ServeArgs) -> Result<()> {
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    shutdown::spawn_signal_handler(shutdown_tx);
+
+    let ready = Arc::new(Readiness::default());
+    let metrics = Arc::new(Metrics::new());
+
+    // Policy.
+    let policy = match &args.policy {
+        Some(path) => load_policy(path)?,
+        None => Policy::default_policy(),
+    };
+    tracing::info!(source = %args.policy.as_ref().map_or("embedded default".to_string(), |p| p.display().to_string()), "policy loaded");
+    let store = Arc::new(PolicyStore::new(policy));
+    ready.policy.store(true, Ordering::Release);
+
+    // Certificates.
+    let mut _dev_dir = None;
+    let files = if args.dev && args.tls_cert.is_none() {
+        let dir = tempfile::Builder::new()
+            .prefix("gpu-share-dev-")
+            .tempdir()
+            .map_err(|e| Error::Config(format!("--dev: cannot create a temp dir: {e}")))?;
+        let pair = crate::certs::self_signed(&["localhost", "127.0.0.1"]).map_err(Error::Config)?;
+        let cert = dir.path().join("tls.crt");
+        let key = dir.path().join("tls.key");
+        std::fs::write(&cert, &pair.cert_pem)
+            .and_then(|_| std::fs::write(&key, &pair.key_pem))
+            .map_err(|e| Error::Config(format!("--dev: cannot write the certificate: {e}")))?;
+        tracing::info!(dir = %dir.path().display(), cert = %cert.display(), "--dev: generated a self-signed certificate for localhost and 127.0.0.1");
+        _dev_dir = Some(dir);
+        tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca.clone(),
+        }
+    } else {
+        let cert = args
+            .tls_cert
+            .clone()
+            .ok_or_else(|| Error::Config("--tls-cert is required (or run with --dev)".into()))?;
+        let key = args
+            .tls_key
+            .clone()
+            .ok_or_else(|| Error::Config("--tls-key is required (or run with --dev)".into()))?;
+        tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca.clone(),
+        }
+    };
+    let tls = Arc::new(tls::ReloadingTls::load(files, Duration::from_secs(1))?);
+    ready.certificate.store(true, Ordering::Release);
+
+    // Cluster.
+    let cluster = if args.dev {
+        ready.cluster.store(true, Ordering::Release);
+        None
+    } else {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            Error::Config(format!(
+                "no Kubernetes configuration found ({e}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
+            ))
+        })?;
+        let facts = ClusterFacts::new(client);
+        let probe = facts.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            loop {
+                match probe.ping().await {
+                    Ok(()) => {
+                        ready.cluster.store(true, Ordering::Release);
+                        tracing::info!("Kubernetes API reached");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Kubernetes API not reachable yet");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                }
+            }
+        });
+        Some(facts)
+    };
+
+    if let Some(path) = &args.policy {
+        spawn_policy_reloader(
+            path.clone(),
+            store.clone(),
+            metrics.clone(),
+            Duration::from_secs(5),
+            shutdown_rx.clone(),
+        );
+    }
+
+    let state = Arc::new(AppState {
+        role: args.role,
+        policy: store,
+        cluster,
+        metrics,
+        ready,
+    });
+    let listen = args.listen_addr();
+    let admin_listen = args.admin_listen_addr();
+    let listener = bind(listen).await?;
+    let admin = bind(admin_listen).await?;
+    tracing::info!(%listen, %admin_listen, role = ?args.role, dev = args.dev, "gpu-share serving");
+
+    let admin_task = tokio::spawn(serve_admin(
+        admin,
+        admin_router(state.clone()),
+        shutdown_rx.clone(),
+    ));
+    serve_tls(
+        listener,
+        tls,
+        router(state),
+        shutdown_rx,
+        Duration::from_secs(args.shutdown_grace_seconds),
+    )
+    .await;
+    let _ = admin_task.await;
+    tracing::info!("stopped");
+    Ok(())
+}
