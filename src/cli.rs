@@ -84,6 +84,9 @@ pub struct ServeArgs {
     /// Run with no cluster and no files: a self-signed certificate, loopback listeners, the embedded policy.
     #[arg(long, env = "GPU_SHARE_DEV")]
     pub dev: bool,
+    /// How often the --policy file is checked for changes, in seconds.
+    #[arg(long, env = "GPU_SHARE_POLICY_RELOAD_SECONDS", default_value_t = 5)]
+    pub policy_reload_seconds: u64,
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, env = "GPU_SHARE_SHUTDOWN_GRACE_SECONDS", default_value_t = 25)]
     pub shutdown_grace_seconds: u64,

@@ -183,6 +183,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// Resolves once shutdown has been asked for (or the sender is gone).
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
 /// Serves HTTPS on `listener` until `shutdown` turns true, then drains in-flight requests for at
 /// most `grace`.
 pub async fn serve_tls(
@@ -195,7 +200,7 @@ pub async fn serve_tls(
     let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
+            _ = stopped(&mut shutdown) => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -247,9 +252,7 @@ pub async fn serve_tls(
 /// Serves the admin router over plain HTTP until shutdown.
 pub async fn serve_admin(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
     let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        })
+        .with_graceful_shutdown(async move { stopped(&mut shutdown).await })
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "admin listener failed");
@@ -281,7 +284,7 @@ pub fn spawn_policy_reloader(
         let mut last = tokio::fs::read(&path).await.ok();
         loop {
             tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = stopped(&mut shutdown) => return,
                 _ = tokio::time::sleep(every) => {}
             }
             let bytes = match tokio::fs::read(&path).await {

@@ -1,0 +1,216 @@
+//! The binary itself: `check-policy`, `serve --dev` start-up, readiness, policy reload and
+//! graceful shutdown on SIGTERM, and a clear failure without a cluster.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-share");
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn wait_for(addr: SocketAddr, path: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some((200, body)) = http_get(addr, path)
+            && pred(&body)
+        {
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{path} never answered as expected");
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+    }
+}
+
+fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let ok = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn check_policy_prints_the_effective_policy_or_the_line() {
+    let default = format!("{}/policies/default.yaml", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(BIN)
+        .args(["check-policy", &default])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("valid") && stdout.contains("schedulerName: gpu-share-scheduler"),
+        "{stdout}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&default)
+            .unwrap()
+            .replace("hostIPC: true", "hostIPC: sometimes"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-policy", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line"), "{stderr}");
+}
+
+#[test]
+fn serve_dev_becomes_ready_reloads_policy_and_drains_on_sigterm() {
+    let (listen, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let default = std::fs::read_to_string(format!(
+        "{}/policies/default.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    std::fs::write(&policy, &default).unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--dev",
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+        ])
+        .args([
+            "--policy",
+            policy.to_str().unwrap(),
+            "--policy-reload-seconds",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut running = Running(child);
+    wait_for(admin, "/readyz", |b| b == "ok");
+    assert_eq!(http_get(admin, "/livez").unwrap().0, 200);
+
+    // An invalid policy is refused and counted; a valid change is loaded.
+    std::fs::write(&policy, "version: v2\n").unwrap();
+    wait_for(admin, "/metrics", |m| {
+        m.contains(r#"gpu_share_policy_reloads_total{result="invalid"} 1"#)
+    });
+    std::fs::write(
+        &policy,
+        default.replace("policy: gpu-share", "policy: binpack"),
+    )
+    .unwrap();
+    wait_for(admin, "/metrics", |m| {
+        m.contains(r#"gpu_share_policy_reloads_total{result="ok"} 1"#)
+    });
+    assert_eq!(
+        http_get(admin, "/readyz").unwrap().0,
+        200,
+        "still ready after a bad reload"
+    );
+
+    let status = terminate(&mut running.0);
+    assert!(status.success(), "graceful exit, got {status:?}");
+}
+
+#[test]
+fn serve_without_cluster_or_dev_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = gpu_share::certs::self_signed(&["localhost"]).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), pair.cert_pem).unwrap();
+    std::fs::write(dir.path().join("tls.key"), pair.key_pem).unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &free_port().to_string(),
+            "--admin-listen",
+            &free_port().to_string(),
+        ])
+        .arg("--tls-cert")
+        .arg(dir.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("tls.key"))
+        .env("KUBECONFIG", dir.path().join("missing-kubeconfig"))
+        .env("HOME", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no Kubernetes configuration found") && stderr.contains("--dev"),
+        "{stderr}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["serve"])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-cert is required"));
+
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--tls-cert",
+            "/nonexistent.crt",
+            "--tls-key",
+            "/nonexistent.key",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--tls-cert: cannot read /nonexistent.crt")
+    );
+}
