@@ -1,0 +1,518 @@
+//! PURE: a Kubernetes Node (GPU Feature Discovery labels and `status.allocatable`) becomes a
+//! [`GpuNode`]: what the NVIDIA device plugin on it enforces, which is what the extender accounts.
+//!
+//! Labels read (protocols.md 3.4): `nvidia.com/gpu.product` (the `-SHARED` suffix ignored; the
+//! single-strategy `-MIG-<profile>` suffix names the profile), `gpu.count`, `gpu.memory`,
+//! `gpu.replicas`, `gpu.sharing-strategy`, `mig.strategy`, `mig.config`. Capacity comes from
+//! allocatable: `nvidia.com/gpu` (or the policy's shared resource name) and each
+//! `nvidia.com/mig-<profile>`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
+pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
+pub const LABEL_MEMORY: &str = "nvidia.com/gpu.memory";
+pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
+pub const LABEL_SHARING: &str = "nvidia.com/gpu.sharing-strategy";
+pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
+pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
+/// How a node's full GPUs are shared (the device plugin's sharing config applies to all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "strategy", rename_all = "kebab-case")]
+pub enum Sharing {
+    /// Not shared: each unit of `nvidia.com/gpu` is a whole GPU (or, on a single-strategy MIG
+    /// node, a MIG device).
+    None,
+    /// Time-slicing: each GPU is advertised `replicas` times; no isolation.
+    TimeSlicing { replicas: u32 },
+    /// MPS: each GPU is advertised `replicas` times, each replica a fixed 1/replicas of the SMs
+    /// and memory.
+    Mps { replicas: u32 },
+    /// The simulator's model of the trace's cluster (the FGD paper's): any GPU takes whole-GPU
+    /// pods and fractional pods, placed per GPU. No NVIDIA device plugin mode enforces this.
+    PerGpu,
+}
+
+impl Sharing {
+    pub fn replicas(self) -> u32 {
+        match self {
+            Sharing::TimeSlicing { replicas } | Sharing::Mps { replicas } => replicas.max(1),
+            Sharing::None | Sharing::PerGpu => 1,
+        }
+    }
+
+    /// The GFD label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Sharing::None => "none",
+            Sharing::TimeSlicing { .. } => "time-slicing",
+            Sharing::Mps { .. } => "mps",
+            Sharing::PerGpu => "per-gpu",
+        }
+    }
+}
+
+/// How MIG devices are exposed on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "strategy", rename_all = "kebab-case")]
+pub enum MigLayout {
+    /// No MIG devices.
+    None,
+    /// Single strategy: every unit of `nvidia.com/gpu` is a MIG device of `profile`.
+    Single { profile: String },
+    /// Mixed strategy: MIG devices per profile (`nvidia.com/mig-<profile>` allocatable counts,
+    /// replicas included when MIG devices are time-sliced).
+    Mixed { instances: BTreeMap<String, u32> },
+}
+
+/// One GPU node as the extender and the simulator see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNode {
+    pub name: String,
+    /// GPU model, e.g. `NVIDIA-H100-80GB-HBM3` (no `-SHARED`, no `-MIG-<profile>`).
+    pub product: Option<String>,
+    /// Physical full GPUs not in MIG mode (the per-GPU model has this many GPUs).
+    pub gpus: u32,
+    /// Memory of one full GPU, MiB.
+    pub gpu_memory_mib: Option<u64>,
+    pub sharing: Sharing,
+    /// Allocatable units of `pool_resource`: whole GPUs, replicas, or single-strategy MIG devices.
+    pub slots: u32,
+    /// The resource those units are advertised as.
+    pub pool_resource: String,
+    pub mig: MigLayout,
+    /// Allocatable CPU (milli) and memory (MiB), when accounted (the simulator; in a cluster
+    /// kube-scheduler checks them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_milli: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+}
+
+impl GpuNode {
+    /// A plain node with `gpus` unshared GPUs.
+    pub fn whole(name: &str, product: &str, gpus: u32, gpu_memory_mib: u64) -> Self {
+        GpuNode {
+            name: name.to_string(),
+            product: Some(product.to_string()),
+            gpus,
+            gpu_memory_mib: Some(gpu_memory_mib),
+            sharing: Sharing::None,
+            slots: gpus,
+            pool_resource: RESOURCE_GPU.to_string(),
+            mig: MigLayout::None,
+            cpu_milli: None,
+            memory_mib: None,
+        }
+    }
+
+    /// A node whose GPUs are shared with `sharing` (`replicas` per GPU).
+    pub fn shared(
+        name: &str,
+        product: &str,
+        gpus: u32,
+        gpu_memory_mib: u64,
+        sharing: Sharing,
+    ) -> Self {
+        GpuNode {
+            slots: gpus * sharing.replicas(),
+            sharing,
+            ..GpuNode::whole(name, product, gpus, gpu_memory_mib)
+        }
+    }
+
+    /// Total MIG devices (any profile).
+    pub fn mig_devices(&self) -> u32 {
+        match &self.mig {
+            MigLayout::None => 0,
+            MigLayout::Single { .. } => self.slots,
+            MigLayout::Mixed { instances } => instances.values().sum(),
+        }
+    }
+
+    /// A short description of the node's kind, e.g. `time-slicing x4`, `mig mixed`.
+    pub fn kind(&self) -> String {
+        match (&self.mig, self.sharing) {
+            (MigLayout::Single { profile }, _) => format!("mig single {profile}"),
+            (MigLayout::Mixed { .. }, Sharing::None) if self.gpus == 0 => "mig mixed".to_string(),
+            (MigLayout::Mixed { .. }, _) => format!("mig mixed + {}", self.sharing_kind()),
+            _ => self.sharing_kind(),
+        }
+    }
+
+    fn sharing_kind(&self) -> String {
+        match self.sharing {
+            Sharing::None => "whole".to_string(),
+            Sharing::TimeSlicing { replicas } => format!("time-slicing x{replicas}"),
+            Sharing::Mps { replicas } => format!("mps x{replicas}"),
+            Sharing::PerGpu => "per-gpu".to_string(),
+        }
+    }
+}
+
+/// `1g.10gb.me` (resource form) -> `1g.10gb+me` (profile form).
+pub fn profile_from_resource_suffix(suffix: &str) -> String {
+    match suffix.find("gb.") {
+        Some(i) => format!("{}+{}", &suffix[..i + 2], &suffix[i + 3..]),
+        None => suffix.to_string(),
+    }
+}
+
+/// Parses a Kubernetes quantity to thousandths of a unit (`"2"` -> 2000, `"1500m"` -> 1500,
+/// `"16Gi"` -> 16*2^30*1000). `None` when it is not a quantity.
+pub fn quantity_milli(value: &str) -> Option<u128> {
+    let v = value.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, suffix) = v.split_at(split);
+    if num.is_empty() || num.matches('.').count() > 1 {
+        return None;
+    }
+    let (mul_num, mul_den): (u128, u128) = match suffix {
+        "" => (1000, 1),
+        "m" => (1, 1),
+        "k" => (1_000_000, 1),
+        "M" => (1_000_000_000, 1),
+        "G" => (1_000_000_000_000, 1),
+        "T" => (1_000_000_000_000_000, 1),
+        "Ki" => (1000 << 10, 1),
+        "Mi" => (1000 << 20, 1),
+        "Gi" => (1000 << 30, 1),
+        "Ti" => (1000 << 40, 1),
+        _ => return None,
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.len() > 18 || frac.len() > 9 {
+        return None;
+    }
+    let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac_val: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    Some((int * scale + frac_val) * mul_num / (scale * mul_den))
+}
+
+/// A quantity as a whole count (extended resources are integers); `None` if not a quantity.
+pub fn quantity_count(value: &str) -> Option<u64> {
+    quantity_milli(value).map(|m| u64::try_from(m / 1000).unwrap_or(u64::MAX))
+}
+
+fn label_u64(labels: &BTreeMap<String, String>, key: &str) -> Option<u64> {
+    labels.get(key).and_then(|v| v.trim().parse().ok())
+}
+
+/// Builds the inventory of one node. `shared_resource` is the policy's resource for mps and
+/// timeslice pods (`nvidia.com/gpu`, or `nvidia.com/gpu.shared` under `renameByDefault`).
+/// `None`: the node has no NVIDIA GPUs.
+pub fn from_node(node: &Node, shared_resource: &str) -> Option<GpuNode> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let allocatable: BTreeMap<String, String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default();
+    from_parts(&name, &labels, &allocatable, shared_resource)
+}
+
+/// [`from_node`] over plain maps (labels, allocatable quantities).
+pub fn from_parts(
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    allocatable: &BTreeMap<String, String>,
+    shared_resource: &str,
+) -> Option<GpuNode> {
+    let count = |r: &str| allocatable.get(r).and_then(|q| quantity_count(q));
+    let mig_instances: BTreeMap<String, u32> = allocatable
+        .iter()
+        .filter_map(|(k, v)| {
+            let suffix = k.strip_prefix(MIG_RESOURCE_PREFIX)?;
+            let n = quantity_count(v)?;
+            Some((
+                profile_from_resource_suffix(suffix),
+                u32::try_from(n).unwrap_or(u32::MAX),
+            ))
+        })
+        .collect();
+    let has_labels = labels.contains_key(LABEL_PRODUCT) || labels.contains_key(LABEL_COUNT);
+    let gpu_alloc = count(RESOURCE_GPU);
+    let shared_alloc = count(shared_resource);
+    if !has_labels && gpu_alloc.is_none() && shared_alloc.is_none() && mig_instances.is_empty() {
+        return None;
+    }
+    let raw_product = labels.get(LABEL_PRODUCT).cloned();
+    let mut product = raw_product
+        .as_deref()
+        .map(|p| p.strip_suffix("-SHARED").unwrap_or(p).to_string());
+    let mig_strategy = labels.get(LABEL_MIG_STRATEGY).map(String::as_str);
+    let label_replicas = label_u64(labels, LABEL_REPLICAS).unwrap_or(1).max(1) as u32;
+    let sharing = match labels.get(LABEL_SHARING).map(String::as_str) {
+        Some("mps") => Sharing::Mps {
+            replicas: label_replicas,
+        },
+        Some("time-slicing") => Sharing::TimeSlicing {
+            replicas: label_replicas,
+        },
+        Some("none") => Sharing::None,
+        _ if label_replicas > 1 => Sharing::TimeSlicing {
+            replicas: label_replicas,
+        },
+        _ => Sharing::None,
+    };
+    let cpu_milli = allocatable
+        .get("cpu")
+        .and_then(|q| quantity_milli(q))
+        .map(|m| u64::try_from(m).unwrap_or(u64::MAX));
+    let memory_mib = allocatable
+        .get("memory")
+        .and_then(|q| quantity_milli(q))
+        .map(|m| u64::try_from(m / 1000 / (1 << 20)).unwrap_or(u64::MAX));
+    let label_memory = label_u64(labels, LABEL_MEMORY);
+    let label_count = label_u64(labels, LABEL_COUNT).unwrap_or(0) as u32;
+
+    // Single strategy: MIG devices advertised as nvidia.com/gpu, product <model>-MIG-<profile>.
+    let single_profile = product.as_deref().and_then(|p| {
+        p.split_once("-MIG-")
+            .map(|(model, profile)| (model.to_string(), profile.to_string()))
+    });
+    if mig_strategy == Some("single") || single_profile.is_some() {
+        let profile = single_profile.as_ref().map(|(_, p)| p.clone()).or_else(|| {
+            labels
+                .get(LABEL_MIG_CONFIG)
+                .and_then(|c| c.strip_prefix("all-"))
+                .filter(|p| !matches!(*p, "disabled" | "enabled" | "balanced"))
+                .map(str::to_string)
+        });
+        if let Some(profile) = profile {
+            if let Some((model, _)) = single_profile {
+                product = Some(model);
+            }
+            let slots = gpu_alloc.unwrap_or(u64::from(label_count)) as u32;
+            return Some(GpuNode {
+                name: name.to_string(),
+                product,
+                gpus: 0,
+                gpu_memory_mib: None,
+                sharing: Sharing::None,
+                slots,
+                pool_resource: RESOURCE_GPU.to_string(),
+                mig: MigLayout::Single { profile },
+                cpu_milli,
+                memory_mib,
+            });
+        }
+    }
+
+    let (pool_resource, slots) = match sharing {
+        Sharing::None | Sharing::PerGpu => (RESOURCE_GPU.to_string(), gpu_alloc.unwrap_or(0)),
+        Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
+            if shared_alloc.is_some() {
+                (shared_resource.to_string(), shared_alloc.unwrap_or(0))
+            } else {
+                (RESOURCE_GPU.to_string(), gpu_alloc.unwrap_or(0))
+            }
+        }
+    };
+    let slots = u32::try_from(slots).unwrap_or(u32::MAX);
+    // Physical full GPUs not in MIG mode: the pool divided by replicas.
+    let gpus = slots / sharing.replicas();
+    let mig = if mig_instances.is_empty() {
+        MigLayout::None
+    } else {
+        MigLayout::Mixed {
+            instances: mig_instances,
+        }
+    };
+    Some(GpuNode {
+        name: name.to_string(),
+        product,
+        gpus,
+        gpu_memory_mib: label_memory,
+        sharing,
+        slots,
+        pool_resource,
+        mig,
+        cpu_milli,
+        memory_mib,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(quantity_milli("2"), Some(2000));
+        assert_eq!(quantity_milli("1500m"), Some(1500));
+        assert_eq!(quantity_milli("0.5"), Some(500));
+        assert_eq!(quantity_milli("1Ki"), Some(1_024_000));
+        assert_eq!(quantity_count("8"), Some(8));
+        assert_eq!(quantity_milli("abc"), None);
+        assert_eq!(quantity_milli("1Xi"), None);
+    }
+
+    #[test]
+    fn resource_suffix_to_profile() {
+        assert_eq!(profile_from_resource_suffix("1g.10gb"), "1g.10gb");
+        assert_eq!(profile_from_resource_suffix("1g.10gb.me"), "1g.10gb+me");
+        assert_eq!(
+            profile_from_resource_suffix("1g.10gb.me.all"),
+            "1g.10gb+me.all"
+        );
+    }
+
+    #[test]
+    fn cpu_node_is_not_a_gpu_node() {
+        let alloc = map(&[("cpu", "16"), ("memory", "64Gi"), ("pods", "110")]);
+        assert_eq!(
+            from_parts("cpu-1", &map(&[]), &alloc, "nvidia.com/gpu"),
+            None
+        );
+    }
+
+    #[test]
+    fn plain_h100_node() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.memory", "81559"),
+            ("nvidia.com/gpu.replicas", "1"),
+            ("nvidia.com/gpu.sharing-strategy", "none"),
+        ]);
+        let alloc = map(&[
+            ("cpu", "191500m"),
+            ("memory", "2000Gi"),
+            ("nvidia.com/gpu", "8"),
+        ]);
+        let n = from_parts("h100-plain", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(n.gpus, 8);
+        assert_eq!(n.slots, 8);
+        assert_eq!(n.sharing, Sharing::None);
+        assert_eq!(n.mig, MigLayout::None);
+        assert_eq!(n.product.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
+        assert_eq!(n.gpu_memory_mib, Some(81559));
+        assert_eq!(n.cpu_milli, Some(191_500));
+        assert_eq!(n.memory_mib, Some(2000 * 1024));
+        assert_eq!(n.kind(), "whole");
+    }
+
+    #[test]
+    fn h100_time_slicing_x4() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-SHARED"),
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.memory", "81559"),
+            ("nvidia.com/gpu.replicas", "4"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+        ]);
+        let alloc = map(&[("nvidia.com/gpu", "32")]);
+        let n = from_parts("h100-ts", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(n.sharing, Sharing::TimeSlicing { replicas: 4 });
+        assert_eq!(n.slots, 32);
+        assert_eq!(n.gpus, 8);
+        assert_eq!(n.product.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
+        assert_eq!(n.kind(), "time-slicing x4");
+    }
+
+    #[test]
+    fn h100_mps_x4_renamed_resource() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/gpu.count", "4"),
+            ("nvidia.com/gpu.replicas", "4"),
+            ("nvidia.com/gpu.sharing-strategy", "mps"),
+            ("nvidia.com/mps.capable", "true"),
+        ]);
+        let alloc = map(&[("nvidia.com/gpu.shared", "16"), ("nvidia.com/gpu", "0")]);
+        let n = from_parts("h100-mps", &labels, &alloc, "nvidia.com/gpu.shared").unwrap();
+        assert_eq!(n.sharing, Sharing::Mps { replicas: 4 });
+        assert_eq!(n.pool_resource, "nvidia.com/gpu.shared");
+        assert_eq!(n.slots, 16);
+        assert_eq!(n.gpus, 4);
+    }
+
+    #[test]
+    fn a100_mig_mixed_with_one_full_gpu() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/mig.strategy", "mixed"),
+            ("nvidia.com/mig.capable", "true"),
+            ("nvidia.com/mig-1g.10gb.count", "14"),
+            ("nvidia.com/mig-3g.40gb.count", "4"),
+        ]);
+        let alloc = map(&[
+            ("nvidia.com/gpu", "1"),
+            ("nvidia.com/mig-1g.10gb", "14"),
+            ("nvidia.com/mig-1g.10gb.me", "1"),
+            ("nvidia.com/mig-3g.40gb", "4"),
+            ("nvidia.com/mig-7g.80gb", "0"),
+        ]);
+        let n = from_parts("a100-mig", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(n.gpus, 1);
+        let MigLayout::Mixed { instances } = &n.mig else {
+            panic!("{:?}", n.mig)
+        };
+        assert_eq!(instances["1g.10gb"], 14);
+        assert_eq!(instances["1g.10gb+me"], 1);
+        assert_eq!(instances["3g.40gb"], 4);
+        assert_eq!(instances["7g.80gb"], 0);
+        assert_eq!(n.mig_devices(), 19);
+    }
+
+    #[test]
+    fn a100_mig_single() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"),
+            ("nvidia.com/gpu.count", "56"),
+            ("nvidia.com/gpu.memory", "4864"),
+            ("nvidia.com/mig.strategy", "single"),
+            ("nvidia.com/mig.config", "all-1g.5gb"),
+        ]);
+        let alloc = map(&[("nvidia.com/gpu", "56")]);
+        let n = from_parts("a100-single", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(
+            n.mig,
+            MigLayout::Single {
+                profile: "1g.5gb".into()
+            }
+        );
+        assert_eq!(n.product.as_deref(), Some("NVIDIA-A100-SXM4-40GB"));
+        assert_eq!(n.slots, 56);
+        assert_eq!(n.gpus, 0);
+        assert_eq!(n.kind(), "mig single 1g.5gb");
+    }
+
+    #[test]
+    fn replicas_without_strategy_label_mean_time_slicing() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "Tesla-T4-SHARED"),
+            ("nvidia.com/gpu.count", "1"),
+            ("nvidia.com/gpu.replicas", "10"),
+        ]);
+        let alloc = map(&[("nvidia.com/gpu", "10")]);
+        let n = from_parts("t4", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(n.sharing, Sharing::TimeSlicing { replicas: 10 });
+        assert_eq!(n.gpus, 1);
+    }
+}

@@ -1,0 +1,622 @@
+//! PURE: who holds what on which node, at the granularity the device plugin enforces (see
+//! [`crate::packing`]). A pod's holding is derived from the pod alone (its `gpu-share.io/request`
+//! annotation or its `nvidia.com/*` limits, `spec.nodeName`, and the `gpu-share.io/gpus` model
+//! annotation written at bind), so a restarted replica rebuilds the same ledger from the API.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use crate::inventory::{self, GpuNode, MIG_RESOURCE_PREFIX};
+use crate::packing::{self, Demand, GpuDemand, Placement, Reason, Scorer, Usage};
+use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
+
+/// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
+pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
+
+/// A pod's identity and priority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub priority: i32,
+}
+
+/// What one pod holds on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holding {
+    pub pod: PodRef,
+    pub node: String,
+    pub demand: Demand,
+    pub placement: Placement,
+}
+
+/// How a demand is expressed by a request annotation.
+pub fn demand_of_request(request: &GpuRequest) -> GpuDemand {
+    match &request.class {
+        GpuClass::Mig { profile } => GpuDemand::Mig {
+            profile: profile.clone(),
+            count: request.count,
+        },
+        GpuClass::Mps { percent } => GpuDemand::Mps {
+            milli: u32::from(*percent) * 10,
+            memory_mib: request.memory_mib,
+        },
+        GpuClass::Timeslice { percent } => GpuDemand::Timeslice {
+            milli: u32::from(*percent) * 10,
+            memory_mib: request.memory_mib,
+        },
+        GpuClass::Exclusive { count } => GpuDemand::Whole { count: *count },
+    }
+}
+
+/// Why a pod's GPU demand could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DemandError {
+    #[error("pod {0}: {1}")]
+    BadRequestAnnotation(String, String),
+    #[error(
+        "pod {0} asks for more than one kind of GPU resource ({1}); gpu-share accounts one per pod"
+    )]
+    Mixed(String, String),
+}
+
+/// The GPU demand of a pod: its `gpu-share.io/request` annotation, or else its `nvidia.com/*`
+/// limits (summed over containers; an init container's, if larger). `Ok(None)`: no GPU.
+pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
+    let id = pod_key(pod);
+    if let Some(value) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_REQUEST))
+    {
+        let request = GpuRequest::parse_normalized(value)
+            .map_err(|e| DemandError::BadRequestAnnotation(id.clone(), e.to_string()))?;
+        return Ok(Some(Demand::gpu(demand_of_request(&request))));
+    }
+    let Some(spec) = &pod.spec else {
+        return Ok(None);
+    };
+    let limits_of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u64> {
+        let r = c.resources.as_ref();
+        let l = r.and_then(|r| r.limits.as_ref());
+        let q = r.and_then(|r| r.requests.as_ref());
+        let mut out = BTreeMap::new();
+        for map in [q, l].into_iter().flatten() {
+            for (k, v) in map {
+                if k.starts_with("nvidia.com/")
+                    && let Some(n) = inventory::quantity_count(&v.0)
+                    && n > 0
+                {
+                    let e = out.entry(k.clone()).or_insert(0);
+                    *e = (*e).max(n);
+                }
+            }
+        }
+        out
+    };
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for c in &spec.containers {
+        for (k, n) in limits_of(c) {
+            *total.entry(k).or_default() += n;
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, n) in limits_of(c) {
+            let e = total.entry(k).or_default();
+            *e = (*e).max(n);
+        }
+    }
+    let mut iter = total.into_iter();
+    let Some((resource, count)) = iter.next() else {
+        return Ok(None);
+    };
+    let rest: Vec<String> = iter.map(|(k, _)| k).collect();
+    if !rest.is_empty() {
+        return Err(DemandError::Mixed(
+            id,
+            std::iter::once(resource)
+                .chain(rest)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    let gpu = match resource.strip_prefix(MIG_RESOURCE_PREFIX) {
+        Some(suffix) => GpuDemand::Mig {
+            profile: inventory::profile_from_resource_suffix(suffix),
+            count,
+        },
+        None => GpuDemand::Units { resource, count },
+    };
+    Ok(Some(Demand::gpu(gpu)))
+}
+
+/// `namespace/name` of a pod.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata
+            .name
+            .as_deref()
+            .or(pod.metadata.generate_name.as_deref())
+            .unwrap_or_default()
+    )
+}
+
+/// The identity of a pod.
+pub fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+    }
+}
+
+/// True when a pod no longer holds anything (Succeeded or Failed).
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+/// What a pod seen in the API holds: `None` if it holds nothing (no GPU, not bound, finished).
+pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(None);
+    };
+    if is_terminal(pod) {
+        return Ok(None);
+    }
+    let Some(demand) = demand_of_pod(pod)? else {
+        return Ok(None);
+    };
+    let gpus = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_GPUS))
+        .and_then(|t| Placement::parse_gpus(t));
+    Ok(Some(ObservedPod {
+        pod: pod_ref(pod),
+        node,
+        demand,
+        gpus,
+    }))
+}
+
+/// A bound pod as read from the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedPod {
+    pub pod: PodRef,
+    pub node: String,
+    pub demand: Demand,
+    /// The per-GPU model written at bind, if any.
+    pub gpus: Option<Vec<(u32, u32)>>,
+}
+
+/// One node's capacity, usage and holders.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLedger {
+    pub node: GpuNode,
+    pub usage: Usage,
+    pub holdings: BTreeMap<String, Holding>,
+}
+
+impl NodeLedger {
+    pub fn new(node: GpuNode) -> Self {
+        NodeLedger {
+            usage: Usage::empty(&node),
+            node,
+            holdings: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the fit and, if it fits, records the holding (the bind path). Idempotent for a pod
+    /// already held here.
+    pub fn reserve(
+        &mut self,
+        scorer: &Scorer<'_>,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        if let Some(h) = self.holdings.get(&pod.uid) {
+            return Ok(h.placement.clone());
+        }
+        let (placement, _) = packing::place(scorer, &self.node, &self.usage, &demand)?;
+        packing::apply(&mut self.usage, &placement);
+        self.holdings.insert(
+            pod.uid.clone(),
+            Holding {
+                pod,
+                node: self.node.name.clone(),
+                demand,
+                placement: placement.clone(),
+            },
+        );
+        Ok(placement)
+    }
+
+    /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
+    /// bound by another scheduler still occupies the device). Replaces an earlier record.
+    pub fn record(&mut self, observed: &ObservedPod) {
+        if let Some(existing) = self.holdings.get(&observed.pod.uid)
+            && existing.demand == observed.demand
+            && observed
+                .gpus
+                .as_ref()
+                .is_none_or(|g| *g == existing.placement.gpus)
+        {
+            return;
+        }
+        self.release(&observed.pod.uid);
+        let placement = self.placement_for(&observed.demand, observed.gpus.as_deref());
+        packing::apply(&mut self.usage, &placement);
+        self.holdings.insert(
+            observed.pod.uid.clone(),
+            Holding {
+                pod: observed.pod.clone(),
+                node: self.node.name.clone(),
+                demand: observed.demand.clone(),
+                placement,
+            },
+        );
+    }
+
+    /// The placement of a demand recorded from the API: the node-level part from the demand, the
+    /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
+    fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
+        let scorer = Scorer::new(packing::PackingPolicy::Binpack);
+        let mut best = packing::candidates(&self.node, &self.usage, demand)
+            .into_iter()
+            .map(|p| {
+                let s = scorer.score(&self.node, &self.usage, demand, &p);
+                (p, s)
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(p, _)| p)
+            .unwrap_or_default();
+        if let Some(gpus) = gpus
+            && gpus.iter().all(|(i, m)| *i < self.node.gpus && *m <= 1000)
+            && gpus.iter().map(|(_, m)| m).sum::<u32>()
+                == best.gpus.iter().map(|(_, m)| m).sum::<u32>()
+        {
+            best.gpus = gpus.to_vec();
+        }
+        best
+    }
+
+    /// Releases a pod's holding here.
+    pub fn release(&mut self, uid: &str) -> Option<Holding> {
+        let h = self.holdings.remove(uid)?;
+        packing::unapply(&mut self.usage, &h.placement);
+        Some(h)
+    }
+
+    /// New capacity for the node (labels or allocatable changed): usage is rebuilt from the
+    /// holdings, keeping their per-GPU model where it still applies.
+    pub fn set_node(&mut self, node: GpuNode) {
+        if node == self.node {
+            return;
+        }
+        let holdings = std::mem::take(&mut self.holdings);
+        *self = NodeLedger::new(node);
+        for h in holdings.into_values() {
+            self.record(&ObservedPod {
+                pod: h.pod,
+                node: h.node,
+                demand: h.demand,
+                gpus: Some(h.placement.gpus),
+            });
+        }
+    }
+
+    /// True when no enforced count exceeds the node's capacity.
+    pub fn within_capacity(&self) -> bool {
+        let u = &self.usage;
+        let n = &self.node;
+        let mig_ok = match &n.mig {
+            inventory::MigLayout::Mixed { instances } => u
+                .mig
+                .iter()
+                .all(|(p, used)| *used <= instances.get(p).copied().unwrap_or(0)),
+            _ => u.mig.is_empty(),
+        };
+        let budget_ok = match n.sharing {
+            inventory::Sharing::TimeSlicing { .. } => u.budget_milli <= u64::from(n.gpus) * 1000,
+            _ => true,
+        };
+        u.slots <= n.slots && mig_ok && budget_ok
+    }
+}
+
+/// The whole cluster's ledger (single-threaded: the simulator, `gpu-share status`, tests; the
+/// extender keeps one [`NodeLedger`] per lock instead).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ledger {
+    pub nodes: BTreeMap<String, NodeLedger>,
+    /// Pods bound to nodes not (yet) in the inventory.
+    pub unplaced: BTreeMap<String, ObservedPod>,
+    index: HashMap<String, String>,
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger::default()
+    }
+
+    /// Builds a ledger from nodes and pods as the API lists them.
+    pub fn rebuild(nodes: impl IntoIterator<Item = GpuNode>, pods: &[ObservedPod]) -> Self {
+        let mut l = Ledger::new();
+        for n in nodes {
+            l.upsert_node(n);
+        }
+        for p in pods {
+            l.record(p);
+        }
+        l
+    }
+
+    pub fn upsert_node(&mut self, node: GpuNode) {
+        let name = node.name.clone();
+        match self.nodes.get_mut(&name) {
+            Some(nl) => nl.set_node(node),
+            None => {
+                self.nodes.insert(name.clone(), NodeLedger::new(node));
+                let waiting: Vec<String> = self
+                    .unplaced
+                    .iter()
+                    .filter(|(_, o)| o.node == name)
+                    .map(|(u, _)| u.clone())
+                    .collect();
+                for uid in waiting {
+                    if let Some(o) = self.unplaced.remove(&uid) {
+                        self.record(&o);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        if let Some(nl) = self.nodes.remove(name) {
+            for h in nl.holdings.into_values() {
+                self.index.remove(&h.pod.uid);
+                self.unplaced.insert(
+                    h.pod.uid.clone(),
+                    ObservedPod {
+                        pod: h.pod,
+                        node: h.node,
+                        demand: h.demand,
+                        gpus: Some(h.placement.gpus),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Records a pod seen in the API.
+    pub fn record(&mut self, o: &ObservedPod) {
+        if let Some(prev) = self.index.get(&o.pod.uid).cloned()
+            && prev != o.node
+        {
+            self.release(&o.pod.uid);
+        }
+        match self.nodes.get_mut(&o.node) {
+            Some(nl) => {
+                nl.record(o);
+                self.index.insert(o.pod.uid.clone(), o.node.clone());
+            }
+            None => {
+                self.unplaced.insert(o.pod.uid.clone(), o.clone());
+            }
+        }
+    }
+
+    /// Checks the fit on `node` and records the holding (bind).
+    pub fn reserve(
+        &mut self,
+        scorer: &Scorer<'_>,
+        node: &str,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        if let Some(prev) = self.index.get(&pod.uid)
+            && prev != node
+        {
+            let uid = pod.uid.clone();
+            self.release(&uid);
+        }
+        let nl = self.nodes.get_mut(node).ok_or(Reason::UnknownNode)?;
+        let uid = pod.uid.clone();
+        let p = nl.reserve(scorer, pod, demand)?;
+        self.index.insert(uid, node.to_string());
+        Ok(p)
+    }
+
+    pub fn release(&mut self, uid: &str) -> Option<Holding> {
+        self.unplaced.remove(uid);
+        let node = self.index.remove(uid)?;
+        self.nodes.get_mut(&node)?.release(uid)
+    }
+
+    pub fn holding(&self, uid: &str) -> Option<&Holding> {
+        let node = self.index.get(uid)?;
+        self.nodes.get(node)?.holdings.get(uid)
+    }
+
+    /// Every pod UID held.
+    pub fn uids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.index.keys().cloned().collect();
+        v.extend(self.unplaced.keys().cloned());
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Sharing;
+    use crate::packing::PackingPolicy;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn pref(uid: &str) -> PodRef {
+        PodRef {
+            uid: uid.into(),
+            namespace: "ml".into(),
+            name: uid.into(),
+            priority: 0,
+        }
+    }
+
+    #[test]
+    fn demand_from_annotation_and_from_limits() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u1",
+                "annotations": {"gpu-share.io/request": "mps-25,memory=12288Mi"}},
+            "spec": {"containers": [{"name": "c"}]}
+        }));
+        assert_eq!(
+            demand_of_pod(&p).unwrap().unwrap().gpu,
+            GpuDemand::Mps {
+                milli: 250,
+                memory_mib: Some(12288)
+            }
+        );
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "b", "namespace": "ml"},
+            "spec": {"containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "1"}}},
+                {"name": "d", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "2"}}}
+            ]}
+        }));
+        assert_eq!(
+            demand_of_pod(&p).unwrap().unwrap().gpu,
+            GpuDemand::Mig {
+                profile: "1g.10gb+me".into(),
+                count: 3
+            }
+        );
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}
+        }));
+        assert_eq!(demand_of_pod(&p).unwrap(), None);
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "d", "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}}}]}
+        }));
+        assert!(matches!(demand_of_pod(&p), Err(DemandError::Mixed(..))));
+    }
+
+    #[test]
+    fn observed_holding_needs_a_node_and_a_live_phase() {
+        let base = serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u1",
+                "annotations": {"gpu-share.io/request": "timeslice-50", "gpu-share.io/gpus": "1:500"}},
+            "spec": {"containers": [{"name": "c"}], "nodeName": "n1", "priority": 7},
+            "status": {"phase": "Running"}
+        });
+        let o = observed_holding(&pod(base.clone())).unwrap().unwrap();
+        assert_eq!(o.node, "n1");
+        assert_eq!(o.gpus, Some(vec![(1, 500)]));
+        assert_eq!(o.pod.priority, 7);
+        let mut done = base.clone();
+        done["status"]["phase"] = "Succeeded".into();
+        assert_eq!(observed_holding(&pod(done)).unwrap(), None);
+        let mut pending = base;
+        pending["spec"]["nodeName"] = serde_json::Value::Null;
+        assert_eq!(observed_holding(&pod(pending)).unwrap(), None);
+    }
+
+    #[test]
+    fn reserve_record_release_and_rebuild() {
+        let n = GpuNode::shared("n1", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });
+        let mut l = Ledger::new();
+        l.upsert_node(n.clone());
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let d = Demand::gpu(GpuDemand::Timeslice {
+            milli: 600,
+            memory_mib: None,
+        });
+        let p1 = l.reserve(&scorer, "n1", pref("a"), d.clone()).unwrap();
+        let p2 = l.reserve(&scorer, "n1", pref("b"), d.clone()).unwrap();
+        assert_ne!(
+            p1.gpus[0].0, p2.gpus[0].0,
+            "second 60% goes to the other GPU"
+        );
+        // A third 60% fits the node's budget (1.8 of 2 GPUs); the model stacks it on one GPU.
+        l.reserve(&scorer, "n1", pref("c"), d.clone()).unwrap();
+        assert_eq!(
+            l.reserve(&scorer, "n1", pref("d"), d.clone()),
+            Err(Reason::BudgetUsedUp)
+        );
+        // Idempotent.
+        assert_eq!(l.reserve(&scorer, "n1", pref("a"), d.clone()).unwrap(), p1);
+        // Rebuild from what the API would show.
+        let observed: Vec<ObservedPod> = ["a", "b", "c"]
+            .iter()
+            .map(|u| {
+                let h = l.holding(u).unwrap();
+                ObservedPod {
+                    pod: h.pod.clone(),
+                    node: h.node.clone(),
+                    demand: h.demand.clone(),
+                    gpus: Some(h.placement.gpus.clone()),
+                }
+            })
+            .collect();
+        let rebuilt = Ledger::rebuild([n.clone()], &observed);
+        assert_eq!(rebuilt.nodes, l.nodes);
+        l.release("a");
+        assert!(l.reserve(&scorer, "n1", pref("d"), d).is_ok());
+        assert!(l.nodes["n1"].within_capacity());
+    }
+
+    #[test]
+    fn pods_on_unknown_nodes_wait_for_the_node() {
+        let mut l = Ledger::new();
+        let o = ObservedPod {
+            pod: pref("x"),
+            node: "later".into(),
+            demand: Demand::gpu(GpuDemand::Whole { count: 1 }),
+            gpus: None,
+        };
+        l.record(&o);
+        assert_eq!(l.uids(), vec!["x".to_string()]);
+        l.upsert_node(GpuNode::whole("later", "H100", 2, 81559));
+        assert_eq!(l.nodes["later"].usage.slots, 1);
+        assert!(l.unplaced.is_empty());
+        l.remove_node("later");
+        assert_eq!(l.unplaced.len(), 1);
+    }
+
+    #[test]
+    fn set_node_keeps_holdings() {
+        let mut nl = NodeLedger::new(GpuNode::whole("n", "H100", 2, 81559));
+        nl.reserve(
+            &Scorer::new(PackingPolicy::Binpack),
+            pref("a"),
+            Demand::gpu(GpuDemand::Whole { count: 1 }),
+        )
+        .unwrap();
+        nl.set_node(GpuNode::whole("n", "H100", 4, 81559));
+        assert_eq!(nl.usage.slots, 1);
+        assert_eq!(nl.usage.gpu_milli.len(), 4);
+        assert_eq!(nl.holdings.len(), 1);
+    }
+}
