@@ -84,6 +84,12 @@ pub struct ServeArgs {
     /// Run with no cluster and no files: a self-signed certificate, loopback listeners, the embedded policy.
     #[arg(long, env = "GPU_SHARE_DEV")]
     pub dev: bool,
+    /// How often the extender lists nodes and pods to repair drift in its ledger, in seconds.
+    #[arg(long, env = "GPU_SHARE_RECONCILE_SECONDS", default_value_t = 60)]
+    pub reconcile_seconds: u64,
+    /// How long a bound allocation may stay unseen in the API before it frees itself, in seconds.
+    #[arg(long, env = "GPU_SHARE_ASSUME_TTL_SECONDS", default_value_t = 120)]
+    pub assume_ttl_seconds: u64,
     /// How often the --policy file is checked for changes, in seconds.
     #[arg(long, env = "GPU_SHARE_POLICY_RELOAD_SECONDS", default_value_t = 5)]
     pub policy_reload_seconds: u64,

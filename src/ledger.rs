@@ -339,6 +339,83 @@ impl NodeLedger {
     }
 }
 
+/// Preemption on one node: which victims really make room for `demand`. kube-scheduler's dry
+/// run chose `given` without knowing classes or slot sizes. Victims that free capacity the demand
+/// can use come first (lowest priority first), then other holders here of lower priority than
+/// the preemptor; the set grows until the demand fits, then shrinks to be just sufficient.
+/// `None`: no set on this node makes room. If the GPU side fits already (the node failed for
+/// other reasons, e.g. CPU), kube-scheduler's own victims are kept.
+pub fn plan_victims(
+    nl: &NodeLedger,
+    demand: &Demand,
+    preemptor_priority: i32,
+    given: &[String],
+) -> Option<Vec<String>> {
+    if packing::fit(&nl.node, &nl.usage, demand).is_ok() {
+        return if given.is_empty() {
+            None
+        } else {
+            Some(given.to_vec())
+        };
+    }
+    let helps = |h: &Holding| -> bool {
+        match &demand.gpu {
+            GpuDemand::Mig { profile, .. } => {
+                h.placement.mig.as_ref().is_some_and(|(p, _)| p == profile)
+                    || (matches!(nl.node.mig, inventory::MigLayout::Single { .. })
+                        && h.placement.slots > 0)
+            }
+            GpuDemand::None => false,
+            _ => {
+                h.placement.slots > 0
+                    || h.placement.budget_milli > 0
+                    || !h.placement.gpus.is_empty()
+            }
+        }
+    };
+    let mut given_h: Vec<&Holding> = given
+        .iter()
+        .filter_map(|u| nl.holdings.get(u))
+        .filter(|h| helps(h))
+        .collect();
+    given_h.sort_by_key(|h| h.pod.priority);
+    let mut extra: Vec<&Holding> = nl
+        .holdings
+        .values()
+        .filter(|h| !given.contains(&h.pod.uid) && h.pod.priority < preemptor_priority && helps(h))
+        .collect();
+    extra.sort_by_key(|h| h.pod.priority);
+    let order: Vec<&Holding> = given_h.into_iter().chain(extra).collect();
+    let fits_without = |victims: &[&Holding]| -> bool {
+        let mut usage = nl.usage.clone();
+        for h in victims {
+            packing::unapply(&mut usage, &h.placement);
+        }
+        packing::fit(&nl.node, &usage, demand).is_ok()
+    };
+    let mut chosen: Vec<&Holding> = Vec::new();
+    for h in order {
+        chosen.push(h);
+        if fits_without(&chosen) {
+            break;
+        }
+    }
+    if chosen.is_empty() || !fits_without(&chosen) {
+        return None;
+    }
+    // Shrink: try dropping each victim, highest priority first.
+    let mut i = chosen.len();
+    while i > 0 {
+        i -= 1;
+        let mut trial = chosen.clone();
+        trial.remove(i);
+        if !trial.is_empty() && fits_without(&trial) {
+            chosen = trial;
+        }
+    }
+    Some(chosen.iter().map(|h| h.pod.uid.clone()).collect())
+}
+
 /// The whole cluster's ledger (single-threaded: the simulator, `gpu-share status`, tests; the
 /// extender keeps one [`NodeLedger`] per lock instead).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -603,6 +680,51 @@ mod tests {
         assert!(l.unplaced.is_empty());
         l.remove_node("later");
         assert_eq!(l.unplaced.len(), 1);
+    }
+
+    #[test]
+    fn preemption_keeps_only_victims_that_make_room() {
+        let mut nl = NodeLedger::new(GpuNode {
+            gpus: 0,
+            slots: 0,
+            mig: inventory::MigLayout::Mixed {
+                instances: [("1g.10gb".to_string(), 2), ("3g.40gb".to_string(), 1)].into(),
+            },
+            ..GpuNode::whole("m", "A100", 0, 81920)
+        });
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let small = Demand::gpu(GpuDemand::Mig {
+            profile: "1g.10gb".into(),
+            count: 1,
+        });
+        let big = Demand::gpu(GpuDemand::Mig {
+            profile: "3g.40gb".into(),
+            count: 1,
+        });
+        let with_prio = |uid: &str, p: i32| PodRef {
+            priority: p,
+            ..pref(uid)
+        };
+        nl.reserve(&scorer, with_prio("s1", 5), small.clone())
+            .unwrap();
+        nl.reserve(&scorer, with_prio("s2", 1), small.clone())
+            .unwrap();
+        nl.reserve(&scorer, with_prio("b1", 3), big.clone())
+            .unwrap();
+        // The scheduler offered s1 and b1 for a 1g pod: only one 1g victim is needed, and b1
+        // (another profile) does not help. s2 has the lowest priority but was not offered; the
+        // offered s1 comes first.
+        let v = plan_victims(&nl, &small, 10, &["s1".into(), "b1".into()]).unwrap();
+        assert_eq!(v, vec!["s1".to_string()]);
+        // Offered nothing useful: the lowest-priority 1g holder is added.
+        let v = plan_victims(&nl, &small, 10, &["b1".into()]).unwrap();
+        assert_eq!(v, vec!["s2".to_string()]);
+        // A 3g pod of priority 2 cannot evict b1 (priority 3) unless offered.
+        assert_eq!(plan_victims(&nl, &big, 2, &["s2".into()]), None);
+        assert_eq!(
+            plan_victims(&nl, &big, 2, &["b1".into()]),
+            Some(vec!["b1".to_string()])
+        );
     }
 
     #[test]

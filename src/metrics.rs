@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -44,6 +45,12 @@ pub struct Metrics {
     latency: HistogramFamily,
     denials: Family<ReasonLabels, Counter>,
     policy_reloads: Family<ResultLabels, Counter>,
+    rejections: Family<ReasonLabels, Counter>,
+    drift: Family<ResultLabels, Counter>,
+    requeues: Counter,
+    fragmented_milli: Gauge,
+    held_pods: Gauge,
+    gpu_nodes: Gauge,
 }
 
 impl Default for Metrics {
@@ -79,12 +86,54 @@ impl Metrics {
             "Policy file reloads by result",
             policy_reloads.clone(),
         );
+        let rejections = Family::<ReasonLabels, Counter>::default();
+        let drift = Family::<ResultLabels, Counter>::default();
+        let requeues = Counter::default();
+        let fragmented_milli = Gauge::default();
+        let held_pods = Gauge::default();
+        let gpu_nodes = Gauge::default();
+        registry.register(
+            "extender_rejections",
+            "Nodes rejected by the extender's filter, by reason",
+            rejections.clone(),
+        );
+        registry.register(
+            "ledger_drift",
+            "Differences the periodic reconcile found between the ledger and the API, by kind",
+            drift.clone(),
+        );
+        registry.register(
+            "requeue_nudges",
+            "Waiting pods nudged to requeue after capacity was released",
+            requeues.clone(),
+        );
+        registry.register(
+            "fragmented_gpu_milli",
+            "Free GPU capacity (thousandths of a GPU) on nodes where the most common request of the last 1,000 decisions no longer fits",
+            fragmented_milli.clone(),
+        );
+        registry.register(
+            "ledger_pods",
+            "Pods holding GPU capacity in the ledger",
+            held_pods.clone(),
+        );
+        registry.register(
+            "ledger_nodes",
+            "GPU nodes in the inventory",
+            gpu_nodes.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
             latency,
             denials,
             policy_reloads,
+            rejections,
+            drift,
+            requeues,
+            fragmented_milli,
+            held_pods,
+            gpu_nodes,
         }
     }
 
@@ -109,6 +158,36 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Counts `n` nodes rejected for `reason`.
+    pub fn rejection(&self, reason: &str, n: u64) {
+        self.rejections
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts `n` ledger differences of `kind` found by reconcile.
+    pub fn drift(&self, kind: &str, n: u64) {
+        self.drift
+            .get_or_create(&ResultLabels {
+                result: kind.into(),
+            })
+            .inc_by(n);
+    }
+
+    pub fn requeued(&self, n: u64) {
+        self.requeues.inc_by(n);
+    }
+
+    /// Sets the ledger gauges (fragmented capacity in GPUs, held pods, GPU nodes).
+    pub fn ledger(&self, fragmented_gpus: f64, pods: usize, nodes: usize) {
+        self.fragmented_milli
+            .set((fragmented_gpus * 1000.0).round() as i64);
+        self.held_pods.set(pods as i64);
+        self.gpu_nodes.set(nodes as i64);
     }
 
     pub fn policy_reload(&self, result: &str) {

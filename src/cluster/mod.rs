@@ -1,6 +1,9 @@
 //! Kubernetes I/O: the facts the webhook needs (namespace labels, RuntimeClass existence), each
 //! cached with moka so the webhook costs the API server at most one read per TTL.
 
+pub mod binder;
+pub mod watch;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

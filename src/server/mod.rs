@@ -25,6 +25,8 @@ use tokio::sync::watch;
 
 use crate::cli::{Role, ServeArgs};
 use crate::cluster::ClusterFacts;
+use crate::extender::handlers as ext;
+use crate::extender::state::{ExtenderState, Mode};
 use crate::metrics::Metrics;
 use crate::mig::MigTable;
 use crate::policy::Policy;
@@ -32,6 +34,10 @@ use crate::{Error, Result};
 
 /// Largest AdmissionReview body accepted (a pod is at most ~1.5 MiB in etcd).
 pub const MUTATE_BODY_LIMIT: usize = 4 << 20;
+
+/// Largest extender body accepted (full Node objects of a large cluster when not
+/// `nodeCacheCapable`).
+pub const EXTENDER_BODY_LIMIT: usize = 64 << 20;
 
 /// A policy with what is derived from it.
 #[derive(Debug, Clone)]
@@ -110,6 +116,8 @@ pub struct AppState {
     pub cluster: Option<ClusterFacts>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<Readiness>,
+    /// The extender's state (`--role extender|all`).
+    pub extender: Option<Arc<ExtenderState>>,
 }
 
 impl AppState {
@@ -121,6 +129,12 @@ impl AppState {
             cluster: None,
             metrics: Arc::new(Metrics::new()),
             ready: Arc::new(Readiness::all_ready()),
+            extender: role.extender().then(|| {
+                Arc::new(ExtenderState::new(
+                    crate::extender::state::Mode::Dev,
+                    crate::extender::state::DEFAULT_ASSUME_TTL,
+                ))
+            }),
         }
     }
 }
@@ -138,6 +152,24 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/mutate",
             post(crate::admission::review::mutate).layer(DefaultBodyLimit::max(MUTATE_BODY_LIMIT)),
         );
+    }
+    if state.role.extender() {
+        let limit = || DefaultBodyLimit::max(EXTENDER_BODY_LIMIT);
+        r = r
+            .route(
+                "/scheduler/filter",
+                post(ext::filter_handler).layer(limit()),
+            )
+            .route(
+                "/scheduler/prioritize",
+                post(ext::prioritize_handler).layer(limit()),
+            )
+            .route("/scheduler/bind", post(ext::bind_handler).layer(limit()))
+            .route(
+                "/scheduler/preempt",
+                post(ext::preempt_handler).layer(limit()),
+            )
+            .route("/v1/nodes", get(ext::nodes_handler));
     }
     r.fallback(not_found).with_state(state)
 }
@@ -313,6 +345,39 @@ pub fn spawn_policy_reloader(
     });
 }
 
+/// Reads a NodeList (YAML or JSON; a single Node or a YAML stream of Nodes also works).
+pub fn load_nodes(path: &PathBuf) -> Result<Vec<k8s_openapi::api::core::v1::Node>> {
+    let err = |reason: String| Error::Config(format!("--nodes {}: {reason}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    parse_nodes(&text).map_err(err)
+}
+
+/// Parses the `--nodes` file contents.
+pub fn parse_nodes(
+    text: &str,
+) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, String> {
+    let docs: Vec<serde_json::Value> = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) => vec![v],
+        Err(_) => serde_saphyr::from_multiple::<serde_json::Value>(text)
+            .map_err(|e| format!("not YAML or JSON: {e}"))?,
+    };
+    let mut nodes = Vec::new();
+    for doc in docs {
+        if doc.is_null() {
+            continue;
+        }
+        let items = match doc.get("items") {
+            Some(serde_json::Value::Array(items)) => items.clone(),
+            _ => vec![doc],
+        };
+        for item in items {
+            let node = serde_json::from_value(item).map_err(|e| format!("not a Node: {e}"))?;
+            nodes.push(node);
+        }
+    }
+    Ok(nodes)
+}
+
 /// Binds a TCP listener, naming the address on failure.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr)
@@ -375,6 +440,30 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let tls = Arc::new(tls::ReloadingTls::load(files, Duration::from_secs(1))?);
     ready.certificate.store(true, Ordering::Release);
 
+    // Extender state.
+    let extender = if args.role.extender() {
+        let mode = if args.dev { Mode::Dev } else { Mode::Cluster };
+        let ext = Arc::new(ExtenderState::new(
+            mode,
+            Duration::from_secs(args.assume_ttl_seconds.max(1)),
+        ));
+        if let Some(path) = &args.nodes {
+            let shared = store.current().policy.resources.shared.to_string();
+            let nodes = load_nodes(path)?;
+            let mut gpu = 0;
+            for n in &nodes {
+                if let Some(inv) = crate::inventory::from_node(n, &shared) {
+                    ext.ledgers.upsert_node(inv);
+                    gpu += 1;
+                }
+            }
+            tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
+        }
+        Some(ext)
+    } else {
+        None
+    };
+
     // Cluster.
     let cluster = if args.dev {
         ready.cluster.store(true, Ordering::Release);
@@ -385,10 +474,39 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 "no Kubernetes configuration found ({e}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
             ))
         })?;
-        let facts = ClusterFacts::new(client);
+        let facts = ClusterFacts::new(client.clone());
+        if let Some(ext) = &extender {
+            // Ready when the node and pod caches have synced.
+            crate::cluster::watch::spawn_watches(
+                client.clone(),
+                ext.clone(),
+                store.clone(),
+                ready.clone(),
+                shutdown_rx.clone(),
+            );
+            crate::cluster::watch::spawn_reconcile(
+                client.clone(),
+                ext.clone(),
+                store.clone(),
+                metrics.clone(),
+                Duration::from_secs(args.reconcile_seconds.max(1)),
+                shutdown_rx.clone(),
+            );
+            crate::cluster::watch::spawn_requeuer(
+                client.clone(),
+                ext.clone(),
+                metrics.clone(),
+                ext.subscribe_releases(),
+                shutdown_rx.clone(),
+            );
+        }
         let probe = facts.clone();
         let ready = ready.clone();
+        let wait_for_ping = extender.is_none();
         tokio::spawn(async move {
+            if !wait_for_ping {
+                return;
+            }
             loop {
                 match probe.ping().await {
                     Ok(()) => {
@@ -416,12 +534,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         );
     }
 
+    if let Some(ext) = &extender {
+        crate::cluster::watch::spawn_gauges(
+            ext.clone(),
+            metrics.clone(),
+            Duration::from_secs(10),
+            shutdown_rx.clone(),
+        );
+    }
     let state = Arc::new(AppState {
         role: args.role,
         policy: store,
         cluster,
         metrics,
         ready,
+        extender,
     });
     let listen = args.listen_addr();
     let admin_listen = args.admin_listen_addr();

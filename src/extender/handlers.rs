@@ -1,0 +1,578 @@
+//! `POST /scheduler/{filter,prioritize,bind,preempt}` and `GET /v1/nodes`. The verbs' logic
+//! lives in plain functions over [`ExtenderState`] (no I/O); the axum handlers around them only
+//! parse, time, call the API for bind, and reply.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
+
+use super::state::{ExtenderState, Mode, NodeReport, report};
+use super::wire::{
+    self, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, MetaPod, MetaVictims, NodeList,
+};
+use crate::inventory;
+use crate::ledger::{self, PodRef};
+use crate::metrics::Metrics;
+use crate::packing::{self, Demand, Reason, Scorer};
+use crate::server::{AppState, LoadedPolicy, json_error};
+
+/// What the verbs say while the caches have not synced.
+pub const NOT_SYNCED: &str = "gpu-share extender is not ready: its node and pod caches have not synced yet, and it will not guess from an empty ledger";
+
+/// The nodes a filter/prioritize request is about.
+enum NodeSet {
+    /// `nodeCacheCapable: true`.
+    Names(Vec<String>),
+    /// Full Node objects, kept as received (to echo them).
+    Full(Vec<Value>),
+}
+
+impl NodeSet {
+    fn from_args(args: &ExtenderArgs) -> Result<NodeSet, String> {
+        match (&args.node_names, &args.nodes) {
+            (Some(names), _) => Ok(NodeSet::Names(names.clone())),
+            (None, Some(list)) => Ok(NodeSet::Full(list.items.clone())),
+            (None, None) => Err("request has neither Nodes nor NodeNames".to_string()),
+        }
+    }
+}
+
+fn node_name(v: &Value) -> String {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Learns the inventory of full Node objects (both modes: the objects are current).
+fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) -> HashSet<String> {
+    let mut gpu_nodes = HashSet::new();
+    for item in items {
+        let Ok(node) = serde_json::from_value::<Node>(item.clone()) else {
+            continue;
+        };
+        if let Some(inv) = inventory::from_node(&node, shared) {
+            gpu_nodes.insert(inv.name.clone());
+            ext.ledgers.upsert_node(inv);
+        }
+    }
+    gpu_nodes
+}
+
+/// The verdict for one node.
+fn verdict(ext: &ExtenderState, name: &str, demand: &Demand) -> Result<(), Reason> {
+    match ext
+        .ledgers
+        .with_node(name, |nl| packing::fit(&nl.node, &nl.usage, demand))
+    {
+        Some(r) => r,
+        None if ext.mode == Mode::Cluster => Err(Reason::NotGpuNode),
+        None => Err(Reason::UnknownNode),
+    }
+}
+
+/// A pod's demand for scheduling; `Err` is a message for every node.
+fn pod_demand(pod: &Pod) -> Result<Option<Demand>, String> {
+    ledger::demand_of_pod(pod).map_err(|e| e.to_string())
+}
+
+/// Filter: every node that fits, every other node with a reason.
+pub fn filter(
+    ext: &ExtenderState,
+    policy: &LoadedPolicy,
+    metrics: &Metrics,
+    args: ExtenderArgs,
+) -> ExtenderFilterResult {
+    let error = |e: String| ExtenderFilterResult {
+        error: e,
+        ..Default::default()
+    };
+    if !ext.is_synced() {
+        return error(NOT_SYNCED.to_string());
+    }
+    let Some(pod) = args.pod.as_ref() else {
+        return error("request has no Pod".to_string());
+    };
+    let set = match NodeSet::from_args(&args) {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
+    let names: Vec<String> = match &set {
+        NodeSet::Names(n) => n.clone(),
+        NodeSet::Full(items) => {
+            learn_nodes(ext, items, policy.policy.resources.shared.as_str());
+            items.iter().map(node_name).collect()
+        }
+    };
+    let key = ledger::pod_key(pod);
+    if let Some(uid) = &pod.metadata.uid {
+        ext.pods.insert(uid.clone(), Arc::new(pod.clone()));
+    }
+    let mut failed = BTreeMap::new();
+    let mut unresolvable = BTreeMap::new();
+    let mut pass: HashSet<String> = HashSet::new();
+    match pod_demand(pod) {
+        Err(msg) => {
+            for n in &names {
+                unresolvable.insert(n.clone(), msg.clone());
+            }
+            metrics.rejection("bad_request", names.len() as u64);
+        }
+        Ok(None) => pass.extend(names.iter().cloned()),
+        Ok(Some(demand)) => {
+            lock_workload(ext).observe(&demand);
+            let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+            for n in &names {
+                match verdict(ext, n, &demand) {
+                    Ok(()) => {
+                        pass.insert(n.clone());
+                    }
+                    Err(r) => {
+                        tracing::debug!(pod = %key, node = %n, reason = r.label(), "node rejected");
+                        *by_reason.entry(r.label()).or_default() += 1;
+                        if r.resolvable() {
+                            failed.insert(n.clone(), r.message());
+                        } else {
+                            unresolvable.insert(n.clone(), r.message());
+                        }
+                    }
+                }
+            }
+            for (r, c) in by_reason {
+                metrics.rejection(r, c);
+            }
+            if pass.is_empty()
+                && !failed.is_empty()
+                && let (Some(uid), Some(name), Some(ns)) = (
+                    pod.metadata.uid.clone(),
+                    pod.metadata.name.clone(),
+                    pod.metadata.namespace.clone(),
+                )
+            {
+                ext.waiting.insert(
+                    uid,
+                    super::state::Waiting {
+                        namespace: ns,
+                        name,
+                        class: demand.gpu.class(),
+                    },
+                );
+            }
+        }
+    }
+    tracing::info!(pod = %key, nodes = names.len(), fit = pass.len(), failed = failed.len(), unresolvable = unresolvable.len(), "filter");
+    let mut result = ExtenderFilterResult {
+        failed_nodes: Some(failed),
+        failed_and_unresolvable_nodes: Some(unresolvable),
+        ..Default::default()
+    };
+    match set {
+        NodeSet::Names(n) => {
+            result.node_names = Some(n.into_iter().filter(|x| pass.contains(x)).collect());
+        }
+        NodeSet::Full(items) => {
+            result.nodes = Some(NodeList {
+                metadata: None,
+                items: items
+                    .into_iter()
+                    .filter(|i| pass.contains(&node_name(i)))
+                    .collect(),
+            });
+        }
+    }
+    result
+}
+
+fn lock_workload(ext: &ExtenderState) -> std::sync::MutexGuard<'_, packing::Workload> {
+    ext.workload.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0.
+pub fn prioritize(
+    ext: &ExtenderState,
+    policy: &LoadedPolicy,
+    args: ExtenderArgs,
+) -> Result<Vec<HostPriority>, String> {
+    if !ext.is_synced() {
+        return Err(NOT_SYNCED.to_string());
+    }
+    let pod = args.pod.as_ref().ok_or("request has no Pod")?;
+    let set = NodeSet::from_args(&args)?;
+    let names: Vec<String> = match &set {
+        NodeSet::Names(n) => n.clone(),
+        NodeSet::Full(items) => {
+            learn_nodes(ext, items, policy.policy.resources.shared.as_str());
+            items.iter().map(node_name).collect()
+        }
+    };
+    if let Some(uid) = &pod.metadata.uid {
+        ext.pods.insert(uid.clone(), Arc::new(pod.clone()));
+    }
+    let Some(demand) = pod_demand(pod)? else {
+        return Ok(names
+            .into_iter()
+            .map(|host| HostPriority { host, score: 0 })
+            .collect());
+    };
+    let workload = lock_workload(ext).clone();
+    let scorer = Scorer::with_workload(policy.policy.packing.policy.into(), &workload);
+    let raw: Vec<Option<f64>> = names
+        .iter()
+        .map(|n| {
+            ext.ledgers
+                .with_node(n, |nl| {
+                    packing::place(&scorer, &nl.node, &nl.usage, &demand)
+                        .ok()
+                        .map(|(_, s)| s)
+                })
+                .flatten()
+        })
+        .collect();
+    let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
+    let mut scaled = packing::to_extender_scores(&fitting).into_iter();
+    Ok(names
+        .into_iter()
+        .zip(raw)
+        .map(|(host, r)| HostPriority {
+            host,
+            score: if r.is_some() {
+                scaled.next().unwrap_or(0)
+            } else {
+                0
+            },
+        })
+        .collect())
+}
+
+/// What bind has to do after the ledger said yes.
+#[derive(Debug)]
+pub enum BindPlan {
+    /// Nothing to account (the pod asks no GPU); bind as is.
+    Plain,
+    /// Recorded; bind with these annotations.
+    Reserved {
+        annotations: BTreeMap<String, String>,
+    },
+}
+
+/// The ledger half of bind: re-check the fit and record the holding.
+pub fn reserve_for_bind(
+    ext: &ExtenderState,
+    policy: &LoadedPolicy,
+    pod: &Pod,
+    node: &str,
+) -> Result<BindPlan, String> {
+    let key = ledger::pod_key(pod);
+    let Some(demand) = pod_demand(pod)? else {
+        return Ok(BindPlan::Plain);
+    };
+    let workload = lock_workload(ext).clone();
+    let scorer = Scorer::with_workload(policy.policy.packing.policy.into(), &workload);
+    let pref = PodRef {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        ..ledger::pod_ref(pod)
+    };
+    match ext.ledgers.reserve(&scorer, node, pref, demand) {
+        Ok(p) => Ok(BindPlan::Reserved {
+            annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
+        }),
+        Err(r) => Err(format!(
+            "node {node} can no longer hold pod {key}: {}",
+            r.message()
+        )),
+    }
+}
+
+/// Preempt: keep, per candidate node, just the victims that make room for the pod's class.
+pub fn preempt(
+    ext: &ExtenderState,
+    args: ExtenderPreemptionArgs,
+) -> Result<ExtenderPreemptionResult, String> {
+    if !ext.is_synced() {
+        return Err(NOT_SYNCED.to_string());
+    }
+    let pod = args.pod.as_ref().ok_or("request has no Pod")?;
+    let mut given: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
+    if let Some(m) = &args.node_name_to_meta_victims {
+        for (node, v) in m {
+            let v = v.clone().unwrap_or_default();
+            let uids = v
+                .pods
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .map(|p| p.uid)
+                .collect();
+            given.insert(node.clone(), (uids, v.num_pdb_violations));
+        }
+    } else if let Some(m) = &args.node_name_to_victims {
+        for (node, v) in m {
+            let Some(v) = v else { continue };
+            let uids = v
+                .pods
+                .iter()
+                .flatten()
+                .flatten()
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            given.insert(node.clone(), (uids, v.num_pdb_violations));
+        }
+    }
+    let meta = |uids: Vec<String>, pdb: i64| MetaVictims {
+        pods: Some(uids.into_iter().map(|uid| Some(MetaPod { uid })).collect()),
+        num_pdb_violations: pdb,
+    };
+    let demand = pod_demand(pod)?;
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    let mut out = BTreeMap::new();
+    for (node, (uids, pdb)) in given {
+        let Some(demand) = &demand else {
+            // Not a GPU pod: the scheduler's choice stands.
+            if !uids.is_empty() {
+                out.insert(node, meta(uids, pdb));
+            }
+            continue;
+        };
+        let planned = ext
+            .ledgers
+            .with_node(&node, |nl| {
+                ledger::plan_victims(nl, demand, priority, &uids)
+            })
+            .flatten();
+        match planned {
+            Some(v) if !v.is_empty() => {
+                tracing::info!(pod = %ledger::pod_key(pod), node = %node, offered = uids.len(), kept = v.len(), "preempt");
+                out.insert(node, meta(v, pdb));
+            }
+            _ => {
+                tracing::info!(pod = %ledger::pod_key(pod), node = %node, "preempt: no victim set on this node makes room for the pod's class")
+            }
+        }
+    }
+    Ok(ExtenderPreemptionResult {
+        node_name_to_meta_victims: Some(out),
+    })
+}
+
+// ---- axum glue -------------------------------------------------------------------------------
+
+fn extender(state: &AppState) -> Option<&Arc<ExtenderState>> {
+    state.extender.as_ref()
+}
+
+fn bad_request(e: wire::WireError) -> Response {
+    json_error(StatusCode::BAD_REQUEST, &e.to_string())
+}
+
+pub async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let Some(ext) = extender(&state) else {
+        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    };
+    let args = match wire::parse_args(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            state
+                .metrics
+                .observe("filter", "bad_request", start.elapsed());
+            return bad_request(e);
+        }
+    };
+    let policy = state.policy.current();
+    let result = filter(ext, &policy, &state.metrics, args);
+    let outcome = if !result.error.is_empty() {
+        "error"
+    } else if result
+        .node_names
+        .as_ref()
+        .map(Vec::len)
+        .or(result.nodes.as_ref().map(|n| n.items.len()))
+        .unwrap_or(0)
+        > 0
+    {
+        "fit"
+    } else {
+        "no_fit"
+    };
+    state.metrics.observe("filter", outcome, start.elapsed());
+    axum::Json(result).into_response()
+}
+
+pub async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let Some(ext) = extender(&state) else {
+        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    };
+    let args = match wire::parse_args(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            state
+                .metrics
+                .observe("prioritize", "bad_request", start.elapsed());
+            return bad_request(e);
+        }
+    };
+    let policy = state.policy.current();
+    match prioritize(ext, &policy, args) {
+        Ok(list) => {
+            state.metrics.observe("prioritize", "ok", start.elapsed());
+            axum::Json(list).into_response()
+        }
+        Err(e) => {
+            state
+                .metrics
+                .observe("prioritize", "error", start.elapsed());
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
+        }
+    }
+}
+
+pub async fn preempt_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let Some(ext) = extender(&state) else {
+        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    };
+    let args = match wire::parse_preemption(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            state
+                .metrics
+                .observe("preempt", "bad_request", start.elapsed());
+            return bad_request(e);
+        }
+    };
+    match preempt(ext, args) {
+        Ok(r) => {
+            state.metrics.observe("preempt", "ok", start.elapsed());
+            axum::Json(r).into_response()
+        }
+        Err(e) => {
+            state.metrics.observe("preempt", "error", start.elapsed());
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
+        }
+    }
+}
+
+pub async fn bind_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let Some(ext) = extender(&state) else {
+        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    };
+    let args = match wire::parse_binding(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            state
+                .metrics
+                .observe("bind", "bad_request", start.elapsed());
+            return bad_request(e);
+        }
+    };
+    let result = bind(&state, ext, &args).await;
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    state.metrics.observe("bind", outcome, start.elapsed());
+    let error = result.err().unwrap_or_default();
+    if !error.is_empty() {
+        tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %error, "bind refused");
+    }
+    axum::Json(ExtenderBindingResult { error }).into_response()
+}
+
+async fn bind(
+    state: &AppState,
+    ext: &ExtenderState,
+    args: &ExtenderBindingArgs,
+) -> Result<(), String> {
+    if !ext.is_synced() {
+        return Err(NOT_SYNCED.to_string());
+    }
+    let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+    if args.node.is_empty() || args.pod_name.is_empty() {
+        return Err(format!("bind request for {key:?} names no pod or no node"));
+    }
+    let pod = match ext.pods.get(&args.pod_uid) {
+        Some(p) => (*p).clone(),
+        None => match (&ext.mode, &state.cluster) {
+            (Mode::Cluster, Some(c)) => {
+                let pod = crate::cluster::binder::get_pod(
+                    c.client(),
+                    &args.pod_namespace,
+                    &args.pod_name,
+                )
+                .await
+                .map_err(|e| format!("cannot read pod {key} to bind it: {e}"))?;
+                if !args.pod_uid.is_empty() && pod.metadata.uid.as_deref() != Some(&args.pod_uid) {
+                    return Err(format!(
+                        "pod {key} has UID {:?}, not {:?}: it was replaced",
+                        pod.metadata.uid.unwrap_or_default(),
+                        args.pod_uid
+                    ));
+                }
+                pod
+            }
+            _ => {
+                return Err(format!(
+                    "cannot resolve pod {key} (UID {}): it was not seen in filter or prioritize",
+                    args.pod_uid
+                ));
+            }
+        },
+    };
+    let policy = state.policy.current();
+    let plan = reserve_for_bind(ext, &policy, &pod, &args.node)?;
+    let annotations = match &plan {
+        BindPlan::Plain => BTreeMap::new(),
+        BindPlan::Reserved { annotations } => annotations.clone(),
+    };
+    let reserved = matches!(plan, BindPlan::Reserved { .. });
+    match (&ext.mode, &state.cluster) {
+        (Mode::Cluster, Some(c)) => {
+            if reserved {
+                ext.assumed.insert(args.pod_uid.clone(), args.node.clone());
+            }
+            if let Err(e) = crate::cluster::binder::bind_pod(
+                c.client(),
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                &args.node,
+                annotations,
+            )
+            .await
+            {
+                if reserved {
+                    ext.assumed.invalidate(&args.pod_uid);
+                    ext.ledgers.release(&args.pod_uid);
+                }
+                return Err(format!("binding pod {key} to {} failed: {e}", args.node));
+            }
+        }
+        _ => {}
+    }
+    ext.waiting.invalidate(&args.pod_uid);
+    ext.pods.invalidate(&args.pod_uid);
+    tracing::info!(pod = %key, node = %args.node, "bound");
+    Ok(())
+}
+
+/// `GET /v1/nodes`.
+pub async fn nodes_handler(State(state): State<Arc<AppState>>) -> Response {
+    let Some(ext) = extender(&state) else {
+        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    };
+    let policy = state.policy.current();
+    let reports: Vec<NodeReport> = ext
+        .ledgers
+        .snapshot()
+        .iter()
+        .map(|nl| report(nl, &policy.mig))
+        .collect();
+    axum::Json(reports).into_response()
+}

@@ -1,0 +1,5 @@
+//! The kube-scheduler extender: wire types, live state and the four verbs.
+
+pub mod handlers;
+pub mod state;
+pub mod wire;

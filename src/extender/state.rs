@@ -1,0 +1,500 @@
+//! The extender's live state: one [`NodeLedger`] per node behind its own lock (binds to one node
+//! are serialized, binds to different nodes run in parallel; no lock is held across I/O), the
+//! pods seen in filter/prioritize (for bind), allocations bound but not yet seen in the API (a
+//! moka cache whose expiry frees them), the pods waiting for capacity (for requeue) and the
+//! recent workload.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use moka::notification::RemovalCause;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::inventory::GpuNode;
+use crate::ledger::{Holding, NodeLedger, ObservedPod, PodRef};
+use crate::packing::{self, Demand, Placement, Reason, Scorer, Workload};
+
+/// How long a pod seen in filter/prioritize is remembered for bind.
+pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
+/// How long a bound allocation may stay unseen in the API before it frees itself.
+pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
+/// How long a pod rejected for capacity is remembered for requeue.
+pub const WAITING_TTL: Duration = Duration::from_secs(900);
+/// The workload window (decisions) behind the fragmentation gauge.
+pub const WORKLOAD_WINDOW: usize = 1000;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A pod rejected for capacity, to be requeued when capacity frees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub namespace: String,
+    pub name: String,
+    pub class: &'static str,
+}
+
+/// A released allocation (sent to the requeuer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub node: String,
+    pub class: &'static str,
+}
+
+/// The cluster-wide map of node ledgers.
+pub struct Ledgers {
+    nodes: RwLock<BTreeMap<String, Arc<Mutex<NodeLedger>>>>,
+    /// uid -> node for every holding.
+    index: Mutex<HashMap<String, String>>,
+    /// Pods bound to nodes not (yet) in the inventory.
+    unplaced: Mutex<HashMap<String, ObservedPod>>,
+    released: Mutex<Option<mpsc::UnboundedSender<Released>>>,
+}
+
+impl Default for Ledgers {
+    fn default() -> Self {
+        Ledgers {
+            nodes: RwLock::new(BTreeMap::new()),
+            index: Mutex::new(HashMap::new()),
+            unplaced: Mutex::new(HashMap::new()),
+            released: Mutex::new(None),
+        }
+    }
+}
+
+impl Ledgers {
+    fn node(&self, name: &str) -> Option<Arc<Mutex<NodeLedger>>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every node ledger handle, by name.
+    pub fn all(&self) -> Vec<(String, Arc<Mutex<NodeLedger>>)> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Runs `f` on one node's ledger under its lock.
+    pub fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeLedger) -> R) -> Option<R> {
+        let n = self.node(name)?;
+        let mut g = lock(&n);
+        Some(f(&mut g))
+    }
+
+    pub fn upsert_node(&self, node: GpuNode) {
+        let name = node.name.clone();
+        if let Some(n) = self.node(&name) {
+            lock(&n).set_node(node);
+            return;
+        }
+        let handle = {
+            let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+            nodes
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(Mutex::new(NodeLedger::new(node))))
+                .clone()
+        };
+        let waiting: Vec<ObservedPod> = {
+            let mut u = lock(&self.unplaced);
+            let uids: Vec<String> = u
+                .iter()
+                .filter(|(_, o)| o.node == name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            uids.iter().filter_map(|k| u.remove(k)).collect()
+        };
+        for o in waiting {
+            lock(&handle).record(&o);
+            lock(&self.index).insert(o.pod.uid.clone(), name.clone());
+        }
+    }
+
+    pub fn remove_node(&self, name: &str) {
+        let removed = self
+            .nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        if let Some(n) = removed {
+            let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
+            let mut index = lock(&self.index);
+            let mut unplaced = lock(&self.unplaced);
+            for h in holdings {
+                index.remove(&h.pod.uid);
+                unplaced.insert(
+                    h.pod.uid.clone(),
+                    ObservedPod {
+                        pod: h.pod,
+                        node: h.node,
+                        demand: h.demand,
+                        gpus: Some(h.placement.gpus),
+                    },
+                );
+            }
+        }
+    }
+
+    /// The node a pod holds something on.
+    pub fn node_of(&self, uid: &str) -> Option<String> {
+        lock(&self.index).get(uid).cloned()
+    }
+
+    /// Records what the API says a pod holds.
+    pub fn record(&self, o: &ObservedPod) {
+        if let Some(prev) = self.node_of(&o.pod.uid)
+            && prev != o.node
+        {
+            self.release(&o.pod.uid);
+        }
+        match self.node(&o.node) {
+            Some(n) => {
+                lock(&n).record(o);
+                lock(&self.index).insert(o.pod.uid.clone(), o.node.clone());
+            }
+            None => {
+                lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
+            }
+        }
+    }
+
+    /// Checks the fit on `node` and records the holding, under that node's lock.
+    pub fn reserve(
+        &self,
+        scorer: &Scorer<'_>,
+        node: &str,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        if let Some(prev) = self.node_of(&pod.uid)
+            && prev != node
+        {
+            self.release(&pod.uid);
+        }
+        let n = self.node(node).ok_or(Reason::UnknownNode)?;
+        let uid = pod.uid.clone();
+        let mut g = lock(&n);
+        let p = g.reserve(scorer, pod, demand)?;
+        lock(&self.index).insert(uid, node.to_string());
+        Ok(p)
+    }
+
+    /// Releases a pod's holding (and tells the requeuer).
+    pub fn release(&self, uid: &str) -> Option<Holding> {
+        lock(&self.unplaced).remove(uid);
+        let node = lock(&self.index).remove(uid)?;
+        let n = self.node(&node)?;
+        let h = lock(&n).release(uid)?;
+        if let Some(tx) = lock(&self.released).as_ref() {
+            let _ = tx.send(Released {
+                node: h.node.clone(),
+                class: h.demand.gpu.class(),
+            });
+        }
+        Some(h)
+    }
+
+    /// Every UID held (placed or not).
+    pub fn uids(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
+        v.extend(lock(&self.unplaced).keys().cloned());
+        v.sort();
+        v
+    }
+
+    /// A consistent-per-node copy of every node ledger.
+    pub fn snapshot(&self) -> Vec<NodeLedger> {
+        self.all()
+            .into_iter()
+            .map(|(_, n)| lock(&n).clone())
+            .collect()
+    }
+}
+
+/// How the extender learns about nodes and binds pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--dev`: nodes from requests or `--nodes`, bind records in memory.
+    Dev,
+    /// Watches nodes and pods, binds through the API.
+    Cluster,
+}
+
+/// The extender's state.
+pub struct ExtenderState {
+    pub mode: Mode,
+    pub ledgers: Arc<Ledgers>,
+    /// Pods seen in filter/prioritize, by UID.
+    pub pods: moka::sync::Cache<String, Arc<Pod>>,
+    /// Bound but not yet seen in the API: uid -> node. Expiry releases the holding.
+    pub assumed: moka::sync::Cache<String, String>,
+    /// Pods rejected for capacity: uid -> who.
+    pub waiting: moka::sync::Cache<String, Waiting>,
+    pub workload: Mutex<Workload>,
+    /// The caches have synced (always true in `--dev`).
+    pub synced: Arc<AtomicBool>,
+}
+
+impl ExtenderState {
+    pub fn new(mode: Mode, assume_ttl: Duration) -> Self {
+        let ledgers = Arc::new(Ledgers::default());
+        let for_expiry = Arc::downgrade(&ledgers);
+        let assumed = moka::sync::Cache::builder()
+            .time_to_live(assume_ttl)
+            .eviction_listener(move |uid: Arc<String>, node: String, cause| {
+                if cause == RemovalCause::Expired
+                    && let Some(l) = for_expiry.upgrade()
+                    && l.node_of(&uid).as_deref() == Some(node.as_str())
+                {
+                    tracing::warn!(uid = %uid, node = %node, "bound allocation never appeared in the API; freeing it");
+                    l.release(&uid);
+                }
+            })
+            .build();
+        ExtenderState {
+            mode,
+            ledgers,
+            pods: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(POD_CACHE_TTL)
+                .build(),
+            assumed,
+            waiting: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(WAITING_TTL)
+                .build(),
+            workload: Mutex::new(Workload::new(WORKLOAD_WINDOW)),
+            synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
+        }
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Subscribes to releases (the requeuer).
+    pub fn subscribe_releases(&self) -> mpsc::UnboundedReceiver<Released> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *lock(&self.ledgers.released) = Some(tx);
+        rx
+    }
+
+    /// Runs the caches' pending expiries (assumed allocations free themselves here).
+    pub fn run_pending(&self) {
+        self.assumed.run_pending_tasks();
+        self.pods.run_pending_tasks();
+        self.waiting.run_pending_tasks();
+    }
+
+    /// A pod seen in the API: records or releases its holding.
+    pub fn observe_pod(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        match crate::ledger::observed_holding(pod) {
+            Ok(Some(o)) => {
+                self.ledgers.record(&o);
+                self.assumed.invalidate(&uid);
+                self.waiting.invalidate(&uid);
+            }
+            Ok(None) => {
+                if pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some()
+                {
+                    self.waiting.invalidate(&uid);
+                }
+                if self.assumed.contains_key(&uid)
+                    && pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_ref())
+                        .is_none()
+                    && !crate::ledger::is_terminal(pod)
+                {
+                    // Bound by us a moment ago; the watch has not caught up yet.
+                    return;
+                }
+                if self.ledgers.node_of(&uid).is_some() {
+                    self.ledgers.release(&uid);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot account a pod's GPU demand");
+            }
+        }
+    }
+
+    /// A pod deleted in the API.
+    pub fn forget_pod(&self, uid: &str) {
+        self.assumed.invalidate(uid);
+        self.waiting.invalidate(uid);
+        self.pods.invalidate(uid);
+        self.ledgers.release(uid);
+    }
+
+    /// After a full relist: releases holdings of pods the API no longer has, except allocations
+    /// bound moments ago and not yet visible.
+    pub fn retain_pods(&self, seen: &std::collections::HashSet<String>) -> usize {
+        let mut dropped = 0;
+        for uid in self.ledgers.uids() {
+            if !seen.contains(&uid) && !self.assumed.contains_key(&uid) {
+                self.ledgers.release(&uid);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
+
+/// `/v1/nodes`: every GPU node with its capacity, use and holders.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub name: String,
+    pub kind: String,
+    pub product: Option<String>,
+    pub gpus: u32,
+    /// Capacity, use and free room in GPUs (MIG devices counted by their share of a GPU).
+    pub capacity_gpus: f64,
+    pub used_gpus: f64,
+    pub free_gpus: f64,
+    /// Enforced units: pool slots and MIG devices per profile, as `used/total`.
+    pub slots: String,
+    pub mig: BTreeMap<String, String>,
+    pub pods: Vec<PodReport>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodReport {
+    pub namespace: String,
+    pub name: String,
+    pub class: String,
+    pub gpus: f64,
+    /// The per-GPU model (`index:milli`), empty for MIG.
+    pub model: String,
+}
+
+/// Builds the `/v1/nodes` report for one node ledger.
+pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
+    let n = &nl.node;
+    let u = &nl.usage;
+    let mig_share = |profile: &str| -> f64 {
+        mig.find(profile)
+            .map(|(m, p)| f64::from(p.compute_slices) / f64::from(m.compute_slices))
+            .unwrap_or(0.0)
+    };
+    let (mig_cap, mig_used, mig_counts) = match &n.mig {
+        crate::inventory::MigLayout::None => (0.0, 0.0, BTreeMap::new()),
+        crate::inventory::MigLayout::Single { profile } => (
+            f64::from(n.slots) * mig_share(profile),
+            f64::from(u.slots) * mig_share(profile),
+            [(profile.clone(), format!("{}/{}", u.slots, n.slots))].into(),
+        ),
+        crate::inventory::MigLayout::Mixed { instances } => {
+            let cap = instances
+                .iter()
+                .map(|(p, c)| f64::from(*c) * mig_share(p))
+                .sum();
+            let used = u
+                .mig
+                .iter()
+                .map(|(p, c)| f64::from(*c) * mig_share(p))
+                .sum();
+            let counts = instances
+                .iter()
+                .map(|(p, c)| {
+                    (
+                        p.clone(),
+                        format!("{}/{}", u.mig.get(p).copied().unwrap_or(0), c),
+                    )
+                })
+                .collect();
+            (cap, used, counts)
+        }
+    };
+    let gpu_cap = f64::from(n.gpus);
+    let gpu_used = u.allocated_milli() as f64 / 1000.0;
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    NodeReport {
+        name: n.name.clone(),
+        kind: n.kind(),
+        product: n.product.clone(),
+        gpus: n.gpus,
+        capacity_gpus: round(gpu_cap + mig_cap),
+        used_gpus: round(gpu_used + mig_used),
+        free_gpus: round((gpu_cap - gpu_used).max(0.0) + (mig_cap - mig_used).max(0.0)),
+        slots: format!("{}/{}", u.slots, n.slots),
+        mig: mig_counts,
+        pods: nl
+            .holdings
+            .values()
+            .map(|h| PodReport {
+                namespace: h.pod.namespace.clone(),
+                name: h.pod.name.clone(),
+                class: describe_demand(&h.demand),
+                gpus: round(h.demand.gpu.gpus()),
+                model: h.placement.gpus_text(),
+            })
+            .collect(),
+    }
+}
+
+/// A demand in the annotation's words (`mps-25`, `mig-1g.10gb`, `nvidia.com/gpu x2`).
+pub fn describe_demand(d: &Demand) -> String {
+    use crate::packing::GpuDemand as G;
+    match &d.gpu {
+        G::None => "none".into(),
+        G::Whole { count: 1 } => "exclusive".into(),
+        G::Whole { count } => format!("exclusive-{count}"),
+        G::Mps { milli, .. } => format!("mps-{}", milli / 10),
+        G::Timeslice { milli, .. } => format!("timeslice-{}", milli / 10),
+        G::Mig { profile, count: 1 } => format!("mig-{profile}"),
+        G::Mig { profile, count } => format!("mig-{profile} x{count}"),
+        G::Units { resource, count } => format!("{resource} x{count}"),
+    }
+}
+
+/// The fragmentation gauge: free GPU capacity (in GPUs) on nodes where `demand` cannot fit for
+/// lack of capacity (nodes of another class do not count).
+pub fn fragmented_gpus(nodes: &[NodeLedger], demand: &Demand) -> f64 {
+    nodes
+        .iter()
+        .filter(|nl| match packing::fit(&nl.node, &nl.usage, demand) {
+            Err(r) => r.resolvable(),
+            Ok(()) => false,
+        })
+        .map(|nl| {
+            let free: u64 = nl
+                .usage
+                .gpu_milli
+                .iter()
+                .map(|m| u64::from(1000u32.saturating_sub(*m)))
+                .sum();
+            free as f64 / 1000.0
+        })
+        .sum()
+}
