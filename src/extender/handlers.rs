@@ -18,7 +18,6 @@ use super::wire::{
     self, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, MetaPod, MetaVictims, NodeList,
 };
-use crate::inventory;
 use crate::ledger::{self, PodRef};
 use crate::metrics::Metrics;
 use crate::packing::{self, Demand, Reason, Scorer};
@@ -53,18 +52,12 @@ fn node_name(v: &Value) -> String {
 }
 
 /// Learns the inventory of full Node objects (both modes: the objects are current).
-fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) -> HashSet<String> {
-    let mut gpu_nodes = HashSet::new();
-    for item in items {
-        let Ok(node) = serde_json::from_value::<Node>(item.clone()) else {
-            continue;
-        };
-        if let Some(inv) = inventory::from_node(&node, shared) {
-            gpu_nodes.insert(inv.name.clone());
-            ext.ledgers.upsert_node(inv);
-        }
-    }
-    gpu_nodes
+fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
+    let nodes: Vec<Node> = items
+        .iter()
+        .filter_map(|i| serde_json::from_value(i.clone()).ok())
+        .collect();
+    ext.learn_nodes(&nodes, shared);
 }
 
 /// The verdict for one node.
@@ -74,7 +67,7 @@ fn verdict(ext: &ExtenderState, name: &str, demand: &Demand) -> Result<(), Reaso
         .with_node(name, |nl| packing::fit(&nl.node, &nl.usage, demand))
     {
         Some(r) => r,
-        None if ext.mode == Mode::Cluster => Err(Reason::NotGpuNode),
+        None if ext.mode == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
         None => Err(Reason::UnknownNode),
     }
 }

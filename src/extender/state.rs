@@ -253,6 +253,8 @@ pub struct ExtenderState {
     pub workload: Mutex<Workload>,
     /// The caches have synced (always true in `--dev`).
     pub synced: Arc<AtomicBool>,
+    /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
+    pub non_gpu: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ExtenderState {
@@ -285,7 +287,34 @@ impl ExtenderState {
                 .build(),
             workload: Mutex::new(Workload::new(WORKLOAD_WINDOW)),
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
+            non_gpu: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Learns nodes: GPU nodes go into the inventory, the others are remembered as non-GPU.
+    /// Returns the number of GPU nodes.
+    pub fn learn_nodes(&self, nodes: &[k8s_openapi::api::core::v1::Node], shared: &str) -> usize {
+        let mut gpu = 0;
+        for n in nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            match crate::inventory::from_node(n, shared) {
+                Some(inv) => {
+                    lock(&self.non_gpu).remove(&name);
+                    self.ledgers.upsert_node(inv);
+                    gpu += 1;
+                }
+                None => {
+                    lock(&self.non_gpu).insert(name.clone());
+                    self.ledgers.remove_node(&name);
+                }
+            }
+        }
+        gpu
+    }
+
+    /// True when the node is known to have no NVIDIA GPUs.
+    pub fn is_non_gpu(&self, name: &str) -> bool {
+        lock(&self.non_gpu).contains(name)
     }
 
     pub fn is_synced(&self) -> bool {

@@ -450,13 +450,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         if let Some(path) = &args.nodes {
             let shared = store.current().policy.resources.shared.to_string();
             let nodes = load_nodes(path)?;
-            let mut gpu = 0;
-            for n in &nodes {
-                if let Some(inv) = crate::inventory::from_node(n, &shared) {
-                    ext.ledgers.upsert_node(inv);
-                    gpu += 1;
-                }
-            }
+            let gpu = ext.learn_nodes(&nodes, &shared);
             tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
         }
         Some(ext)

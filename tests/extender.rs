@@ -1,0 +1,401 @@
+//! The extender through its HTTP routes, with Go-shaped fixtures (tests/fixtures/extender, made by
+//! make_fixtures.py) and the example nodes file: both node-cache modes, every verb, reasons,
+//! readiness gating and concurrent binds.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{fixture, post};
+use gpu_share::cli::Role;
+use gpu_share::extender::state::{ExtenderState, Mode};
+use gpu_share::policy::Policy;
+use gpu_share::server::{AppState, parse_nodes};
+use serde_json::{Value, json};
+
+fn nodes_yaml() -> String {
+    std::fs::read_to_string(format!(
+        "{}/tests/fixtures/extender/nodes.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// A `--dev` service with the example nodes loaded (as `--nodes` does).
+fn state() -> Arc<AppState> {
+    let state = AppState::dev(Role::All, Policy::default_policy());
+    let nodes = parse_nodes(&nodes_yaml()).unwrap();
+    let gpu = state
+        .extender
+        .as_ref()
+        .unwrap()
+        .learn_nodes(&nodes, "nvidia.com/gpu");
+    assert_eq!(gpu, 4);
+    Arc::new(state)
+}
+
+fn body(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap()
+}
+
+fn names(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn filter_in_node_names_mode_answers_with_node_names_and_reasons() {
+    let s = state();
+    let (status, r) = post(
+        s,
+        "/scheduler/filter",
+        body(&fixture("extender/filter-names-mps.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(r["Error"], "");
+    assert_eq!(
+        r["Nodes"],
+        Value::Null,
+        "NodeNames mode answers NodeNames only"
+    );
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-mps"]);
+    let un = &r["FailedAndUnresolvableNodes"];
+    assert_eq!(
+        un["h100-ts"],
+        "node shares GPUs by time-slicing; pod asks MPS"
+    );
+    assert_eq!(un["l40s-plain"], "node does not share GPUs; pod asks MPS");
+    assert_eq!(un["a100-mig"], "node does not share GPUs; pod asks MPS");
+    assert_eq!(un["cpu-1"], "node has no NVIDIA GPUs");
+    assert_eq!(r["FailedNodes"], json!({}));
+}
+
+#[tokio::test]
+async fn filter_in_full_nodes_mode_echoes_the_node_objects() {
+    let s = state();
+    let req = fixture("extender/filter-nodes-timeslice.json");
+    let (status, r) = post(s, "/scheduler/filter", body(&req)).await;
+    assert_eq!(status, 200);
+    assert_eq!(r["NodeNames"], Value::Null, "Nodes mode answers Nodes only");
+    let items = r["Nodes"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    let sent = req["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["metadata"]["name"] == "h100-ts")
+        .unwrap();
+    assert_eq!(&items[0], sent, "the node object comes back unchanged");
+    assert_eq!(
+        r["FailedAndUnresolvableNodes"]["h100-mps"],
+        "node shares GPUs by MPS; pod asks time-slicing"
+    );
+}
+
+#[tokio::test]
+async fn mps_request_larger_than_replicas_is_unresolvable_in_words() {
+    let s = state();
+    let (_, r) = post(
+        s,
+        "/scheduler/filter",
+        body(&fixture("extender/filter-names-mps50.json")),
+    )
+    .await;
+    assert_eq!(names(&r["NodeNames"]), Vec::<String>::new());
+    assert_eq!(
+        r["FailedAndUnresolvableNodes"]["h100-mps"],
+        "MPS replicas on this node are smaller than the request"
+    );
+}
+
+#[tokio::test]
+async fn lower_case_field_names_are_accepted() {
+    let s = state();
+    let mut req = fixture("extender/filter-names-mps.json");
+    let obj = req.as_object_mut().unwrap();
+    let pod = obj.remove("Pod").unwrap();
+    let names_v = obj.remove("NodeNames").unwrap();
+    let r = json!({"pod": pod, "nodes": null, "nodenames": names_v});
+    let (status, r) = post(s, "/scheduler/filter", body(&r)).await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-mps"]);
+}
+
+#[tokio::test]
+async fn prioritize_scores_every_node_within_0_to_10() {
+    let s = state();
+    let (status, r) = post(
+        s,
+        "/scheduler/prioritize",
+        body(&fixture("extender/prioritize-names-mig.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let list = r.as_array().expect("a top-level array");
+    assert_eq!(list.len(), 5);
+    for e in list {
+        let score = e["Score"].as_i64().unwrap();
+        assert!((0..=10).contains(&score));
+        let expected = if e["Host"] == "a100-mig" { 10 } else { 0 };
+        assert_eq!(score, expected, "{e}");
+    }
+}
+
+/// Filter (to cache the pod), then bind; returns the bind reply's Error.
+async fn filter_and_bind(s: &Arc<AppState>, pod: &Value, node: &str) -> String {
+    let (_, _) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&json!({"Pod": pod, "Nodes": null, "NodeNames": [node]})),
+    )
+    .await;
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/bind",
+        body(&json!({
+            "PodName": pod["metadata"]["name"],
+            "PodNamespace": pod["metadata"]["namespace"],
+            "PodUID": pod["metadata"]["uid"],
+            "Node": node,
+        })),
+    )
+    .await;
+    assert_eq!(status, 200);
+    r["Error"].as_str().unwrap().to_string()
+}
+
+fn mig_pod(uid: &str, profile: &str, priority: i32) -> Value {
+    let mut p = fixture("extender/prioritize-names-mig.json")["Pod"].clone();
+    p["metadata"]["uid"] = json!(uid);
+    p["metadata"]["name"] = json!(format!("pod-{uid}"));
+    p["metadata"]["annotations"]["gpu-share.io/request"] = json!(format!("mig-{profile}"));
+    p["spec"]["priority"] = json!(priority);
+    p
+}
+
+fn ts_pod(uid: &str, percent: u32) -> Value {
+    let mut p = fixture("extender/filter-nodes-timeslice.json")["Pod"].clone();
+    p["metadata"]["uid"] = json!(uid);
+    p["metadata"]["name"] = json!(format!("pod-{uid}"));
+    p["metadata"]["annotations"]["gpu-share.io/request"] = json!(format!("timeslice-{percent}"));
+    p
+}
+
+#[tokio::test]
+async fn bind_records_then_a_full_profile_fails_resolvably() {
+    let s = state();
+    let bind = fixture("extender/bind.json");
+    // Bind before the pod was seen: refused in words, never a guess.
+    let (_, r) = post(s.clone(), "/scheduler/bind", body(&bind)).await;
+    assert!(
+        r["Error"].as_str().unwrap().contains("not seen in filter"),
+        "{r}"
+    );
+    for i in 0..8 {
+        assert_eq!(
+            filter_and_bind(&s, &mig_pod(&format!("m{i}"), "3g.40gb", 0), "a100-mig").await,
+            ""
+        );
+    }
+    let err = filter_and_bind(&s, &mig_pod("m8", "3g.40gb", 0), "a100-mig").await;
+    assert!(
+        err.contains("no free MIG device of the requested profile"),
+        "{err}"
+    );
+    let (_, r) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&fixture("extender/prioritize-names-mig.json")),
+    )
+    .await;
+    assert_eq!(
+        r["FailedNodes"]["a100-mig"],
+        "no free MIG device of the requested profile"
+    );
+    // /v1/nodes shows the occupancy.
+    let resp = tower::ServiceExt::oneshot(
+        gpu_share::server::router(s.clone()),
+        http::Request::get("/v1/nodes")
+            .body(axum::body::Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let nodes: Vec<gpu_share::extender::state::NodeReport> =
+        serde_json::from_slice(&bytes).unwrap();
+    let a100 = nodes.iter().find(|n| n.name == "a100-mig").unwrap();
+    assert_eq!(a100.mig["3g.40gb"], "8/8");
+    assert_eq!(a100.pods.len(), 8);
+    assert_eq!(a100.pods[0].class, "mig-3g.40gb");
+}
+
+#[tokio::test]
+async fn preempt_keeps_only_victims_of_the_pods_class() {
+    let s = state();
+    assert_eq!(
+        filter_and_bind(&s, &mig_pod("victim-1g-a", "1g.10gb", 0), "a100-mig").await,
+        ""
+    );
+    assert_eq!(
+        filter_and_bind(&s, &mig_pod("victim-3g-a", "3g.40gb", 0), "a100-mig").await,
+        ""
+    );
+    for i in 0..7 {
+        assert_eq!(
+            filter_and_bind(&s, &mig_pod(&format!("hi{i}"), "3g.40gb", 2000), "a100-mig").await,
+            ""
+        );
+    }
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/preempt",
+        body(&fixture("extender/preempt-meta.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        r,
+        json!({"NodeNameToMetaVictims": {"a100-mig": {"Pods": [{"UID": "victim-3g-a"}], "NumPDBViolations": 0}}}),
+        "the 1g victim does not make room for a 3g pod; h100-ts holds nothing of the class"
+    );
+    // The full-object form gets the Meta form back.
+    let (status, r) = post(
+        s,
+        "/scheduler/preempt",
+        body(&fixture("extender/preempt-full.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        r["NodeNameToMetaVictims"]["a100-mig"]["Pods"],
+        json!([{"UID": "victim-3g-a"}])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_binds_to_one_node_never_overcommit() {
+    let s = state();
+    // h100-ts: 8 GPUs x 4 replicas; 30% each: the budget (8 GPUs) allows 26.
+    let pods: Vec<Value> = (0..64).map(|i| ts_pod(&format!("c{i}"), 30)).collect();
+    for p in &pods {
+        let (_, r) = post(
+            s.clone(),
+            "/scheduler/filter",
+            body(&json!({"Pod": p, "Nodes": null, "NodeNames": ["h100-ts"]})),
+        )
+        .await;
+        assert_eq!(names(&r["NodeNames"]), vec!["h100-ts"]);
+    }
+    let mut tasks = Vec::new();
+    for p in pods {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let (_, r) = post(
+                s,
+                "/scheduler/bind",
+                body(
+                    &json!({"PodName": p["metadata"]["name"], "PodNamespace": "ml",
+                             "PodUID": p["metadata"]["uid"], "Node": "h100-ts"}),
+                ),
+            )
+            .await;
+            r["Error"].as_str().unwrap().to_string()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let e = t.await.unwrap();
+        if e.is_empty() {
+            ok += 1;
+        } else {
+            assert!(e.contains("time-slicing budget"), "{e}");
+        }
+    }
+    assert_eq!(ok, 26);
+    let ext = s.extender.as_ref().unwrap();
+    let usage = ext
+        .ledgers
+        .with_node("h100-ts", |nl| nl.usage.clone())
+        .unwrap();
+    assert_eq!(usage.budget_milli, 7800);
+    assert_eq!(usage.slots, 26);
+}
+
+#[tokio::test]
+async fn bad_bodies_get_400_with_a_json_error() {
+    let s = state();
+    for path in [
+        "/scheduler/filter",
+        "/scheduler/prioritize",
+        "/scheduler/bind",
+        "/scheduler/preempt",
+    ] {
+        let (status, r) = post(s.clone(), path, b"not json".to_vec()).await;
+        assert_eq!(status, 400, "{path}");
+        assert!(r["error"].as_str().unwrap().contains("not JSON"), "{r}");
+    }
+    let (status, r) = post(s, "/scheduler/filter", br#"{"Pod": 3}"#.to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(r["error"].as_str().unwrap().contains("ExtenderArgs"));
+}
+
+#[tokio::test]
+async fn every_verb_refuses_until_the_caches_have_synced() {
+    let mut st = AppState::dev(Role::Extender, Policy::default_policy());
+    st.extender = Some(Arc::new(ExtenderState::new(
+        Mode::Cluster,
+        std::time::Duration::from_secs(60),
+    )));
+    let s = Arc::new(st);
+    let (_, r) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&fixture("extender/filter-names-mps.json")),
+    )
+    .await;
+    assert!(r["Error"].as_str().unwrap().contains("not synced"), "{r}");
+    let (_, r) = post(
+        s.clone(),
+        "/scheduler/bind",
+        body(&fixture("extender/bind.json")),
+    )
+    .await;
+    assert!(r["Error"].as_str().unwrap().contains("not synced"), "{r}");
+    let (status, _) = post(
+        s.clone(),
+        "/scheduler/prioritize",
+        body(&fixture("extender/prioritize-names-mig.json")),
+    )
+    .await;
+    assert_eq!(status, 503);
+    let (status, _) = post(
+        s,
+        "/scheduler/preempt",
+        body(&fixture("extender/preempt-meta.json")),
+    )
+    .await;
+    assert_eq!(status, 503);
+}
+
+#[tokio::test]
+async fn pods_without_gpu_demand_pass_every_node() {
+    let s = state();
+    let mut pod = fixture("extender/filter-names-mps.json")["Pod"].clone();
+    pod["metadata"]["annotations"] = json!({});
+    pod["spec"]["containers"][0]["resources"] = json!({});
+    let (_, r) = post(
+        s,
+        "/scheduler/filter",
+        body(&json!({"Pod": pod, "Nodes": null, "NodeNames": ["cpu-1", "h100-ts"]})),
+    )
+    .await;
+    assert_eq!(names(&r["NodeNames"]), vec!["cpu-1", "h100-ts"]);
+}
