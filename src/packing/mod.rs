@@ -500,6 +500,13 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             if free_slots < *count {
                 return Err(Reason::NotEnoughUnits);
             }
+            // On a time-sliced node each unit counts its fair share against the budget.
+            if let Sharing::TimeSlicing { .. } = node.sharing
+                && usage.budget_milli + u64::from(*count) * u64::from(replica_milli(node))
+                    > u64::from(node.gpus) * 1000
+            {
+                return Err(Reason::BudgetUsedUp);
+            }
             Ok(())
         }
     }
