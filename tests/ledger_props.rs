@@ -26,8 +26,14 @@ fn nodes() -> Vec<GpuNode> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Bind { pod: u8, node: u8, demand: GpuDemand },
-    Delete { pod: u8 },
+    Bind {
+        pod: u8,
+        node: u8,
+        demand: GpuDemand,
+    },
+    Delete {
+        pod: u8,
+    },
     Restart,
 }
 
@@ -44,12 +50,14 @@ fn demand() -> impl Strategy<Value = GpuDemand> {
                 memory_mib: m,
             }
         }),
-        (prop_oneof![Just("1g.10gb"), Just("3g.40gb"), Just("7g.80gb")], 1u32..=3).prop_map(
-            |(p, count)| GpuDemand::Mig {
+        (
+            prop_oneof![Just("1g.10gb"), Just("3g.40gb"), Just("7g.80gb")],
+            1u32..=3
+        )
+            .prop_map(|(p, count)| GpuDemand::Mig {
                 profile: p.to_string(),
                 count
-            }
-        ),
+            }),
         (1u32..=4).prop_map(|count| GpuDemand::Units {
             resource: "nvidia.com/gpu".into(),
             count

@@ -425,3 +425,364 @@ pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
     let pods: usize = nodes.iter().map(|n| n.holdings.len()).sum();
     metrics.ledger(frag, pods, nodes.len());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extender::state::Mode;
+    use crate::inventory::GpuNode;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+
+    fn ext() -> ExtenderState {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        e.ledgers
+            .upsert_node(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068));
+        e
+    }
+
+    fn pod(uid: &str, node: Option<&str>, phase: &str) -> serde_json::Value {
+        json!({
+            "metadata": {"name": format!("pod-{uid}"), "namespace": "ml", "uid": uid,
+                         "annotations": {"gpu-share.io/request": "exclusive"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                     "nodeName": node},
+            "status": {"phase": phase}
+        })
+    }
+
+    fn typed(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn pod_events_record_and_release() {
+        let e = ext();
+        let mut r = Relist::default();
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("a", Some("n1"), "Running"))),
+        );
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("b", Some("n1"), "Running"))),
+        );
+        assert_eq!(e.ledgers.uids(), vec!["a", "b"]);
+        // Finished pods hold nothing; deleted pods are forgotten.
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("a", Some("n1"), "Succeeded"))),
+        );
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Delete(typed(pod("b", Some("n1"), "Running"))),
+        );
+        assert!(e.ledgers.uids().is_empty());
+        let slots = e.ledgers.with_node("n1", |nl| nl.usage.slots).unwrap();
+        assert_eq!(slots, 0);
+    }
+
+    #[test]
+    fn relist_drops_what_disappeared_and_never_double_counts() {
+        let e = ext();
+        let mut r = Relist::default();
+        for uid in ["a", "b"] {
+            apply_pod_event(
+                &e,
+                &mut r,
+                Event::Apply(typed(pod(uid, Some("n1"), "Running"))),
+            );
+        }
+        // The watch dropped; b was deleted meanwhile; a is listed again.
+        assert!(!apply_pod_event(&e, &mut r, Event::Init));
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::InitApply(typed(pod("a", Some("n1"), "Running"))),
+        );
+        assert!(apply_pod_event(&e, &mut r, Event::InitDone));
+        assert_eq!(e.ledgers.uids(), vec!["a"]);
+        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(1));
+    }
+
+    #[test]
+    fn a_fresh_bind_survives_a_relist_that_does_not_show_it_yet() {
+        let e = ext();
+        let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
+        let pref = crate::ledger::PodRef {
+            uid: "new".into(),
+            namespace: "ml".into(),
+            name: "pod-new".into(),
+            priority: 0,
+        };
+        e.ledgers
+            .reserve(
+                &scorer,
+                "n1",
+                pref,
+                crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 1 }),
+            )
+            .unwrap();
+        e.assumed.insert("new".into(), "n1".into());
+        let mut r = Relist::default();
+        apply_pod_event(&e, &mut r, Event::Init);
+        apply_pod_event(&e, &mut r, Event::InitDone);
+        assert_eq!(e.ledgers.uids(), vec!["new"]);
+        // Once the API shows it bound, it is no longer merely assumed.
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("new", Some("n1"), "Pending"))),
+        );
+        assert!(!e.assumed.contains_key("new"));
+        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(1));
+    }
+
+    #[test]
+    fn node_events_build_and_prune_the_inventory() {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        let node = |name: &str, gpus: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": gpus}},
+                "status": {"allocatable": {"nvidia.com/gpu": gpus}}
+            }))
+            .unwrap()
+        };
+        let cpu: Node = serde_json::from_value(
+            json!({"metadata": {"name": "cpu"}, "status": {"allocatable": {"cpu": "4"}}}),
+        )
+        .unwrap();
+        let mut r = Relist::default();
+        apply_node_event(&e, &mut r, Event::Init, "nvidia.com/gpu");
+        apply_node_event(
+            &e,
+            &mut r,
+            Event::InitApply(node("g1", "4")),
+            "nvidia.com/gpu",
+        );
+        apply_node_event(
+            &e,
+            &mut r,
+            Event::InitApply(node("g2", "2")),
+            "nvidia.com/gpu",
+        );
+        apply_node_event(&e, &mut r, Event::InitApply(cpu), "nvidia.com/gpu");
+        assert!(apply_node_event(
+            &e,
+            &mut r,
+            Event::InitDone,
+            "nvidia.com/gpu"
+        ));
+        assert_eq!(e.ledgers.node_names(), vec!["g1", "g2"]);
+        apply_node_event(&e, &mut r, Event::Apply(node("g1", "8")), "nvidia.com/gpu");
+        assert_eq!(e.ledgers.with_node("g1", |nl| nl.node.slots), Some(8));
+        apply_node_event(&e, &mut r, Event::Init, "nvidia.com/gpu");
+        apply_node_event(
+            &e,
+            &mut r,
+            Event::InitApply(node("g1", "8")),
+            "nvidia.com/gpu",
+        );
+        apply_node_event(&e, &mut r, Event::InitDone, "nvidia.com/gpu");
+        assert_eq!(e.ledgers.node_names(), vec!["g1"]);
+    }
+
+    #[test]
+    fn reconcile_counts_and_repairs_drift() {
+        let e = ext();
+        let mut r = Relist::default();
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("gone", Some("n1"), "Running"))),
+        );
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        let pods = vec![typed(pod("missed", Some("n1"), "Running"))];
+        let d = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu");
+        assert_eq!(d.phantom, 1);
+        assert_eq!(d.missing, 1);
+        assert_eq!(e.ledgers.uids(), vec!["missed"]);
+        let again = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu");
+        assert_eq!(again, Drift::default());
+    }
+
+    #[test]
+    fn nudges_go_to_pods_of_the_released_class() {
+        use crate::extender::state::Waiting;
+        let w = |c: &'static str| Waiting {
+            namespace: "ml".into(),
+            name: c.into(),
+            class: c,
+        };
+        let waiting = vec![
+            ("1".to_string(), w("mig")),
+            ("2".to_string(), w("mps")),
+            ("3".to_string(), w("device")),
+        ];
+        let released = vec![Released {
+            node: "n".into(),
+            class: "mig",
+        }];
+        let chosen: Vec<String> = pods_to_nudge(&waiting, &released, 10)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(chosen, vec!["1", "3"]);
+        assert_eq!(pods_to_nudge(&waiting, &released, 1).len(), 1);
+    }
+
+    /// The watcher against kube's mock service: a list, a watch that adds a pod and then expires
+    /// (410), a relist; the ledger ends with each pod once.
+    #[tokio::test]
+    async fn a_dropped_watch_resyncs_without_double_allocation() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let server = tokio::spawn(async move {
+            let mut lists = 0;
+            loop {
+                let Some((req, send)) = handle.next_request().await else {
+                    return;
+                };
+                let query = req.uri().query().unwrap_or_default().to_string();
+                assert!(req.uri().path().ends_with("/api/v1/pods"), "{}", req.uri());
+                assert!(query.contains("fieldSelector"), "{query}");
+                let body = if query.contains("watch=true") {
+                    if lists == 1 {
+                        let added =
+                            json!({"type": "ADDED", "object": pod("b", Some("n1"), "Running")});
+                        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}});
+                        format!("{added}\n{gone}\n")
+                    } else {
+                        // Keep the second watch open until the test ends.
+                        std::future::pending::<()>().await;
+                        unreachable!()
+                    }
+                } else {
+                    lists += 1;
+                    let items = if lists == 1 {
+                        vec![pod("a", Some("n1"), "Running")]
+                    } else {
+                        vec![
+                            pod("a", Some("n1"), "Running"),
+                            pod("b", Some("n1"), "Running"),
+                        ]
+                    };
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": format!("{}", 10 * lists)}, "items": items}).to_string()
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(200)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        let e = ext();
+        let mut stream = watcher::watcher(
+            Api::<Pod>::all(client),
+            watcher::Config::default().fields(POD_FIELD_SELECTOR),
+        )
+        .boxed();
+        let mut relist = Relist::default();
+        let mut lists_done = 0;
+        let mut saw_b_before_relist = false;
+        while lists_done < 2 {
+            let next = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("the watcher makes progress");
+            match next {
+                Some(Ok(ev)) => {
+                    if apply_pod_event(&e, &mut relist, ev) {
+                        lists_done += 1;
+                    }
+                    if lists_done == 1 && e.ledgers.uids().len() == 2 {
+                        saw_b_before_relist = true;
+                    }
+                }
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+        assert!(saw_b_before_relist, "the watch event fed the ledger");
+        assert_eq!(e.ledgers.uids(), vec!["a", "b"]);
+        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(2));
+        server.abort();
+    }
+
+    /// Requeue end to end: a pod rejected for capacity waits; when a holding of its class is
+    /// released, the requeuer patches the waiting pod.
+    #[tokio::test]
+    async fn a_release_nudges_the_waiting_pod() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let e = Arc::new(ext());
+        let mut r = Relist::default();
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("holder", Some("n1"), "Running"))),
+        );
+        e.waiting.insert(
+            "waiter".into(),
+            crate::extender::state::Waiting {
+                namespace: "ml".into(),
+                name: "pod-waiter".into(),
+                class: "exclusive",
+            },
+        );
+        let (_tx, rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
+        spawn_requeuer(
+            client,
+            e.clone(),
+            metrics.clone(),
+            e.subscribe_releases(),
+            rx,
+        );
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Delete(typed(pod("holder", Some("n1"), "Running"))),
+        );
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a nudge within the debounce")
+            .expect("a request");
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/pod-waiter");
+        send.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(
+                    json!({"metadata": {"name": "pod-waiter"}})
+                        .to_string()
+                        .into_bytes(),
+                ))
+                .unwrap(),
+        );
+        for _ in 0..50 {
+            if metrics
+                .encode()
+                .contains("gpu_share_requeue_nudges_total 1")
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            metrics
+                .encode()
+                .contains("gpu_share_requeue_nudges_total 1")
+        );
+        assert!(!e.waiting.contains_key("waiter"));
+    }
+}
