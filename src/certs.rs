@@ -102,3 +102,46 @@ mod tests {
         assert!(der[0].is_ok());
     }
 }
+
+/// `gpu-share certs`: writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600) into `args.out` and
+/// returns what to do next, with the base64 caBundle.
+pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, String> {
+    use base64::Engine;
+    let bundle = ca_and_serving(
+        &format!("gpu-share CA ({}/{})", args.namespace, args.service),
+        &args.sans(),
+        args.days,
+    )?;
+    let out = &args.out;
+    std::fs::create_dir_all(out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+    let write = |name: &str, text: &str, private: bool| -> Result<(), String> {
+        let path = out.join(name);
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        if private {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        #[cfg(not(unix))]
+        let _ = private;
+        let mut f = opts
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::io::Write::write_all(&mut f, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("ca.crt", &bundle.ca.cert_pem, false)?;
+    write("tls.crt", &bundle.serving.cert_pem, false)?;
+    write("tls.key", &bundle.serving.key_pem, true)?;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(bundle.ca.cert_pem.as_bytes());
+    let d = out.display();
+    Ok(format!(
+        "wrote {d}/ca.crt, {d}/tls.crt, {d}/tls.key (SANs: {sans})\n\
+         create the Secret:\n  kubectl -n {ns} create secret generic gpu-share-tls --from-file={d}/tls.crt --from-file={d}/tls.key --from-file={d}/ca.crt\n\
+         patch the webhook's caBundle:\n  kubectl patch mutatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n\
+         caBundle:\n{ca_bundle}\n",
+        sans = args.sans().join(", "),
+        ns = args.namespace,
+    ))
+}

@@ -31,6 +31,62 @@ pub enum Command {
         /// The policy file (YAML).
         file: PathBuf,
     },
+    /// Print every GPU node's occupancy: from a running service, or straight from the cluster.
+    Status(StatusArgs),
+    /// Create a CA and a serving certificate for the webhook Service and print the caBundle.
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// A running service: its admin listener (e.g. http://127.0.0.1:8080) or its HTTPS port.
+    /// Without it, nodes and pods are read from the cluster (KUBECONFIG or in-cluster).
+    #[arg(long, env = "GPU_SHARE_SERVER")]
+    pub server: Option<String>,
+    /// CA certificate (PEM) to verify an https:// --server.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Do not verify an https:// --server's certificate (a --dev service on loopback).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Policy file (for the shared resource name and MIG table) when reading the cluster.
+    #[arg(long, env = "GPU_SHARE_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Print JSON (the /v1/nodes shape) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CertsArgs {
+    /// Namespace of the webhook Service.
+    #[arg(long, default_value = "gpu-share")]
+    pub namespace: String,
+    /// Name of the webhook Service.
+    #[arg(long, default_value = "gpu-share")]
+    pub service: String,
+    /// Directory to write ca.crt, tls.crt and tls.key into (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Validity of the serving certificate, in days.
+    #[arg(long, default_value_t = 365)]
+    pub days: i64,
+}
+
+impl CertsArgs {
+    /// The serving certificate's SANs: the Service's DNS names, and loopback for the extender
+    /// sidecar.
+    pub fn sans(&self) -> Vec<String> {
+        let (s, n) = (&self.service, &self.namespace);
+        vec![
+            s.clone(),
+            format!("{s}.{n}"),
+            format!("{s}.{n}.svc"),
+            format!("{s}.{n}.svc.cluster.local"),
+            "localhost".into(),
+            "127.0.0.1".into(),
+        ]
+    }
 }
 
 /// Which halves of the service run.

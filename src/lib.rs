@@ -19,6 +19,7 @@ pub mod packing;
 pub mod policy;
 pub mod request;
 pub mod server;
+pub mod status;
 pub mod telemetry;
 
 /// Errors that stop the service at start, each naming what to fix.

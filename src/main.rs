@@ -16,6 +16,20 @@ fn main() -> ExitCode {
     gpu_share::telemetry::init(cli.log_format);
     match cli.command {
         Command::CheckPolicy { file } => check_policy(&file),
+        Command::Certs(args) => certs(&args),
+        Command::Status(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            runtime.block_on(status(args))
+        }
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -48,6 +62,53 @@ fn check_policy(file: &std::path::Path) -> ExitCode {
         }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
+    let reports = match &args.server {
+        Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure).await,
+        None => {
+            let policy = match &args.policy {
+                Some(p) => match gpu_share::server::load_policy(p) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = writeln!(std::io::stderr(), "{e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => gpu_share::policy::Policy::default_policy(),
+            };
+            gpu_share::status::from_cluster(&policy).await
+        }
+    };
+    match reports {
+        Ok(r) => {
+            let text = if args.json {
+                serde_json::to_string_pretty(&r).unwrap_or_default() + "\n"
+            } else {
+                gpu_share::status::render(&r)
+            };
+            let _ = write!(std::io::stdout().lock(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "gpu-share status: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn certs(args: &gpu_share::cli::CertsArgs) -> ExitCode {
+    match gpu_share::certs::write_install_bundle(args) {
+        Ok(text) => {
+            let _ = write!(std::io::stdout().lock(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "gpu-share certs: {e}");
             ExitCode::FAILURE
         }
     }

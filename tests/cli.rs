@@ -214,3 +214,115 @@ fn serve_without_cluster_or_dev_says_what_is_missing() {
         String::from_utf8_lossy(&out.stderr).contains("--tls-cert: cannot read /nonexistent.crt")
     );
 }
+
+#[test]
+fn status_reads_a_dev_extender_with_example_nodes() {
+    let listen = free_port();
+    let admin = free_port();
+    let nodes = format!(
+        "{}/tests/fixtures/extender/nodes.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--dev",
+            "--nodes",
+            &nodes,
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = Running(child);
+    wait_for(admin, "/readyz", |b| b == "ok");
+    for server in [format!("http://{admin}"), format!("https://{listen}")] {
+        let mut args = vec!["status", "--server", &server];
+        if server.starts_with("https") {
+            args.push("--insecure");
+        }
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(table.starts_with("NODE"), "{table}");
+        for node in ["a100-mig", "h100-ts", "h100-mps", "l40s-plain"] {
+            assert!(table.contains(node), "{table}");
+        }
+        assert!(!table.contains("cpu-1"), "{table}");
+        assert!(table.contains("4 GPU nodes"), "{table}");
+    }
+    // Without --insecure or --ca the self-signed certificate is refused, in words.
+    let out = Command::new(BIN)
+        .args(["status", "--server", &format!("https://{listen}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!out.stderr.is_empty());
+}
+
+#[test]
+fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "certs",
+            "--namespace",
+            "gpu-share",
+            "--service",
+            "gpu-share",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("caBundle:"), "{text}");
+    assert!(text.contains("gpu-share.gpu-share.svc"), "{text}");
+    for f in ["ca.crt", "tls.crt", "tls.key"] {
+        assert!(dir.path().join(f).exists(), "{f}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("tls.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let pem = std::fs::read_to_string(dir.path().join("tls.crt")).unwrap();
+    let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes())
+        .map(|c: rustls::pki_types::CertificateDer<'static>| c.to_vec())
+        .unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let sans: Vec<String> = cert
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| format!("{n}"))
+        .collect();
+    let joined = sans.join(" ");
+    for name in [
+        "gpu-share.gpu-share.svc",
+        "gpu-share.gpu-share.svc.cluster.local",
+        "localhost",
+    ] {
+        assert!(joined.contains(name), "{joined}");
+    }
+}

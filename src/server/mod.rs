@@ -187,6 +187,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/nodes", get(ext::nodes_handler))
         .fallback(not_found)
         .with_state(state)
 }

@@ -1,0 +1,273 @@
+//! `gpu-share status`: the occupancy of every GPU node as a table, from a running service
+//! (`GET /v1/nodes`) or straight from the cluster (the same ledger, rebuilt from the API).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Empty};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::extender::state::{NodeReport, report};
+use crate::ledger::{self, Ledger};
+use crate::policy::Policy;
+
+/// Renders the reports as a table.
+pub fn render(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "KIND".to_string(),
+        "PRODUCT".to_string(),
+        "GPUS".to_string(),
+        "USED".to_string(),
+        "FREE".to_string(),
+        "SLOTS".to_string(),
+        "MIG".to_string(),
+        "PODS".to_string(),
+    ]];
+    for r in reports {
+        let mig = r
+            .mig
+            .iter()
+            .map(|(p, c)| format!("{p}:{c}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let pods = r
+            .pods
+            .iter()
+            .map(|p| format!("{}/{}({})", p.namespace, p.name, p.class))
+            .collect::<Vec<_>>()
+            .join(" ");
+        rows.push([
+            r.name.clone(),
+            r.kind.clone(),
+            r.product.clone().unwrap_or_else(|| "-".into()),
+            format!("{:.2}", r.capacity_gpus),
+            format!("{:.2}", r.used_gpus),
+            format!("{:.2}", r.free_gpus),
+            r.slots.clone(),
+            if mig.is_empty() { "-".into() } else { mig },
+            if pods.is_empty() { "-".into() } else { pods },
+        ]);
+    }
+    let widths: Vec<usize> = (0..9)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 8 {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    let cap: f64 = reports.iter().map(|r| r.capacity_gpus).sum();
+    let used: f64 = reports.iter().map(|r| r.used_gpus).sum();
+    out.push_str(&format!(
+        "{} GPU nodes, {:.2} of {:.2} GPUs allocated\n",
+        reports.len(),
+        used,
+        cap
+    ));
+    out
+}
+
+/// Reads `/v1/nodes` from a running service (`http://` admin port or `https://` service port).
+pub async fn from_server(
+    url: &str,
+    ca: Option<&Path>,
+    insecure: bool,
+) -> Result<Vec<NodeReport>, String> {
+    let base = url.trim_end_matches('/');
+    let uri: http::Uri = format!("{base}/v1/nodes")
+        .parse()
+        .map_err(|e| format!("--server {url}: {e}"))?;
+    let tls = client_tls(ca, insecure)?;
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, Empty<bytes::Bytes>>(connector);
+    let req = http::Request::get(uri)
+        .body(Empty::new())
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(15), client.request(req))
+        .await
+        .map_err(|_| format!("{url}: no answer within 15s"))?
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "{url}/v1/nodes answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{url}/v1/nodes: unexpected body: {e}"))
+}
+
+fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig, String> {
+    let builder = rustls::ClientConfig::builder();
+    if insecure {
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(
+                rustls::crypto::ring::default_provider(),
+            )))
+            .with_no_client_auth());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).map_err(|e| format!("--ca {}: {e}", ca.display()))?;
+        let mut reader = std::io::BufReader::new(&pem[..]);
+        for cert in rustls_pemfile_certs(&mut reader) {
+            roots
+                .add(cert)
+                .map_err(|e| format!("--ca {}: {e}", ca.display()))?;
+        }
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+fn rustls_pemfile_certs(
+    reader: &mut dyn std::io::BufRead,
+) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut data = Vec::new();
+    let _ = reader.read_to_end(&mut data);
+    rustls::pki_types::CertificateDer::pem_slice_iter(&data)
+        .filter_map(Result::ok)
+        .collect()
+}
+
+/// Accepts any server certificate (`--insecure`, for a `--dev` service on loopback).
+#[derive(Debug)]
+struct NoVerify(rustls::crypto::CryptoProvider);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Builds the reports from the cluster: lists nodes and pods and rebuilds the ledger as the
+/// extender does.
+pub async fn from_cluster(policy: &Policy) -> Result<Vec<NodeReport>, String> {
+    let client = kube::Client::try_default().await.map_err(|e| {
+        format!("no Kubernetes configuration found ({e}): set KUBECONFIG or use --server URL")
+    })?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("cannot list nodes: {e}"))?;
+    let pods = Api::<Pod>::all(client)
+        .list(&ListParams::default().fields(crate::cluster::watch::POD_FIELD_SELECTOR))
+        .await
+        .map_err(|e| format!("cannot list pods: {e}"))?;
+    Ok(reports_from(policy, &nodes.items, &pods.items))
+}
+
+/// The reports for listed nodes and pods.
+pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeReport> {
+    let shared = policy.resources.shared.as_str();
+    let inventory = nodes
+        .iter()
+        .filter_map(|n| crate::inventory::from_node(n, shared));
+    let observed: Vec<_> = pods
+        .iter()
+        .filter_map(|p| ledger::observed_holding(p).ok().flatten())
+        .collect();
+    let l = Ledger::rebuild(inventory, &observed);
+    let mig = policy.mig_table();
+    l.nodes.values().map(|nl| report(nl, &mig)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_from_listed_nodes_and_pods() {
+        let nodes =
+            crate::server::parse_nodes(include_str!("../tests/fixtures/extender/nodes.yaml"))
+                .unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer", "namespace": "ml", "uid": "u1",
+                         "annotations": {"gpu-share.io/request": "mig-3g.40gb"}},
+            "spec": {"containers": [{"name": "c"}], "nodeName": "a100-mig"},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let reports = reports_from(&Policy::default_policy(), &nodes, &[pod]);
+        assert_eq!(reports.len(), 4);
+        let a100 = reports.iter().find(|r| r.name == "a100-mig").unwrap();
+        assert_eq!(a100.mig["3g.40gb"], "1/8");
+        // 1 full GPU + 21 x 1/7 + 8 x 3/7 = 7 GPUs; 3/7 used.
+        assert!(
+            (a100.capacity_gpus - 7.0).abs() < 0.01,
+            "{}",
+            a100.capacity_gpus
+        );
+        assert!((a100.used_gpus - 0.429).abs() < 0.01, "{}", a100.used_gpus);
+        let table = render(&reports);
+        assert!(table.starts_with("NODE"));
+        assert!(table.contains("ml/trainer(mig-3g.40gb)"), "{table}");
+        assert!(table.contains("time-slicing x4"));
+        assert!(table.contains("4 GPU nodes"));
+    }
+}
