@@ -78,31 +78,6 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rustls::pki_types::pem::PemObject;
-
-    #[test]
-    fn generates_parsable_pem() {
-        let p = self_signed(&["localhost", "127.0.0.1"]).unwrap();
-        assert!(p.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(p.key_pem.contains("PRIVATE KEY"));
-        let b = ca_and_serving(
-            "gpu-share-ca",
-            &["gpu-share.gpu-share.svc".to_string()],
-            365,
-        )
-        .unwrap();
-        assert_ne!(b.ca.cert_pem, b.serving.cert_pem);
-        let der: Vec<_> =
-            rustls::pki_types::CertificateDer::pem_slice_iter(b.serving.cert_pem.as_bytes())
-                .collect();
-        assert_eq!(der.len(), 1);
-        assert!(der[0].is_ok());
-    }
-}
-
 /// `gpu-share certs`: writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600) into `args.out` and
 /// returns what to do next, with the base64 caBundle.
 pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, String> {
@@ -144,4 +119,29 @@ pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, Stri
         sans = args.sans().join(", "),
         ns = args.namespace,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject;
+
+    #[test]
+    fn generates_parsable_pem() {
+        let p = self_signed(&["localhost", "127.0.0.1"]).unwrap();
+        assert!(p.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(p.key_pem.contains("PRIVATE KEY"));
+        let b = ca_and_serving(
+            "gpu-share-ca",
+            &["gpu-share.gpu-share.svc".to_string()],
+            365,
+        )
+        .unwrap();
+        assert_ne!(b.ca.cert_pem, b.serving.cert_pem);
+        let der: Vec<_> =
+            rustls::pki_types::CertificateDer::pem_slice_iter(b.serving.cert_pem.as_bytes())
+                .collect();
+        assert_eq!(der.len(), 1);
+        assert!(der[0].is_ok());
+    }
 }

@@ -525,8 +525,8 @@ async fn bind(
         BindPlan::Reserved { annotations } => annotations.clone(),
     };
     let reserved = matches!(plan, BindPlan::Reserved { .. });
-    match (&ext.mode, &state.cluster) {
-        (Mode::Cluster, Some(c)) => {
+    if let (Mode::Cluster, Some(c)) = (&ext.mode, &state.cluster) {
+        {
             if reserved {
                 ext.assumed.insert(args.pod_uid.clone(), args.node.clone());
             }
@@ -547,7 +547,6 @@ async fn bind(
                 return Err(format!("binding pod {key} to {} failed: {e}", args.node));
             }
         }
-        _ => {}
     }
     ext.waiting.invalidate(&args.pod_uid);
     ext.pods.invalidate(&args.pod_uid);

@@ -1,0 +1,138 @@
+//! The manifests agree with the service: the scheduler configuration (parsed with the service's
+//! own types) calls the verbs, path and port `serve` serves, manages exactly the resource names
+//! the policy can inject, and the policy ConfigMap is the embedded default policy.
+
+mod common;
+
+use gpu_share::extender::config::KubeSchedulerConfiguration;
+use gpu_share::policy::Policy;
+use serde_json::Value;
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn config() -> KubeSchedulerConfiguration {
+    KubeSchedulerConfiguration::from_yaml(&read("manifests/base/scheduler-config.yaml")).unwrap()
+}
+
+/// The `args` of a container in a Deployment manifest.
+fn container_args(file: &str, container: &str) -> Vec<String> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&read(file)).unwrap();
+    for d in docs {
+        if d["kind"] != "Deployment" {
+            continue;
+        }
+        for c in d["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            if c["name"] == container {
+                return c["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect();
+            }
+        }
+    }
+    panic!("no container {container} in {file}");
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .map(|i| args[i + 1].clone())
+}
+
+#[test]
+fn scheduler_configuration_is_valid() {
+    let c = config();
+    assert_eq!(c.validate(), Vec::<String>::new());
+    assert_eq!(c.extenders.len(), 1);
+    let e = &c.extenders[0];
+    assert!(e.node_cache_capable);
+    assert!(!e.ignorable);
+    assert!(e.weight >= 10, "packing must be able to dominate");
+    let p = &c.profiles[0];
+    assert_eq!(p.percentage_of_nodes_to_score, Some(100));
+    assert_eq!(
+        p.scheduler_name,
+        Policy::default_policy().scheduler_name,
+        "the webhook sets this schedulerName"
+    );
+}
+
+#[tokio::test]
+async fn extender_verbs_url_and_port_match_what_serve_serves() {
+    common::install_crypto();
+    let c = config();
+    let e = &c.extenders[0];
+    let url: http::Uri = e.url_prefix.parse().unwrap();
+    assert_eq!(url.scheme_str(), Some("https"));
+    let sidecar = container_args("manifests/base/scheduler-deployment.yaml", "extender");
+    assert_eq!(flag(&sidecar, "--role").as_deref(), Some("extender"));
+    let listen: std::net::SocketAddr = flag(&sidecar, "--listen").unwrap().parse().unwrap();
+    assert!(
+        listen.ip().is_loopback(),
+        "the extender listens on loopback"
+    );
+    assert_eq!(url.host(), Some(listen.ip().to_string().as_str()));
+    assert_eq!(url.port_u16(), Some(listen.port()));
+    let state = common::dev_state();
+    for verb in [
+        &e.filter_verb,
+        &e.prioritize_verb,
+        &e.bind_verb,
+        &e.preempt_verb,
+    ] {
+        assert!(!verb.is_empty());
+        let path = format!("{}/{}", url.path().trim_end_matches('/'), verb);
+        let (status, body) = common::post(state.clone(), &path, b"{}".to_vec()).await;
+        assert_ne!(status, 404, "{path} is not served: {body}");
+    }
+    let tls = e.tls_config.as_ref().unwrap();
+    assert!(
+        tls.ca_file
+            .as_deref()
+            .unwrap()
+            .starts_with("/etc/gpu-share/tls/")
+    );
+    let cert = flag(&sidecar, "--tls-cert").unwrap();
+    assert!(cert.starts_with("/etc/gpu-share/tls/"), "{cert}");
+}
+
+#[test]
+fn managed_resources_are_exactly_the_policys_names() {
+    let c = config();
+    let mut listed: Vec<String> = c.extenders[0]
+        .managed_resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    listed.sort();
+    let mut policy = Policy::default_policy().managed_resources();
+    policy.sort();
+    assert_eq!(listed, policy);
+}
+
+#[test]
+fn policy_configmap_is_the_default_policy() {
+    assert_eq!(
+        read("manifests/base/policy.yaml"),
+        read("policies/default.yaml"),
+        "manifests/base/policy.yaml must be a byte-for-byte copy of policies/default.yaml"
+    );
+}
+
+#[test]
+fn webhook_deployment_runs_the_webhook_role_with_the_policy_file() {
+    let args = container_args("manifests/base/webhook-deployment.yaml", "webhook");
+    assert_eq!(flag(&args, "--role").as_deref(), Some("webhook"));
+    assert_eq!(
+        flag(&args, "--policy").as_deref(),
+        Some("/etc/gpu-share/policy/policy.yaml")
+    );
+}
