@@ -257,9 +257,10 @@ mod tests {
         assert_eq!(reports.len(), 4);
         let a100 = reports.iter().find(|r| r.name == "a100-mig").unwrap();
         assert_eq!(a100.mig["3g.40gb"], "1/8");
-        // 1 full GPU + 21 x 1/7 + 8 x 3/7 = 7 GPUs; 3/7 used.
+        // MIG devices count by their compute share: 1 full GPU + 21 x 1/7 + 8 x 3/7; 3/7 used.
+        let expected = 1.0 + 21.0 / 7.0 + 8.0 * 3.0 / 7.0;
         assert!(
-            (a100.capacity_gpus - 7.0).abs() < 0.01,
+            (a100.capacity_gpus - expected).abs() < 0.01,
             "{}",
             a100.capacity_gpus
         );
