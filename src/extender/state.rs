@@ -527,3 +527,39 @@ pub fn fragmented_gpus(nodes: &[NodeLedger], demand: &Demand) -> f64 {
         })
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Sharing;
+    use crate::packing::{GpuDemand, PackingPolicy};
+
+    #[test]
+    fn fragmented_gpus_counts_free_room_where_the_common_request_no_longer_fits() {
+        let ts = |name: &str| {
+            GpuNode::shared(name, "H100", 1, 81559, Sharing::TimeSlicing { replicas: 4 })
+        };
+        let mut a = NodeLedger::new(ts("a"));
+        let b = NodeLedger::new(ts("b"));
+        let plain = NodeLedger::new(GpuNode::whole("plain", "H100", 2, 81559));
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let d = |p: u32| {
+            Demand::gpu(GpuDemand::Timeslice {
+                milli: p * 10,
+                memory_mib: None,
+            })
+        };
+        let pref = PodRef {
+            uid: "x".into(),
+            namespace: "ml".into(),
+            name: "x".into(),
+            priority: 0,
+        };
+        a.reserve(&scorer, pref, d(70)).unwrap();
+        // A 50% request no longer fits on a (30% free there); b is empty; the plain node is of
+        // another class and does not count.
+        let nodes = vec![a, b, plain];
+        assert!((fragmented_gpus(&nodes, &d(50)) - 0.3).abs() < 1e-9);
+        assert_eq!(fragmented_gpus(&nodes, &d(20)), 0.0);
+    }
+}
