@@ -4,6 +4,7 @@
 //! annotation written at bind), so a restarted replica rebuilds the same ledger from the API.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
@@ -416,14 +417,23 @@ pub fn plan_victims(
     Some(chosen.iter().map(|h| h.pod.uid.clone()).collect())
 }
 
-/// The whole cluster's ledger (single-threaded: the simulator, `gpu-share status`, tests; the
-/// extender keeps one [`NodeLedger`] per lock instead).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
+/// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
+/// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
+#[derive(Default)]
 pub struct Ledger {
-    pub nodes: BTreeMap<String, NodeLedger>,
+    nodes: RwLock<BTreeMap<String, Arc<Mutex<NodeLedger>>>>,
+    /// uid -> node for every placed holding.
+    index: Mutex<HashMap<String, String>>,
     /// Pods bound to nodes not (yet) in the inventory.
-    pub unplaced: BTreeMap<String, ObservedPod>,
-    index: HashMap<String, String>,
+    unplaced: Mutex<HashMap<String, ObservedPod>>,
+    on_release: RwLock<Option<ReleaseListener>>,
 }
 
 impl Ledger {
@@ -433,7 +443,7 @@ impl Ledger {
 
     /// Builds a ledger from nodes and pods as the API lists them.
     pub fn rebuild(nodes: impl IntoIterator<Item = GpuNode>, pods: &[ObservedPod]) -> Self {
-        let mut l = Ledger::new();
+        let l = Ledger::new();
         for n in nodes {
             l.upsert_node(n);
         }
@@ -443,98 +453,171 @@ impl Ledger {
         l
     }
 
-    pub fn upsert_node(&mut self, node: GpuNode) {
+    /// Calls `f` with every holding released from now on (the extender's requeue).
+    pub fn on_release(&self, f: impl Fn(&Holding) + Send + Sync + 'static) {
+        *self.on_release.write().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+    }
+
+    fn node(&self, name: &str) -> Option<Arc<Mutex<NodeLedger>>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Runs `f` on one node's ledger under its lock.
+    pub fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeLedger) -> R) -> Option<R> {
+        let n = self.node(name)?;
+        let mut g = lock(&n);
+        Some(f(&mut g))
+    }
+
+    /// A copy of every node ledger, by name (each consistent in itself).
+    pub fn snapshot(&self) -> BTreeMap<String, NodeLedger> {
+        let handles: Vec<_> = self
+            .nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|(k, n)| (k, lock(&n).clone()))
+            .collect()
+    }
+
+    pub fn upsert_node(&self, node: GpuNode) {
         let name = node.name.clone();
-        match self.nodes.get_mut(&name) {
-            Some(nl) => nl.set_node(node),
-            None => {
-                self.nodes.insert(name.clone(), NodeLedger::new(node));
-                let waiting: Vec<String> = self
-                    .unplaced
-                    .iter()
-                    .filter(|(_, o)| o.node == name)
-                    .map(|(u, _)| u.clone())
-                    .collect();
-                for uid in waiting {
-                    if let Some(o) = self.unplaced.remove(&uid) {
-                        self.record(&o);
-                    }
-                }
-            }
+        if let Some(n) = self.node(&name) {
+            lock(&n).set_node(node);
+            return;
+        }
+        self.nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(Mutex::new(NodeLedger::new(node))));
+        let waiting: Vec<ObservedPod> = {
+            let mut u = lock(&self.unplaced);
+            let uids: Vec<String> = u
+                .iter()
+                .filter(|(_, o)| o.node == name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            uids.iter().filter_map(|k| u.remove(k)).collect()
+        };
+        for o in waiting {
+            self.record(&o);
         }
     }
 
-    pub fn remove_node(&mut self, name: &str) {
-        if let Some(nl) = self.nodes.remove(name) {
-            for h in nl.holdings.into_values() {
-                self.index.remove(&h.pod.uid);
-                self.unplaced.insert(
-                    h.pod.uid.clone(),
-                    ObservedPod {
-                        pod: h.pod,
-                        node: h.node,
-                        demand: h.demand,
-                        gpus: Some(h.placement.gpus),
-                    },
-                );
-            }
+    /// Removes a node; its pods wait (unplaced) until it comes back.
+    pub fn remove_node(&self, name: &str) {
+        let removed = self
+            .nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        let Some(n) = removed else { return };
+        let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
+        let mut index = lock(&self.index);
+        let mut unplaced = lock(&self.unplaced);
+        for h in holdings {
+            index.remove(&h.pod.uid);
+            unplaced.insert(
+                h.pod.uid.clone(),
+                ObservedPod {
+                    pod: h.pod,
+                    node: h.node,
+                    demand: h.demand,
+                    gpus: Some(h.placement.gpus),
+                },
+            );
         }
     }
 
-    /// Records a pod seen in the API.
-    pub fn record(&mut self, o: &ObservedPod) {
-        if let Some(prev) = self.index.get(&o.pod.uid).cloned()
-            && prev != o.node
-        {
+    /// The node a pod holds something on.
+    pub fn node_of(&self, uid: &str) -> Option<String> {
+        lock(&self.index).get(uid).cloned()
+    }
+
+    /// Records what the API says a pod holds.
+    pub fn record(&self, o: &ObservedPod) {
+        if self.node_of(&o.pod.uid).is_some_and(|prev| prev != o.node) {
             self.release(&o.pod.uid);
         }
-        match self.nodes.get_mut(&o.node) {
-            Some(nl) => {
-                nl.record(o);
-                self.index.insert(o.pod.uid.clone(), o.node.clone());
+        match self.node(&o.node) {
+            Some(n) => {
+                lock(&n).record(o);
+                lock(&self.index).insert(o.pod.uid.clone(), o.node.clone());
             }
             None => {
-                self.unplaced.insert(o.pod.uid.clone(), o.clone());
+                lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
             }
         }
     }
 
-    /// Checks the fit on `node` and records the holding (bind).
+    /// Checks the fit on `node` and records the holding (bind), under that node's lock.
     pub fn reserve(
-        &mut self,
+        &self,
         scorer: &Scorer<'_>,
         node: &str,
         pod: PodRef,
         demand: Demand,
     ) -> Result<Placement, Reason> {
-        if let Some(prev) = self.index.get(&pod.uid)
-            && prev != node
-        {
-            let uid = pod.uid.clone();
-            self.release(&uid);
+        if self.node_of(&pod.uid).is_some_and(|prev| prev != node) {
+            self.release(&pod.uid);
         }
-        let nl = self.nodes.get_mut(node).ok_or(Reason::UnknownNode)?;
+        let n = self.node(node).ok_or(Reason::UnknownNode)?;
         let uid = pod.uid.clone();
-        let p = nl.reserve(scorer, pod, demand)?;
-        self.index.insert(uid, node.to_string());
+        let p = lock(&n).reserve(scorer, pod, demand)?;
+        lock(&self.index).insert(uid, node.to_string());
         Ok(p)
     }
 
-    pub fn release(&mut self, uid: &str) -> Option<Holding> {
-        self.unplaced.remove(uid);
-        let node = self.index.remove(uid)?;
-        self.nodes.get_mut(&node)?.release(uid)
+    /// Releases a pod's holding (and tells the release listener).
+    pub fn release(&self, uid: &str) -> Option<Holding> {
+        lock(&self.unplaced).remove(uid);
+        let node = lock(&self.index).remove(uid)?;
+        let n = self.node(&node)?;
+        let h = lock(&n).release(uid)?;
+        if let Some(f) = self
+            .on_release
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            f(&h);
+        }
+        Some(h)
     }
 
-    pub fn holding(&self, uid: &str) -> Option<&Holding> {
-        let node = self.index.get(uid)?;
-        self.nodes.get(node)?.holdings.get(uid)
+    pub fn holding(&self, uid: &str) -> Option<Holding> {
+        let node = self.node_of(uid)?;
+        self.with_node(&node, |nl| nl.holdings.get(uid).cloned())
+            .flatten()
     }
 
-    /// Every pod UID held.
+    /// Pods waiting for their node to appear in the inventory.
+    pub fn unplaced(&self) -> usize {
+        lock(&self.unplaced).len()
+    }
+
+    /// Every UID held (placed or not).
     pub fn uids(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.index.keys().cloned().collect();
-        v.extend(self.unplaced.keys().cloned());
+        let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
+        v.extend(lock(&self.unplaced).keys().cloned());
         v.sort();
         v
     }
@@ -623,7 +706,7 @@ mod tests {
     #[test]
     fn reserve_record_release_and_rebuild() {
         let n = GpuNode::shared("n1", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });
-        let mut l = Ledger::new();
+        let l = Ledger::new();
         l.upsert_node(n.clone());
         let scorer = Scorer::new(PackingPolicy::Binpack);
         let d = Demand::gpu(GpuDemand::Timeslice {
@@ -658,15 +741,15 @@ mod tests {
             })
             .collect();
         let rebuilt = Ledger::rebuild([n.clone()], &observed);
-        assert_eq!(rebuilt.nodes, l.nodes);
+        assert_eq!(rebuilt.snapshot(), l.snapshot());
         l.release("a");
         assert!(l.reserve(&scorer, "n1", pref("d"), d).is_ok());
-        assert!(l.nodes["n1"].within_capacity());
+        assert_eq!(l.with_node("n1", |nl| nl.within_capacity()), Some(true));
     }
 
     #[test]
     fn pods_on_unknown_nodes_wait_for_the_node() {
-        let mut l = Ledger::new();
+        let l = Ledger::new();
         let o = ObservedPod {
             pod: pref("x"),
             node: "later".into(),
@@ -676,10 +759,11 @@ mod tests {
         l.record(&o);
         assert_eq!(l.uids(), vec!["x".to_string()]);
         l.upsert_node(GpuNode::whole("later", "H100", 2, 81559));
-        assert_eq!(l.nodes["later"].usage.slots, 1);
-        assert!(l.unplaced.is_empty());
+        assert_eq!(l.with_node("later", |nl| nl.usage.slots), Some(1));
+        assert_eq!(l.unplaced(), 0);
         l.remove_node("later");
-        assert_eq!(l.unplaced.len(), 1);
+        assert_eq!(l.unplaced(), 1);
+        assert_eq!(l.uids(), vec!["x".to_string()]);
     }
 
     #[test]

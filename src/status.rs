@@ -234,7 +234,7 @@ pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeRe
         .collect();
     let l = Ledger::rebuild(inventory, &observed);
     let mig = policy.mig_table();
-    l.nodes.values().map(|nl| report(nl, &mig)).collect()
+    l.snapshot().values().map(|nl| report(nl, &mig)).collect()
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! Property tests: random sequences of bind / delete / restart never overcommit a node's MIG
 //! devices, replicas, budgets or whole GPUs, and the ledger rebuilt from the API (the pods with
-//! their node and bind annotation) equals the live one.
+//! their node and bind annotation) equals the live one; concurrent binds from many threads never
+//! overcommit either.
 
-use gpu_share::extender::state::{ExtenderState, Mode};
+use std::sync::Arc;
+
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
 use gpu_share::packing::{Demand, GpuDemand, PackingPolicy, Scorer};
@@ -75,7 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// What the API would list: every held pod with its node and bind annotation.
 fn api_view(l: &Ledger) -> Vec<ObservedPod> {
-    l.nodes
+    l.snapshot()
         .values()
         .flat_map(|nl| nl.holdings.values())
         .map(|h| ObservedPod {
@@ -108,11 +110,11 @@ proptest! {
                 Op::Restart => {
                     // A restarted replica rebuilds from the API alone.
                     let rebuilt = Ledger::rebuild(nodes.clone(), &api_view(&live));
-                    prop_assert_eq!(&rebuilt.nodes, &live.nodes);
+                    prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
                     live = rebuilt;
                 }
             }
-            for nl in live.nodes.values() {
+            for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 let shared = matches!(nl.node.sharing, Sharing::TimeSlicing { .. } | Sharing::Mps { .. });
                 prop_assert!(shared || nl.usage.gpu_milli.iter().all(|m| *m <= 1000), "GPU model over 100% on {}", nl.node.name);
@@ -121,37 +123,40 @@ proptest! {
             }
         }
         let rebuilt = Ledger::rebuild(nodes, &api_view(&live));
-        prop_assert_eq!(rebuilt.nodes, live.nodes);
+        prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
     }
 
-    /// The concurrent per-node state the extender runs behaves as the single-threaded ledger.
+    /// Binds from several threads at once (as kube-scheduler's asynchronous binds arrive) never
+    /// overcommit, and every bind that succeeded is in the ledger exactly once.
     #[test]
-    fn extender_state_matches_the_pure_ledger(ops in proptest::collection::vec(op(), 1..80)) {
+    fn concurrent_binds_never_overcommit(per_thread in proptest::collection::vec(proptest::collection::vec((0u8..4, demand()), 1..40), 4)) {
         let nodes = nodes();
-        let mut pure = Ledger::rebuild(nodes.clone(), &[]);
-        let ext = ExtenderState::new(Mode::Dev, std::time::Duration::from_secs(60));
-        for n in &nodes {
-            ext.ledgers.upsert_node(n.clone());
+        let ledger = Arc::new(Ledger::rebuild(nodes.clone(), &[]));
+        let handles: Vec<_> = per_thread
+            .into_iter()
+            .enumerate()
+            .map(|(t, binds)| {
+                let ledger = ledger.clone();
+                let nodes = nodes.clone();
+                std::thread::spawn(move || {
+                    let scorer = Scorer::new(PackingPolicy::Binpack);
+                    let mut ok = Vec::new();
+                    for (i, (node, demand)) in binds.into_iter().enumerate() {
+                        let uid = format!("t{t}-{i}");
+                        let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid.clone(), priority: 0 };
+                        if ledger.reserve(&scorer, &nodes[node as usize].name, pref, Demand::gpu(demand)).is_ok() {
+                            ok.push(uid);
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let mut ok: Vec<String> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        ok.sort();
+        prop_assert_eq!(ledger.uids(), ok);
+        for nl in ledger.snapshot().values() {
+            prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
         }
-        let scorer = Scorer::new(PackingPolicy::Binpack);
-        for op in ops {
-            match op {
-                Op::Bind { pod, node, demand } => {
-                    let node = &nodes[node as usize].name;
-                    let pref = PodRef { uid: format!("p{pod}"), namespace: "ml".into(), name: format!("p{pod}"), priority: 0 };
-                    let a = pure.reserve(&scorer, node, pref.clone(), Demand::gpu(demand.clone()));
-                    let b = ext.ledgers.reserve(&scorer, node, pref, Demand::gpu(demand));
-                    prop_assert_eq!(a, b);
-                }
-                Op::Delete { pod } => {
-                    let a = pure.release(&format!("p{pod}"));
-                    let b = ext.ledgers.release(&format!("p{pod}"));
-                    prop_assert_eq!(a, b);
-                }
-                Op::Restart => {}
-            }
-        }
-        let snap: std::collections::BTreeMap<String, _> = ext.ledgers.snapshot().into_iter().map(|n| (n.node.name.clone(), n)).collect();
-        prop_assert_eq!(snap, pure.nodes);
     }
 }

@@ -421,8 +421,8 @@ pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
         .unwrap_or_else(|e| e.into_inner())
         .most_common()
         .cloned();
-    let frag = common.map_or(0.0, |d| fragmented_gpus(&nodes, &d));
-    let pods: usize = nodes.iter().map(|n| n.holdings.len()).sum();
+    let frag = common.map_or(0.0, |d| fragmented_gpus(nodes.values(), &d));
+    let pods: usize = nodes.values().map(|n| n.holdings.len()).sum();
     metrics.ledger(frag, pods, nodes.len());
 }
 

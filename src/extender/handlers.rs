@@ -563,7 +563,7 @@ pub async fn nodes_handler(State(state): State<Arc<AppState>>) -> Response {
     let reports: Vec<NodeReport> = ext
         .ledgers
         .snapshot()
-        .iter()
+        .values()
         .map(|nl| report(nl, &policy.mig))
         .collect();
     axum::Json(reports).into_response()

@@ -4,9 +4,9 @@
 //! moka cache whose expiry frees them), the pods waiting for capacity (for requeue) and the
 //! recent workload.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -14,9 +14,8 @@ use moka::notification::RemovalCause;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::inventory::GpuNode;
-use crate::ledger::{Holding, NodeLedger, ObservedPod, PodRef};
-use crate::packing::{self, Demand, Placement, Reason, Scorer, Workload};
+use crate::ledger::{Ledger, NodeLedger};
+use crate::packing::{self, Demand, Workload};
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -46,191 +45,6 @@ pub struct Released {
     pub class: &'static str,
 }
 
-/// The cluster-wide map of node ledgers.
-pub struct Ledgers {
-    nodes: RwLock<BTreeMap<String, Arc<Mutex<NodeLedger>>>>,
-    /// uid -> node for every holding.
-    index: Mutex<HashMap<String, String>>,
-    /// Pods bound to nodes not (yet) in the inventory.
-    unplaced: Mutex<HashMap<String, ObservedPod>>,
-    released: Mutex<Option<mpsc::UnboundedSender<Released>>>,
-}
-
-impl Default for Ledgers {
-    fn default() -> Self {
-        Ledgers {
-            nodes: RwLock::new(BTreeMap::new()),
-            index: Mutex::new(HashMap::new()),
-            unplaced: Mutex::new(HashMap::new()),
-            released: Mutex::new(None),
-        }
-    }
-}
-
-impl Ledgers {
-    fn node(&self, name: &str) -> Option<Arc<Mutex<NodeLedger>>> {
-        self.nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
-    }
-
-    /// Every node ledger handle, by name.
-    pub fn all(&self) -> Vec<(String, Arc<Mutex<NodeLedger>>)> {
-        self.nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-
-    pub fn node_names(&self) -> Vec<String> {
-        self.nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect()
-    }
-
-    /// Runs `f` on one node's ledger under its lock.
-    pub fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeLedger) -> R) -> Option<R> {
-        let n = self.node(name)?;
-        let mut g = lock(&n);
-        Some(f(&mut g))
-    }
-
-    pub fn upsert_node(&self, node: GpuNode) {
-        let name = node.name.clone();
-        if let Some(n) = self.node(&name) {
-            lock(&n).set_node(node);
-            return;
-        }
-        let handle = {
-            let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
-            nodes
-                .entry(name.clone())
-                .or_insert_with(|| Arc::new(Mutex::new(NodeLedger::new(node))))
-                .clone()
-        };
-        let waiting: Vec<ObservedPod> = {
-            let mut u = lock(&self.unplaced);
-            let uids: Vec<String> = u
-                .iter()
-                .filter(|(_, o)| o.node == name)
-                .map(|(k, _)| k.clone())
-                .collect();
-            uids.iter().filter_map(|k| u.remove(k)).collect()
-        };
-        for o in waiting {
-            lock(&handle).record(&o);
-            lock(&self.index).insert(o.pod.uid.clone(), name.clone());
-        }
-    }
-
-    pub fn remove_node(&self, name: &str) {
-        let removed = self
-            .nodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        if let Some(n) = removed {
-            let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
-            let mut index = lock(&self.index);
-            let mut unplaced = lock(&self.unplaced);
-            for h in holdings {
-                index.remove(&h.pod.uid);
-                unplaced.insert(
-                    h.pod.uid.clone(),
-                    ObservedPod {
-                        pod: h.pod,
-                        node: h.node,
-                        demand: h.demand,
-                        gpus: Some(h.placement.gpus),
-                    },
-                );
-            }
-        }
-    }
-
-    /// The node a pod holds something on.
-    pub fn node_of(&self, uid: &str) -> Option<String> {
-        lock(&self.index).get(uid).cloned()
-    }
-
-    /// Records what the API says a pod holds.
-    pub fn record(&self, o: &ObservedPod) {
-        if let Some(prev) = self.node_of(&o.pod.uid)
-            && prev != o.node
-        {
-            self.release(&o.pod.uid);
-        }
-        match self.node(&o.node) {
-            Some(n) => {
-                lock(&n).record(o);
-                lock(&self.index).insert(o.pod.uid.clone(), o.node.clone());
-            }
-            None => {
-                lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
-            }
-        }
-    }
-
-    /// Checks the fit on `node` and records the holding, under that node's lock.
-    pub fn reserve(
-        &self,
-        scorer: &Scorer<'_>,
-        node: &str,
-        pod: PodRef,
-        demand: Demand,
-    ) -> Result<Placement, Reason> {
-        if let Some(prev) = self.node_of(&pod.uid)
-            && prev != node
-        {
-            self.release(&pod.uid);
-        }
-        let n = self.node(node).ok_or(Reason::UnknownNode)?;
-        let uid = pod.uid.clone();
-        let mut g = lock(&n);
-        let p = g.reserve(scorer, pod, demand)?;
-        lock(&self.index).insert(uid, node.to_string());
-        Ok(p)
-    }
-
-    /// Releases a pod's holding (and tells the requeuer).
-    pub fn release(&self, uid: &str) -> Option<Holding> {
-        lock(&self.unplaced).remove(uid);
-        let node = lock(&self.index).remove(uid)?;
-        let n = self.node(&node)?;
-        let h = lock(&n).release(uid)?;
-        if let Some(tx) = lock(&self.released).as_ref() {
-            let _ = tx.send(Released {
-                node: h.node.clone(),
-                class: h.demand.gpu.class(),
-            });
-        }
-        Some(h)
-    }
-
-    /// Every UID held (placed or not).
-    pub fn uids(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
-        v.extend(lock(&self.unplaced).keys().cloned());
-        v.sort();
-        v
-    }
-
-    /// A consistent-per-node copy of every node ledger.
-    pub fn snapshot(&self) -> Vec<NodeLedger> {
-        self.all()
-            .into_iter()
-            .map(|(_, n)| lock(&n).clone())
-            .collect()
-    }
-}
-
 /// How the extender learns about nodes and binds pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -243,7 +57,7 @@ pub enum Mode {
 /// The extender's state.
 pub struct ExtenderState {
     pub mode: Mode,
-    pub ledgers: Arc<Ledgers>,
+    pub ledgers: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
     pub pods: moka::sync::Cache<String, Arc<Pod>>,
     /// Bound but not yet seen in the API: uid -> node. Expiry releases the holding.
@@ -259,7 +73,7 @@ pub struct ExtenderState {
 
 impl ExtenderState {
     pub fn new(mode: Mode, assume_ttl: Duration) -> Self {
-        let ledgers = Arc::new(Ledgers::default());
+        let ledgers = Arc::new(Ledger::new());
         let for_expiry = Arc::downgrade(&ledgers);
         let assumed = moka::sync::Cache::builder()
             .time_to_live(assume_ttl)
@@ -324,7 +138,12 @@ impl ExtenderState {
     /// Subscribes to releases (the requeuer).
     pub fn subscribe_releases(&self) -> mpsc::UnboundedReceiver<Released> {
         let (tx, rx) = mpsc::unbounded_channel();
-        *lock(&self.ledgers.released) = Some(tx);
+        self.ledgers.on_release(move |h| {
+            let _ = tx.send(Released {
+                node: h.node.clone(),
+                class: h.demand.gpu.class(),
+            });
+        });
         rx
     }
 
@@ -509,9 +328,12 @@ pub fn describe_demand(d: &Demand) -> String {
 
 /// The fragmentation gauge: free GPU capacity (in GPUs) on nodes where `demand` cannot fit for
 /// lack of capacity (nodes of another class do not count).
-pub fn fragmented_gpus(nodes: &[NodeLedger], demand: &Demand) -> f64 {
+pub fn fragmented_gpus<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeLedger>,
+    demand: &Demand,
+) -> f64 {
     nodes
-        .iter()
+        .into_iter()
         .filter(|nl| match packing::fit(&nl.node, &nl.usage, demand) {
             Err(r) => r.resolvable(),
             Ok(()) => false,
@@ -531,8 +353,9 @@ pub fn fragmented_gpus(nodes: &[NodeLedger], demand: &Demand) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::Sharing;
-    use crate::packing::{GpuDemand, PackingPolicy};
+    use crate::inventory::{GpuNode, Sharing};
+    use crate::ledger::PodRef;
+    use crate::packing::{GpuDemand, PackingPolicy, Scorer};
 
     #[test]
     fn fragmented_gpus_counts_free_room_where_the_common_request_no_longer_fits() {
