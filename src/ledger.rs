@@ -226,7 +226,7 @@ impl NodeLedger {
     /// already held here.
     pub fn reserve(
         &mut self,
-        scorer: &Scorer<'_>,
+        scorer: &Scorer,
         pod: PodRef,
         demand: Demand,
     ) -> Result<Placement, Reason> {
@@ -277,13 +277,7 @@ impl NodeLedger {
     /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
     fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
         let scorer = Scorer::new(packing::PackingPolicy::Binpack);
-        let mut best = packing::candidates(&self.node, &self.usage, demand)
-            .into_iter()
-            .map(|p| {
-                let s = scorer.score(&self.node, &self.usage, demand, &p);
-                (p, s)
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
+        let mut best = packing::best_candidate(&scorer, &self.node, &self.usage, demand)
             .map(|(p, _)| p)
             .unwrap_or_default();
         if let Some(gpus) = gpus
@@ -571,7 +565,7 @@ impl Ledger {
     /// Checks the fit on `node` and records the holding (bind), under that node's lock.
     pub fn reserve(
         &self,
-        scorer: &Scorer<'_>,
+        scorer: &Scorer,
         node: &str,
         pod: PodRef,
         demand: Demand,

@@ -18,7 +18,7 @@ use super::wire::{
     self, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, MetaPod, MetaVictims, NodeList,
 };
-use crate::ledger::{self, PodRef};
+use crate::ledger;
 use crate::metrics::Metrics;
 use crate::packing::{self, Demand, Reason, Scorer};
 use crate::server::{AppState, LoadedPolicy, json_error};
@@ -53,9 +53,10 @@ fn node_name(v: &Value) -> String {
 
 /// Learns the inventory of full Node objects (both modes: the objects are current).
 fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
+    use serde::Deserialize;
     let nodes: Vec<Node> = items
         .iter()
-        .filter_map(|i| serde_json::from_value(i.clone()).ok())
+        .filter_map(|i| Node::deserialize(i).ok())
         .collect();
     ext.learn_nodes(&nodes, shared);
 }
@@ -215,8 +216,7 @@ pub fn prioritize(
             .map(|host| HostPriority { host, score: 0 })
             .collect());
     };
-    let workload = lock_workload(ext).clone();
-    let scorer = Scorer::with_workload(policy.policy.packing.policy.into(), &workload);
+    let scorer = Scorer::new(policy.policy.packing.policy.into());
     let raw: Vec<Option<f64>> = names
         .iter()
         .map(|n| {
@@ -267,13 +267,11 @@ pub fn reserve_for_bind(
     let Some(demand) = pod_demand(pod)? else {
         return Ok(BindPlan::Plain);
     };
-    let workload = lock_workload(ext).clone();
-    let scorer = Scorer::with_workload(policy.policy.packing.policy.into(), &workload);
-    let pref = PodRef {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        ..ledger::pod_ref(pod)
-    };
-    match ext.ledgers.reserve(&scorer, node, pref, demand) {
+    let scorer = Scorer::new(policy.policy.packing.policy.into());
+    match ext
+        .ledgers
+        .reserve(&scorer, node, ledger::pod_ref(pod), demand)
+    {
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
         }),
@@ -357,43 +355,64 @@ pub fn preempt(
 
 // ---- axum glue -------------------------------------------------------------------------------
 
-fn extender(state: &AppState) -> Option<&Arc<ExtenderState>> {
-    state.extender.as_ref()
+/// What every verb starts with: the extender's state and the parsed body, or the reply (404 when
+/// the extender role is off, 400 with the reason for a body that is not well-formed). The error
+/// is the finished reply, returned at once, so its size does not matter.
+#[allow(clippy::result_large_err)]
+fn begin<'s, T>(
+    state: &'s AppState,
+    verb: &'static str,
+    start: Instant,
+    parsed: Result<T, wire::WireError>,
+) -> Result<(&'s ExtenderState, T), Response> {
+    let Some(ext) = state.extender.as_deref() else {
+        return Err(json_error(
+            StatusCode::NOT_FOUND,
+            "extender role not enabled",
+        ));
+    };
+    parsed.map(|args| (ext, args)).map_err(|e| {
+        state.metrics.observe(verb, "bad_request", start.elapsed());
+        json_error(StatusCode::BAD_REQUEST, &e.to_string())
+    })
 }
 
-fn bad_request(e: wire::WireError) -> Response {
-    json_error(StatusCode::BAD_REQUEST, &e.to_string())
+/// Replies for the verbs whose Go result type has no `Error` field: any non-200 status is an
+/// error to kube-scheduler.
+fn reply<T: serde::Serialize>(
+    state: &AppState,
+    verb: &'static str,
+    start: Instant,
+    result: Result<T, String>,
+) -> Response {
+    match result {
+        Ok(r) => {
+            state.metrics.observe(verb, "ok", start.elapsed());
+            axum::Json(r).into_response()
+        }
+        Err(e) => {
+            state.metrics.observe(verb, "error", start.elapsed());
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
+        }
+    }
 }
 
 pub async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let Some(ext) = extender(&state) else {
-        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    let (ext, args) = match begin(&state, "filter", start, wire::parse_args(&body)) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let args = match wire::parse_args(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            state
-                .metrics
-                .observe("filter", "bad_request", start.elapsed());
-            return bad_request(e);
-        }
+    let result = filter(ext, &state.policy.current(), &state.metrics, args);
+    let fitting = match (&result.node_names, &result.nodes) {
+        (Some(n), _) => n.len(),
+        (None, Some(list)) => list.items.len(),
+        (None, None) => 0,
     };
-    let policy = state.policy.current();
-    let result = filter(ext, &policy, &state.metrics, args);
-    let outcome = if !result.error.is_empty() {
-        "error"
-    } else if result
-        .node_names
-        .as_ref()
-        .map(Vec::len)
-        .or(result.nodes.as_ref().map(|n| n.items.len()))
-        .unwrap_or(0)
-        > 0
-    {
-        "fit"
-    } else {
-        "no_fit"
+    let outcome = match (result.error.is_empty(), fitting) {
+        (false, _) => "error",
+        (true, 0) => "no_fit",
+        (true, _) => "fit",
     };
     state.metrics.observe("filter", outcome, start.elapsed());
     axum::Json(result).into_response()
@@ -401,77 +420,32 @@ pub async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> 
 
 pub async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let Some(ext) = extender(&state) else {
-        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
-    };
-    let args = match wire::parse_args(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            state
-                .metrics
-                .observe("prioritize", "bad_request", start.elapsed());
-            return bad_request(e);
+    match begin(&state, "prioritize", start, wire::parse_args(&body)) {
+        Ok((ext, args)) => {
+            let result = prioritize(ext, &state.policy.current(), args);
+            reply(&state, "prioritize", start, result)
         }
-    };
-    let policy = state.policy.current();
-    match prioritize(ext, &policy, args) {
-        Ok(list) => {
-            state.metrics.observe("prioritize", "ok", start.elapsed());
-            axum::Json(list).into_response()
-        }
-        Err(e) => {
-            state
-                .metrics
-                .observe("prioritize", "error", start.elapsed());
-            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
-        }
+        Err(r) => r,
     }
 }
 
 pub async fn preempt_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let Some(ext) = extender(&state) else {
-        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
-    };
-    let args = match wire::parse_preemption(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            state
-                .metrics
-                .observe("preempt", "bad_request", start.elapsed());
-            return bad_request(e);
-        }
-    };
-    match preempt(ext, args) {
-        Ok(r) => {
-            state.metrics.observe("preempt", "ok", start.elapsed());
-            axum::Json(r).into_response()
-        }
-        Err(e) => {
-            state.metrics.observe("preempt", "error", start.elapsed());
-            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
-        }
+    match begin(&state, "preempt", start, wire::parse_preemption(&body)) {
+        Ok((ext, args)) => reply(&state, "preempt", start, preempt(ext, args)),
+        Err(r) => r,
     }
 }
 
 pub async fn bind_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let Some(ext) = extender(&state) else {
-        return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
+    let (ext, args) = match begin(&state, "bind", start, wire::parse_binding(&body)) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let args = match wire::parse_binding(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            state
-                .metrics
-                .observe("bind", "bad_request", start.elapsed());
-            return bad_request(e);
-        }
-    };
-    let result = bind(&state, ext, &args).await;
-    let outcome = if result.is_ok() { "ok" } else { "error" };
+    let error = bind(&state, ext, &args).await.err().unwrap_or_default();
+    let outcome = if error.is_empty() { "ok" } else { "error" };
     state.metrics.observe("bind", outcome, start.elapsed());
-    let error = result.err().unwrap_or_default();
     if !error.is_empty() {
         tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %error, "bind refused");
     }
@@ -556,7 +530,7 @@ async fn bind(
 
 /// `GET /v1/nodes`.
 pub async fn nodes_handler(State(state): State<Arc<AppState>>) -> Response {
-    let Some(ext) = extender(&state) else {
+    let Some(ext) = state.extender.as_deref() else {
         return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
     };
     let policy = state.policy.current();

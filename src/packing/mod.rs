@@ -450,7 +450,6 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 }
                 Ok(())
             }
-            _ if node.gpus == 0 && node.mig != MigLayout::None => Err(mismatch(node, "MPS")),
             _ => Err(mismatch(node, "MPS")),
         },
         GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {
@@ -637,14 +636,14 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
     }
 }
 
-/// Fits, then picks the placement the scorer likes best. Returns the placement and its score.
-pub fn place(
-    scorer: &Scorer<'_>,
+/// The placement the scorer likes best among [`candidates`] (the first on ties), with its score.
+/// Does not check the fit.
+pub fn best_candidate(
+    scorer: &Scorer,
     node: &GpuNode,
     usage: &Usage,
     demand: &Demand,
-) -> Result<(Placement, f64), Reason> {
-    fit(node, usage, demand)?;
+) -> Option<(Placement, f64)> {
     candidates(node, usage, demand)
         .into_iter()
         .map(|p| {
@@ -655,7 +654,17 @@ pub fn place(
             Some((bp, bs)) if bs >= s => Some((bp, bs)),
             _ => Some((p, s)),
         })
-        .ok_or(Reason::NoGpuWithRoom)
+}
+
+/// Fits, then picks the placement the scorer likes best. Returns the placement and its score.
+pub fn place(
+    scorer: &Scorer,
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+) -> Result<(Placement, f64), Reason> {
+    fit(node, usage, demand)?;
+    best_candidate(scorer, node, usage, demand).ok_or(Reason::NoGpuWithRoom)
 }
 
 /// Integer extender scores 0..=10 from raw scores (higher is better): min-max scaled, so the

@@ -107,26 +107,15 @@ impl Workload {
     }
 }
 
-/// A policy bound to what it may look at.
+/// A packing policy, ready to score placements.
 #[derive(Debug, Clone, Copy)]
-pub struct Scorer<'a> {
+pub struct Scorer {
     pub policy: PackingPolicy,
-    pub workload: Option<&'a Workload>,
 }
 
-impl<'a> Scorer<'a> {
+impl Scorer {
     pub fn new(policy: PackingPolicy) -> Self {
-        Scorer {
-            policy,
-            workload: None,
-        }
-    }
-
-    pub fn with_workload(policy: PackingPolicy, workload: &'a Workload) -> Self {
-        Scorer {
-            policy,
-            workload: Some(workload),
-        }
+        Scorer { policy }
     }
 
     /// Scores one placement (higher is better).
@@ -223,7 +212,7 @@ mod tests {
         })
     }
 
-    fn best<'n>(scorer: &Scorer<'_>, nodes: &'n [(GpuNode, Usage)], d: &Demand) -> Option<&'n str> {
+    fn best<'n>(scorer: &Scorer, nodes: &'n [(GpuNode, Usage)], d: &Demand) -> Option<&'n str> {
         nodes
             .iter()
             .filter_map(|(n, u)| place(scorer, n, u, d).ok().map(|(_, s)| (n, s)))

@@ -495,27 +495,26 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 shutdown_rx.clone(),
             );
         }
-        let probe = facts.clone();
-        let ready = ready.clone();
-        let wait_for_ping = extender.is_none();
-        tokio::spawn(async move {
-            if !wait_for_ping {
-                return;
-            }
-            loop {
-                match probe.ping().await {
-                    Ok(()) => {
-                        ready.cluster.store(true, Ordering::Release);
-                        tracing::info!("Kubernetes API reached");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Kubernetes API not reachable yet");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
+        if extender.is_none() {
+            // The webhook alone is ready once the API server answers.
+            let probe = facts.clone();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                loop {
+                    match probe.ping().await {
+                        Ok(()) => {
+                            ready.cluster.store(true, Ordering::Release);
+                            tracing::info!("Kubernetes API reached");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Kubernetes API not reachable yet");
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
         Some(facts)
     };
 
