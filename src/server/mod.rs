@@ -523,7 +523,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             path.clone(),
             store.clone(),
             metrics.clone(),
-            Duration::from_secs(5),
+            Duration::from_secs(args.policy_reload_seconds.max(1)),
             shutdown_rx.clone(),
         );
     }
