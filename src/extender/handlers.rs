@@ -83,7 +83,7 @@ pub fn filter(
     ext: &ExtenderState,
     policy: &LoadedPolicy,
     metrics: &Metrics,
-    args: ExtenderArgs,
+    mut args: ExtenderArgs,
 ) -> ExtenderFilterResult {
     let error = |e: String| ExtenderFilterResult {
         error: e,
@@ -92,7 +92,8 @@ pub fn filter(
     if !ext.is_synced() {
         return error(NOT_SYNCED.to_string());
     }
-    let Some(pod) = args.pod.as_ref() else {
+    // The pod is kept (by UID) for bind: take it out of the request instead of copying it.
+    let Some(pod) = args.pod.take().map(Arc::new) else {
         return error("request has no Pod".to_string());
     };
     let set = match NodeSet::from_args(&args) {
@@ -106,14 +107,14 @@ pub fn filter(
             items.iter().map(node_name).collect()
         }
     };
-    let key = ledger::pod_key(pod);
+    let key = ledger::pod_key(&pod);
     if let Some(uid) = &pod.metadata.uid {
-        ext.pods.insert(uid.clone(), Arc::new(pod.clone()));
+        ext.pods.insert(uid.clone(), pod.clone());
     }
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
     let mut pass: HashSet<String> = HashSet::new();
-    match pod_demand(pod) {
+    match pod_demand(&pod) {
         Err(msg) => {
             for n in &names {
                 unresolvable.insert(n.clone(), msg.clone());
@@ -193,12 +194,12 @@ fn lock_workload(ext: &ExtenderState) -> std::sync::MutexGuard<'_, packing::Work
 pub fn prioritize(
     ext: &ExtenderState,
     policy: &LoadedPolicy,
-    args: ExtenderArgs,
+    mut args: ExtenderArgs,
 ) -> Result<Vec<HostPriority>, String> {
     if !ext.is_synced() {
         return Err(NOT_SYNCED.to_string());
     }
-    let pod = args.pod.as_ref().ok_or("request has no Pod")?;
+    let pod = args.pod.take().map(Arc::new).ok_or("request has no Pod")?;
     let set = NodeSet::from_args(&args)?;
     let names: Vec<String> = match &set {
         NodeSet::Names(n) => n.clone(),
@@ -208,9 +209,9 @@ pub fn prioritize(
         }
     };
     if let Some(uid) = &pod.metadata.uid {
-        ext.pods.insert(uid.clone(), Arc::new(pod.clone()));
+        ext.pods.insert(uid.clone(), pod.clone());
     }
-    let Some(demand) = pod_demand(pod)? else {
+    let Some(demand) = pod_demand(&pod)? else {
         return Ok(names
             .into_iter()
             .map(|host| HostPriority { host, score: 0 })
@@ -263,8 +264,8 @@ pub fn reserve_for_bind(
     pod: &Pod,
     node: &str,
 ) -> Result<BindPlan, String> {
-    let key = ledger::pod_key(pod);
-    let Some(demand) = pod_demand(pod)? else {
+    let key = ledger::pod_key(&pod);
+    let Some(demand) = pod_demand(&pod)? else {
         return Ok(BindPlan::Plain);
     };
     let scorer = Scorer::new(policy.policy.packing.policy.into());
