@@ -264,8 +264,8 @@ pub fn reserve_for_bind(
     pod: &Pod,
     node: &str,
 ) -> Result<BindPlan, String> {
-    let key = ledger::pod_key(&pod);
-    let Some(demand) = pod_demand(&pod)? else {
+    let key = ledger::pod_key(pod);
+    let Some(demand) = pod_demand(pod)? else {
         return Ok(BindPlan::Plain);
     };
     let scorer = Scorer::new(policy.policy.packing.policy.into());
