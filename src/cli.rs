@@ -35,6 +35,40 @@ pub enum Command {
     Status(StatusArgs),
     /// Create a CA and a serving certificate for the webhook Service and print the caBundle.
     Certs(CertsArgs),
+    /// Replay a trace (openb CSV, or a NodeList and annotated pods) under packing policies and
+    /// report unallocated GPU and fragmentation.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Nodes: an openb node CSV (`sn,cpu_milli,memory_mib,gpu,model`), or a Kubernetes
+    /// NodeList (YAML or JSON) with GPU Feature Discovery labels.
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Pods: an openb pod CSV, or a list of pod manifests (YAML stream or List) carrying the
+    /// `gpu-share` annotation.
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// A policy to replay (repeatable): random, dotprod, gpu-clustering, gpu-packing, bestfit,
+    /// fgd, gpu-share (binpack and spread too). Default: the first seven.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<String>,
+    /// Seeds, inclusive range `A..B`, or a comma list.
+    #[arg(long, default_value = "42..51")]
+    pub seeds: String,
+    /// Inflate the trace to this multiple of the cluster's GPU capacity (0: replay it as is).
+    #[arg(long, default_value_t = 1.3)]
+    pub tune: f64,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "OUT")]
+    pub json: Option<PathBuf>,
+    /// Write the chart (unallocated GPU % against arrived %) as SVG here.
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Clone, Args)]

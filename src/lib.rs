@@ -19,6 +19,7 @@ pub mod packing;
 pub mod policy;
 pub mod request;
 pub mod server;
+pub mod simulate;
 pub mod status;
 pub mod telemetry;
 

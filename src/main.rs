@@ -17,6 +17,16 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckPolicy { file } => check_policy(&file),
         Command::Certs(args) => certs(&args),
+        Command::Simulate(args) => match gpu_share::simulate::driver::run(&args) {
+            Ok(text) => {
+                let _ = write!(std::io::stdout().lock(), "{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "gpu-share simulate: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Status(args) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()

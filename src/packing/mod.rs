@@ -10,6 +10,7 @@
 //!   and a future node agent); on [`Sharing::PerGpu`] nodes (the simulator's trace cluster) it is
 //!   enforced, as in the FGD paper.
 
+pub mod frag;
 pub mod score;
 
 use std::collections::BTreeMap;
@@ -18,7 +19,7 @@ use serde::Serialize;
 
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
-pub use score::{PackingPolicy, Scorer, Workload};
+pub use score::{OnlineWorkload, PackingPolicy, Scorer, Workload};
 
 /// One GPU, in thousandths.
 pub const GPU_MILLI: u32 = 1000;
@@ -52,6 +53,16 @@ impl GpuDemand {
             GpuDemand::Timeslice { .. } => "timeslice",
             GpuDemand::Mig { .. } => "mig",
             GpuDemand::Units { .. } => "device",
+        }
+    }
+
+    /// The request's kind for clustering like requests together: 0 for a share of one GPU,
+    /// `n` for `n` whole GPUs; `None` for MIG devices, device-plugin units and CPU-only pods.
+    pub fn tag(&self) -> Option<u32> {
+        match self {
+            GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => Some(0),
+            GpuDemand::Whole { count } => Some(*count),
+            _ => None,
         }
     }
 
@@ -110,6 +121,8 @@ pub struct Usage {
     pub mig: BTreeMap<String, u32>,
     /// Pods holding something here.
     pub pods: u32,
+    /// Pods per GPU request kind ([`GpuDemand::tag`]): the `gpu-clustering` policy's view.
+    pub tags: BTreeMap<u32, u32>,
 }
 
 impl Usage {
@@ -147,6 +160,8 @@ pub struct Placement {
     pub mig: Option<(String, u32)>,
     pub cpu_milli: u64,
     pub memory_mib: u64,
+    /// The demand's [`GpuDemand::tag`].
+    pub tag: Option<u32>,
 }
 
 impl Placement {
@@ -189,6 +204,9 @@ pub fn apply(usage: &mut Usage, p: &Placement) {
     usage.cpu_milli += p.cpu_milli;
     usage.memory_mib += p.memory_mib;
     usage.pods += 1;
+    if let Some(t) = p.tag {
+        *usage.tags.entry(t).or_default() += 1;
+    }
 }
 
 /// Removes a placement that [`apply`] added.
@@ -212,6 +230,14 @@ pub fn unapply(usage: &mut Usage, p: &Placement) {
     usage.cpu_milli = usage.cpu_milli.saturating_sub(p.cpu_milli);
     usage.memory_mib = usage.memory_mib.saturating_sub(p.memory_mib);
     usage.pods = usage.pods.saturating_sub(1);
+    if let Some(t) = p.tag
+        && let Some(n) = usage.tags.get_mut(&t)
+    {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            usage.tags.remove(&t);
+        }
+    }
 }
 
 /// Why a node cannot take a demand. The messages are a fixed set of category sentences (no
@@ -517,6 +543,7 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
     let base = Placement {
         cpu_milli: demand.cpu_milli,
         memory_mib: demand.memory_mib,
+        tag: demand.gpu.tag(),
         ..Placement::default()
     };
     let free_indexes = |n: u32| -> Vec<(u32, u32)> {
@@ -636,24 +663,15 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
     }
 }
 
-/// The placement the scorer likes best among [`candidates`] (the first on ties), with its score.
-/// Does not check the fit.
+/// The placement the scorer likes best on this node, with the node's score (see
+/// [`Scorer::evaluate`]). Does not check the fit.
 pub fn best_candidate(
     scorer: &Scorer,
     node: &GpuNode,
     usage: &Usage,
     demand: &Demand,
 ) -> Option<(Placement, f64)> {
-    candidates(node, usage, demand)
-        .into_iter()
-        .map(|p| {
-            let s = scorer.score(node, usage, demand, &p);
-            (p, s)
-        })
-        .fold(None, |best: Option<(Placement, f64)>, (p, s)| match best {
-            Some((bp, bs)) if bs >= s => Some((bp, bs)),
-            _ => Some((p, s)),
-        })
+    scorer.evaluate(node, usage, demand)
 }
 
 /// Fits, then picks the placement the scorer likes best. Returns the placement and its score.

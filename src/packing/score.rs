@@ -5,10 +5,14 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage};
+use std::sync::Arc;
+
+use super::frag::{Shape, TargetWorkload};
+use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
-/// Packing policies by name (the policy file's `packing.policy`, the simulator's `--policy`).
+/// Packing policies by name (the policy file's `packing.policy` takes `binpack`, `spread` and
+/// `gpu-share`; the simulator takes them all, with the six baselines of the FGD paper).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum PackingPolicy {
@@ -16,18 +20,69 @@ pub enum PackingPolicy {
     Binpack,
     /// The opposite: least used node first.
     Spread,
-    /// gpu-share's own policy (the default).
+    /// gpu-share's own policy (the default): see [`Scorer::evaluate`].
     #[default]
     GpuShare,
+    /// FGD paper baseline: a uniformly random feasible node (the caller draws) and GPU.
+    Random,
+    /// FGD paper baseline (Tetris): smallest dot product of the node's free and the pod's
+    /// requested (CPU, GPU) vectors, each normalised by the largest node.
+    #[serde(rename = "dotprod")]
+    DotProd,
+    /// FGD paper baseline: nodes already running pods of the same GPU request kind first.
+    GpuClustering,
+    /// FGD paper baseline: already shared GPUs, then free GPUs of used nodes, then empty nodes.
+    GpuPacking,
+    /// FGD paper baseline: the least free (CPU, GPU) left after placing.
+    #[serde(rename = "bestfit")]
+    BestFit,
+    /// Fragmentation gradient descent (Weng et al., ATC'23): the smallest growth of the node's
+    /// fragmentation against a target workload fixed up front.
+    Fgd,
 }
 
 impl PackingPolicy {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [PackingPolicy; 9] = [
+        PackingPolicy::Random,
+        PackingPolicy::DotProd,
+        PackingPolicy::GpuClustering,
+        PackingPolicy::GpuPacking,
+        PackingPolicy::BestFit,
+        PackingPolicy::Fgd,
+        PackingPolicy::GpuShare,
+        PackingPolicy::Binpack,
+        PackingPolicy::Spread,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             PackingPolicy::Binpack => "binpack",
             PackingPolicy::Spread => "spread",
             PackingPolicy::GpuShare => "gpu-share",
+            PackingPolicy::Random => "random",
+            PackingPolicy::DotProd => "dotprod",
+            PackingPolicy::GpuClustering => "gpu-clustering",
+            PackingPolicy::GpuPacking => "gpu-packing",
+            PackingPolicy::BestFit => "bestfit",
+            PackingPolicy::Fgd => "fgd",
         }
+    }
+
+    /// The policy named `name` (as [`PackingPolicy::name`] prints it).
+    pub fn parse(name: &str) -> Option<PackingPolicy> {
+        PackingPolicy::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether scores depend on a target workload.
+    pub fn reads_workload(self) -> bool {
+        matches!(self, PackingPolicy::Fgd | PackingPolicy::GpuShare)
+    }
+}
+
+impl std::fmt::Display for PackingPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -107,23 +162,163 @@ impl Workload {
     }
 }
 
-/// A packing policy, ready to score placements.
-#[derive(Debug, Clone, Copy)]
+/// The workload seen so far, as `gpu-share` learns it online: every demand observed counts
+/// (it never knows the pods still to come). [`OnlineWorkload::observe`] hands out a new target
+/// workload now and then (after 16, 32, 64, ... observations, then every 1,024), so scores that
+/// depend on it stay stable between refreshes and can be cached.
+#[derive(Debug, Clone, Default)]
+pub struct OnlineWorkload {
+    index: HashMap<Shape, usize>,
+    counts: Vec<(Shape, u64)>,
+    total: u64,
+}
+
+/// The share of the demands the typical shapes cover (as in the FGD paper).
+pub const TYPICAL_COVERAGE: f64 = 0.95;
+
+impl OnlineWorkload {
+    /// Counts one demand; returns the refreshed target workload when one is due.
+    pub fn observe(&mut self, demand: &Demand) -> Option<TargetWorkload> {
+        let shape = Shape::of(demand)?;
+        self.total += 1;
+        match self.index.get(&shape) {
+            Some(i) => self.counts[*i].1 += 1,
+            None => {
+                self.index.insert(shape.clone(), self.counts.len());
+                self.counts.push((shape, 1));
+            }
+        }
+        let t = self.total;
+        let due = (t >= 16 && t.is_power_of_two()) || (t > 1024 && t.is_multiple_of(1024));
+        due.then(|| self.target())
+    }
+
+    /// The target workload from everything observed so far.
+    pub fn target(&self) -> TargetWorkload {
+        TargetWorkload::from_counts(self.counts.clone(), self.total, TYPICAL_COVERAGE)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+/// The largest node of the FGD trace, the normaliser of the `dotprod` and `bestfit` scores.
+pub const MAX_SPEC_CPU_MILLI: f64 = 128_000.0;
+pub const MAX_SPEC_GPU_MILLI: f64 = 8_000.0;
+
+/// A packing policy, ready to score.
+#[derive(Debug, Clone)]
 pub struct Scorer {
     pub policy: PackingPolicy,
+    /// The target workload of `fgd` and `gpu-share` (without one, `gpu-share` falls back to its
+    /// binpack form and `fgd` to binpack).
+    pub workload: Option<Arc<TargetWorkload>>,
+    /// Seeds the `random` policy's GPU choice.
+    pub seed: u64,
 }
 
 impl Scorer {
     pub fn new(policy: PackingPolicy) -> Self {
-        Scorer { policy }
+        Scorer {
+            policy,
+            workload: None,
+            seed: 0,
+        }
     }
 
-    /// Scores one placement (higher is better).
+    pub fn with_workload(policy: PackingPolicy, workload: Arc<TargetWorkload>) -> Self {
+        Scorer {
+            workload: (!workload.is_empty()).then_some(workload),
+            ..Scorer::new(policy)
+        }
+    }
+
+    /// Picks the placement on this node and scores the node (higher is better), after
+    /// [`super::fit`] said yes. `None` when there is no way to place the demand.
+    ///
+    /// The six baselines follow the FGD paper's simulator: integer scores 0..=100 (so equal
+    /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
+    /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
+    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's measure made
+    /// online and exact: see [`gpu_share_score`].
+    pub fn evaluate(
+        &self,
+        node: &GpuNode,
+        usage: &Usage,
+        demand: &Demand,
+    ) -> Option<(Placement, f64)> {
+        let cands = candidates(node, usage, demand);
+        if cands.is_empty() {
+            return None;
+        }
+        match self.policy {
+            PackingPolicy::Random => {
+                let p = random_gpu(self.seed, node, usage, demand, &cands);
+                Some((p, 0.0))
+            }
+            PackingPolicy::DotProd => best_fit_gpu(usage, cands).map(|p| {
+                let s = dot_product_score(node, usage, demand);
+                (p, s)
+            }),
+            PackingPolicy::GpuClustering => best_fit_gpu(usage, cands).map(|p| {
+                let s = gpu_clustering_score(usage, demand);
+                (p, s)
+            }),
+            PackingPolicy::GpuPacking => best_fit_gpu(usage, cands).map(|p| {
+                let s = gpu_packing_score(node, usage, demand);
+                (p, s)
+            }),
+            PackingPolicy::BestFit => best_fit_gpu(usage, cands).map(|p| {
+                let s = best_fit_score(node, usage, demand);
+                (p, s)
+            }),
+            PackingPolicy::Fgd => match &self.workload {
+                Some(w) => {
+                    let before = w.node_frag(node, usage);
+                    first_max(cands.into_iter().map(|p| {
+                        let after = frag_after(w, node, usage, &p);
+                        let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
+                        (p, s)
+                    }))
+                }
+                None => self.max_score(node, usage, demand, cands),
+            },
+            PackingPolicy::GpuShare => match &self.workload {
+                Some(w) if Shape::of(demand).is_some() => {
+                    let before = w.node_frag(node, usage);
+                    first_max(cands.into_iter().map(|p| {
+                        let s = gpu_share_score(w, node, usage, demand, &p, before);
+                        (p, s)
+                    }))
+                }
+                _ => self.max_score(node, usage, demand, cands),
+            },
+            PackingPolicy::Binpack | PackingPolicy::Spread => {
+                self.max_score(node, usage, demand, cands)
+            }
+        }
+    }
+
+    fn max_score(
+        &self,
+        node: &GpuNode,
+        usage: &Usage,
+        demand: &Demand,
+        cands: Vec<Placement>,
+    ) -> Option<(Placement, f64)> {
+        first_max(cands.into_iter().map(|p| {
+            let s = self.score(node, usage, demand, &p);
+            (p, s)
+        }))
+    }
+
+    /// Scores one placement with the binpack family (binpack, spread, and gpu-share's form for
+    /// demands the fragmentation measure does not model: MIG devices and device units).
     pub fn score(&self, node: &GpuNode, usage: &Usage, demand: &Demand, p: &Placement) -> f64 {
         let fill = fill_after(node, usage, demand, p);
         let gpu_fit = gpu_fit_after(usage, p);
         match self.policy {
-            PackingPolicy::Binpack => fill + 0.01 * gpu_fit - replica_waste(node, demand),
             PackingPolicy::Spread => (1.0 - fill) + 0.01 * (1.0 - gpu_fit),
             PackingPolicy::GpuShare => {
                 // Binpack, and a node that is empty now is the last resort for a shared demand
@@ -137,8 +332,226 @@ impl Scorer {
                     - replica_waste(node, demand)
                     - if opens_node && shared { 0.5 } else { 0.0 }
             }
+            _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
         }
     }
+}
+
+/// The first of the highest-scoring items.
+fn first_max(items: impl Iterator<Item = (Placement, f64)>) -> Option<(Placement, f64)> {
+    items.fold(None, |best, (p, s)| match best {
+        Some((bp, bs)) if bs >= s => Some((bp, bs)),
+        _ => Some((p, s)),
+    })
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Free share of each GPU (thousandths).
+fn gpu_left(usage: &Usage) -> impl Iterator<Item = u32> + '_ {
+    usage.gpu_milli.iter().map(|m| GPU_MILLI.saturating_sub(*m))
+}
+
+fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
+    node.cpu_milli
+        .map_or(0, |c| c.saturating_sub(usage.cpu_milli))
+}
+
+/// The fragmentation of the node after a placement.
+pub fn frag_after(w: &TargetWorkload, node: &GpuNode, usage: &Usage, p: &Placement) -> f64 {
+    let mut free = [0u32; 64];
+    let n = usage.gpu_milli.len().min(free.len());
+    for (f, l) in free.iter_mut().zip(gpu_left(usage)) {
+        *f = l;
+    }
+    for (i, m) in &p.gpus {
+        if let Some(f) = free.get_mut(*i as usize) {
+            *f = f.saturating_sub(*m);
+        }
+    }
+    let cpu = node
+        .cpu_milli
+        .map(|c| c.saturating_sub(usage.cpu_milli + p.cpu_milli));
+    w.frag_of(node.product.as_deref(), cpu, &free[..n])
+}
+
+/// gpu-share's score of one placement: how much the node's fragmentation grows (against the
+/// workload seen so far), exactly rather than squashed into 100 integer steps as FGD does, so
+/// that FGD's many ties are decided by the measure itself. What FGD would still call a tie is
+/// decided by packing: the placement that leaves the node fuller wins.
+pub fn gpu_share_score(
+    w: &TargetWorkload,
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    p: &Placement,
+    before: f64,
+) -> f64 {
+    let after = frag_after(w, node, usage, p);
+    let growth = after - before;
+    -growth + 1e-3 * fill_after(node, usage, demand, p)
+}
+
+/// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
+/// demands have one candidate.
+fn best_fit_gpu(usage: &Usage, cands: Vec<Placement>) -> Option<Placement> {
+    let load = |p: &Placement| {
+        p.gpus
+            .first()
+            .and_then(|(i, _)| usage.gpu_milli.get(*i as usize))
+            .copied()
+            .unwrap_or(0)
+    };
+    cands.into_iter().fold(None, |best, p| match best {
+        Some(b) if load(&b) >= load(&p) => Some(b),
+        _ => Some(p),
+    })
+}
+
+/// A random GPU among all those with room (uniform over GPUs, not over distinct loads), drawn
+/// from a hash of the seed and the node's state.
+fn random_gpu(
+    seed: u64,
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    cands: &[Placement],
+) -> Placement {
+    let first = cands[0].clone();
+    let milli = match &demand.gpu {
+        GpuDemand::Timeslice { milli, .. } if node.sharing == Sharing::PerGpu => *milli,
+        _ => return first,
+    };
+    let eligible: Vec<u32> = usage
+        .gpu_milli
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| **m + milli <= GPU_MILLI)
+        .map(|(i, _)| i as u32)
+        .collect();
+    if eligible.is_empty() {
+        return first;
+    }
+    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for b in node.name.bytes() {
+        h = splitmix(h ^ u64::from(b));
+    }
+    h = splitmix(h ^ u64::from(usage.pods) ^ (usage.cpu_milli << 20));
+    let g = eligible[(h % eligible.len() as u64) as usize];
+    Placement {
+        gpus: vec![(g, milli)],
+        ..first
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The demand's (per-GPU share, GPU count); (0, 0) for CPU-only.
+fn gpu_shape(demand: &Demand) -> (u32, u32) {
+    match &demand.gpu {
+        GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
+            ((*milli).min(GPU_MILLI), 1)
+        }
+        GpuDemand::Whole { count } => (GPU_MILLI, *count),
+        GpuDemand::Mig { count, .. } | GpuDemand::Units { count, .. } => (GPU_MILLI, *count),
+        GpuDemand::None => (0, 0),
+    }
+}
+
+/// `dotprod`: 100 x (1 - (free . request) / 2), the vectors (CPU, GPU) normalised by the
+/// largest node; truncated to an integer.
+pub fn dot_product_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
+    let (milli, count) = gpu_shape(demand);
+    let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
+    let node_v = [
+        cpu_left(node, usage) as f64 / MAX_SPEC_CPU_MILLI,
+        free_gpu as f64 / MAX_SPEC_GPU_MILLI,
+    ];
+    let pod_v = [
+        demand.cpu_milli as f64 / MAX_SPEC_CPU_MILLI,
+        f64::from(milli) * f64::from(count) / MAX_SPEC_GPU_MILLI,
+    ];
+    let dot = node_v[0] * pod_v[0] + node_v[1] * pod_v[1];
+    (100.0 * (1.0 - dot / 2.0)).trunc()
+}
+
+/// `bestfit`: 100 x (1 - 0.5 (CPU left after)/128 vCPU - 0.5 (GPU left after)/8 GPUs),
+/// truncated to an integer.
+pub fn best_fit_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
+    let (milli, count) = gpu_shape(demand);
+    let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
+    let cpu_after = cpu_left(node, usage) as f64 - demand.cpu_milli as f64;
+    let gpu_after = free_gpu as f64 - f64::from(milli) * f64::from(count);
+    let waste = cpu_after / MAX_SPEC_CPU_MILLI * 0.5 + gpu_after / MAX_SPEC_GPU_MILLI * 0.5;
+    ((1.0 - waste) * 100.0).trunc()
+}
+
+/// `gpu-clustering`: 75-100 when the node runs only pods of the same GPU request kind, 50-75
+/// when it runs that kind among others, 25-50 when it runs no GPU pod, 0-25 otherwise; inside a
+/// band, fuller nodes first. CPU-only pods score 0 everywhere.
+pub fn gpu_clustering_score(usage: &Usage, demand: &Demand) -> f64 {
+    let Some(tag) = demand.gpu.tag() else {
+        return 0.0;
+    };
+    let left: i64 = gpu_left(usage).map(i64::from).sum();
+    let base = 25 * (8000 - left) / 8000;
+    let band = if usage.tags.get(&tag).is_some_and(|n| *n > 0) {
+        if usage.tags.len() == 1 { 75 } else { 50 }
+    } else if usage.tags.is_empty() {
+        25
+    } else {
+        0
+    };
+    (base + band) as f64
+}
+
+/// `gpu-packing`: a pod that fits on already shared GPUs scores 50-100 (the less free share on
+/// them the better), one that needs free GPUs of a used node 33-50, an empty node 0-33.
+/// CPU-only pods score 0 everywhere.
+pub fn gpu_packing_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
+    let (milli, mut need) = gpu_shape(demand);
+    if milli == 0 {
+        return 0.0;
+    }
+    let left: Vec<u32> = gpu_left(usage).collect();
+    let fully_free = left.iter().filter(|l| **l == GPU_MILLI).count() as i64;
+    if fully_free == i64::from(node.gpus) {
+        return (33 - fully_free).max(fully_free) as f64;
+    }
+    let mut order: Vec<usize> = (0..left.len()).collect();
+    order.sort_by_key(|i| left[*i]);
+    let mut free_used = 0i64;
+    let mut chosen = Vec::new();
+    for i in order {
+        if need == 0 {
+            break;
+        }
+        if milli <= left[i] {
+            need -= 1;
+            chosen.push(i);
+            if left[i] == GPU_MILLI {
+                free_used += 1;
+            }
+        }
+    }
+    if need != 0 {
+        return 0.0;
+    }
+    if free_used > 0 {
+        return (50 - free_used).max(33) as f64;
+    }
+    let ratio: i64 = chosen
+        .iter()
+        .map(|i| i64::from(left[*i]) * 100 / 1000)
+        .sum();
+    (100 - ratio / 10).max(50) as f64
 }
 
 /// How full the pool the demand draws on is after the placement, 0..=1.

@@ -1,0 +1,238 @@
+//! PURE: the GPU fragmentation measure of the FGD paper (Weng et al., USENIX ATC'23), used by
+//! the `fgd` and `gpu-share` scores and by the simulator's metrics.
+//!
+//! A *target workload* is a list of pod shapes with popularities. A node's fragmentation is the
+//! expected amount of its idle GPU capacity (thousandths) that a pod drawn from the workload
+//! could not use:
+//! - the whole idle capacity when the shape cannot run there at all (it asks no GPU, the node
+//!   lacks the CPU, the GPU model does not match, or too few GPUs have the share it needs);
+//! - otherwise the idle capacity of the GPUs whose free share is smaller than the shape's.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{Demand, GPU_MILLI, GpuDemand, Usage};
+use crate::inventory::GpuNode;
+
+/// One pod shape of a target workload (memory is ignored, as in the paper).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shape {
+    pub cpu_milli: u64,
+    /// GPUs asked for (0 for CPU-only shapes).
+    pub gpus: u32,
+    /// Share needed on each of those GPUs, thousandths (1000 for whole GPUs).
+    pub gpu_milli: u32,
+    /// Allowed GPU models; empty means any.
+    pub models: Vec<String>,
+}
+
+impl Shape {
+    /// The shape of a demand on a per-GPU node; `None` for demands the measure does not model
+    /// (MIG devices and device-plugin units).
+    pub fn of(demand: &Demand) -> Option<Shape> {
+        let (gpus, gpu_milli) = match &demand.gpu {
+            GpuDemand::None => (0, 0),
+            GpuDemand::Whole { count } => (*count, GPU_MILLI),
+            GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
+                (1, (*milli).min(GPU_MILLI))
+            }
+            GpuDemand::Mig { .. } | GpuDemand::Units { .. } => return None,
+        };
+        Some(Shape {
+            cpu_milli: demand.cpu_milli,
+            gpus,
+            gpu_milli,
+            models: demand.models.clone(),
+        })
+    }
+
+    /// Thousandths of GPU the shape asks for in total.
+    pub fn gpu_total(&self) -> u64 {
+        u64::from(self.gpus) * u64::from(self.gpu_milli)
+    }
+}
+
+/// Shapes with their popularities (summing to 1), most popular first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TargetWorkload {
+    pub shapes: Vec<(Shape, f64)>,
+}
+
+impl TargetWorkload {
+    /// The most frequent shapes of `demands`, most frequent first, until they cover at least
+    /// `coverage` (0..=1) of the demands; popularities renormalised over the kept shapes. Equal
+    /// counts: more CPU, larger share, more GPUs first.
+    pub fn typical<'a>(demands: impl IntoIterator<Item = &'a Demand>, coverage: f64) -> Self {
+        let mut index: HashMap<Shape, usize> = HashMap::new();
+        let mut counts: Vec<(Shape, u64)> = Vec::new();
+        let mut total = 0u64;
+        for d in demands {
+            let Some(s) = Shape::of(d) else { continue };
+            total += 1;
+            match index.get(&s) {
+                Some(i) => counts[*i].1 += 1,
+                None => {
+                    index.insert(s.clone(), counts.len());
+                    counts.push((s, 1));
+                }
+            }
+        }
+        Self::from_counts(counts, total, coverage)
+    }
+
+    /// As [`TargetWorkload::typical`], from shape counts.
+    pub fn from_counts(mut counts: Vec<(Shape, u64)>, total: u64, coverage: f64) -> Self {
+        if total == 0 {
+            return TargetWorkload::default();
+        }
+        // Most frequent first; equal counts: more CPU, larger share, more GPUs first (as the
+        // FGD simulator orders them).
+        counts.sort_by(|a, b| {
+            b.1.cmp(&a.1).then_with(|| {
+                (b.0.cpu_milli, b.0.gpu_milli, b.0.gpus, &b.0.models).cmp(&(
+                    a.0.cpu_milli,
+                    a.0.gpu_milli,
+                    a.0.gpus,
+                    &a.0.models,
+                ))
+            })
+        });
+        let want = coverage.clamp(0.0, 1.0) * total as f64;
+        let mut kept = 0u64;
+        let mut shapes = Vec::new();
+        for (s, c) in counts {
+            if kept as f64 >= want && !shapes.is_empty() {
+                break;
+            }
+            kept += c;
+            shapes.push((s, c as f64));
+        }
+        for (_, p) in &mut shapes {
+            *p /= kept as f64;
+        }
+        TargetWorkload { shapes }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shapes.is_empty()
+    }
+
+    /// The node's fragmentation, thousandths of a GPU, for CPU left `cpu_free` and the free
+    /// share of each GPU.
+    pub fn frag_of(&self, product: Option<&str>, cpu_free: Option<u64>, gpu_free: &[u32]) -> f64 {
+        let idle: u64 = gpu_free.iter().map(|f| u64::from(*f)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let product = product.unwrap_or_default();
+        let mut frag = 0.0;
+        for (s, p) in &self.shapes {
+            let lost = if s.gpus == 0
+                || cpu_free.is_some_and(|c| c < s.cpu_milli)
+                || (!s.models.is_empty() && !s.models.iter().any(|m| m == product))
+            {
+                idle
+            } else {
+                let mut fitting = 0u32;
+                let mut small = 0u64;
+                for f in gpu_free {
+                    if *f >= s.gpu_milli {
+                        fitting += 1;
+                    } else {
+                        small += u64::from(*f);
+                    }
+                }
+                if fitting < s.gpus { idle } else { small }
+            };
+            frag += p * lost as f64;
+        }
+        frag
+    }
+
+    /// The fragmentation of a node with this usage (per-GPU model).
+    pub fn node_frag(&self, node: &GpuNode, usage: &Usage) -> f64 {
+        let mut free = [0u32; 16];
+        let n = usage.gpu_milli.len();
+        let cpu_free = node.cpu_milli.map(|c| c.saturating_sub(usage.cpu_milli));
+        if n <= free.len() {
+            for (f, u) in free.iter_mut().zip(&usage.gpu_milli) {
+                *f = GPU_MILLI.saturating_sub(*u);
+            }
+            self.frag_of(node.product.as_deref(), cpu_free, &free[..n])
+        } else {
+            let free: Vec<u32> = usage
+                .gpu_milli
+                .iter()
+                .map(|u| GPU_MILLI.saturating_sub(*u))
+                .collect();
+            self.frag_of(node.product.as_deref(), cpu_free, &free)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(cpu: u64, gpus: u32, milli: u32) -> Shape {
+        Shape {
+            cpu_milli: cpu,
+            gpus,
+            gpu_milli: milli,
+            models: vec![],
+        }
+    }
+
+    #[test]
+    fn frag_counts_what_each_shape_cannot_use() {
+        let w = TargetWorkload {
+            shapes: vec![(shape(1000, 1, 500), 0.5), (shape(1000, 2, 1000), 0.5)],
+        };
+        // GPUs free: 300, 1000. A 500 pod fits GPU 1 only: GPU 0's 300 is lost. A 2-GPU pod
+        // cannot run: all 1300 are lost.
+        let f = w.frag_of(None, Some(8000), &[300, 1000]);
+        assert!((f - (0.5 * 300.0 + 0.5 * 1300.0)).abs() < 1e-9);
+        // Without the CPU for either shape, everything idle is fragment.
+        let f = w.frag_of(None, Some(500), &[300, 1000]);
+        assert!((f - 1300.0).abs() < 1e-9);
+        // A full node has no fragmentation.
+        assert_eq!(w.frag_of(None, Some(8000), &[0, 0]), 0.0);
+    }
+
+    #[test]
+    fn cpu_only_shapes_count_all_idle_gpus_and_models_must_match() {
+        let mut g = shape(1000, 1, 1000);
+        g.models = vec!["T4".into()];
+        let w = TargetWorkload {
+            shapes: vec![(shape(1000, 0, 0), 0.25), (g, 0.75)],
+        };
+        assert!((w.frag_of(Some("T4"), None, &[1000]) - 250.0).abs() < 1e-9);
+        assert!((w.frag_of(Some("V100"), None, &[1000]) - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn typical_keeps_the_most_frequent_shapes_up_to_the_coverage() {
+        let d = |cpu: u64, milli: u32| Demand {
+            cpu_milli: cpu,
+            memory_mib: 7,
+            gpu: GpuDemand::Timeslice {
+                milli,
+                memory_mib: None,
+            },
+            models: vec![],
+        };
+        let mut ds = vec![d(1000, 500); 6];
+        ds.extend(vec![d(2000, 250); 3]);
+        ds.push(d(3000, 100));
+        let w = TargetWorkload::typical(&ds, 0.9);
+        assert_eq!(w.shapes.len(), 2);
+        assert_eq!(w.shapes[0].0, shape(1000, 1, 500));
+        assert!((w.shapes[0].1 - 6.0 / 9.0).abs() < 1e-9);
+        let all = TargetWorkload::typical(&ds, 1.0);
+        assert_eq!(all.shapes.len(), 3);
+        let sum: f64 = all.shapes.iter().map(|(_, p)| p).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+    }
+}

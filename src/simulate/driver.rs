@@ -1,0 +1,191 @@
+//! The simulator's shell: reads the input files, runs every (policy, seed) replay on a thread
+//! pool with a progress bar on stderr, and writes the outputs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+
+use super::replay::{self, Order, RunOutcome, Trace, WorkloadSource};
+use super::report::{self, Report};
+use super::trace::{self, TracePod};
+use crate::cli::SimulateArgs;
+use crate::inventory::GpuNode;
+use crate::packing::frag::TargetWorkload;
+use crate::packing::score::TYPICAL_COVERAGE;
+use crate::packing::{GPU_MILLI, PackingPolicy};
+
+/// The loaded inputs.
+pub struct Inputs {
+    pub nodes: Vec<GpuNode>,
+    pub pods: Vec<TracePod>,
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn is_csv(path: &Path, text: &str) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+        || text.lines().next().is_some_and(|l| {
+            let l = l.trim();
+            l.starts_with("sn,") || l.starts_with("name,")
+        })
+}
+
+/// Reads nodes and pods (openb CSV or Kubernetes-shaped).
+pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, String> {
+    let ntext = read(nodes)?;
+    let ptext = read(pods)?;
+    let nodes_v = if is_csv(nodes, &ntext) {
+        trace::parse_nodes_csv(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?
+    } else {
+        super::kube::parse_node_list(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?
+    };
+    let pods_v = if is_csv(pods, &ptext) {
+        trace::parse_pods_csv(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
+    } else {
+        super::kube::parse_pod_list(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
+    };
+    Ok(Inputs {
+        nodes: nodes_v,
+        pods: pods_v,
+    })
+}
+
+/// Runs every (policy, seed) replay and aggregates the report.
+pub fn simulate(
+    inputs: &Inputs,
+    policies: &[PackingPolicy],
+    seeds: &[u64],
+    tune: f64,
+    show_progress: bool,
+) -> Report {
+    let capacity: u64 = inputs
+        .nodes
+        .iter()
+        .map(|n| u64::from(n.gpus) * u64::from(GPU_MILLI))
+        .sum();
+    // The fixed target workload: FGD's (the untuned trace's typical shapes), which is also the
+    // yardstick of every policy's fragmentation metric.
+    let metric = Arc::new(TargetWorkload::typical(
+        inputs.pods.iter().map(|p| &p.demand),
+        TYPICAL_COVERAGE,
+    ));
+    let orders: Vec<Order> = seeds
+        .iter()
+        .map(|s| replay::order(&inputs.pods, inputs.nodes.len(), capacity, *s, tune))
+        .collect();
+    let total: u64 =
+        orders.iter().map(|o| o.pods.len() as u64).sum::<u64>() * policies.len() as u64;
+    let bar = if show_progress {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {percent:>3}% {human_pos}/{human_len} pods, eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let jobs: Vec<(usize, usize)> = (0..policies.len())
+        .flat_map(|p| (0..seeds.len()).map(move |s| (p, s)))
+        .collect();
+    let outcomes: Vec<((usize, usize), RunOutcome)> = jobs
+        .par_iter()
+        .map(|&(pi, si)| {
+            let policy = policies[pi];
+            let source = match policy {
+                PackingPolicy::Fgd => WorkloadSource::Fixed(metric.clone()),
+                PackingPolicy::GpuShare => WorkloadSource::Online,
+                _ => WorkloadSource::None,
+            };
+            let mut n = 0u64;
+            let out = replay::run(
+                &Trace {
+                    nodes: &inputs.nodes,
+                    pods: &inputs.pods,
+                    metric: &metric,
+                },
+                &orders[si],
+                policy,
+                &source,
+                seeds[si],
+                || {
+                    n += 1;
+                    if n.is_multiple_of(256) {
+                        bar.inc(256);
+                    }
+                },
+            );
+            bar.inc(n % 256);
+            ((pi, si), out)
+        })
+        .collect();
+    bar.finish_and_clear();
+    let policies_out = policies
+        .iter()
+        .enumerate()
+        .map(|(pi, p)| {
+            let runs: Vec<RunOutcome> = outcomes
+                .iter()
+                .filter(|((i, _), _)| *i == pi)
+                .map(|(_, r)| r.clone())
+                .collect();
+            report::policy_report(p.name(), &runs)
+        })
+        .collect();
+    Report {
+        gpus_total: capacity / u64::from(GPU_MILLI),
+        nodes: inputs.nodes.len(),
+        pods: inputs.pods.len(),
+        tune,
+        seeds: seeds.to_vec(),
+        policies: policies_out,
+    }
+}
+
+/// `gpu-share simulate`: returns the text to print.
+pub fn run(args: &SimulateArgs) -> Result<String, String> {
+    let seeds = super::parse_seeds(&args.seeds)?;
+    let policies = super::parse_policies(&args.policies)?;
+    if !(0.0..=100.0).contains(&args.tune) || args.tune.is_nan() {
+        return Err(format!("--tune {} is out of range (0 to 100)", args.tune));
+    }
+    let inputs = load(&args.nodes, &args.pods)?;
+    if let Some(t) = args.threads {
+        // A second call (tests) finds the pool built: keep it.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global();
+    }
+    tracing::info!(
+        nodes = inputs.nodes.len(),
+        pods = inputs.pods.len(),
+        policies = policies.len(),
+        seeds = seeds.len(),
+        "simulating"
+    );
+    let report = simulate(
+        &inputs,
+        &policies,
+        &seeds,
+        args.tune,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        let svg = super::chart::svg(&report)?;
+        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(report::table(&report))
+}

@@ -1,0 +1,99 @@
+//! `gpu-share simulate`: replays a trace (the FGD paper's openb trace, or a Kubernetes-shaped
+//! cluster) through the packing core under several policies and seeds, and reports how much GPU
+//! each leaves unallocated and how fragmented the cluster gets (reference/fgd.md sections 3-4).
+//!
+//! Everything here is pure; the CLI (`src/cli.rs`) reads files, runs the replays on all cores
+//! and writes the outputs.
+
+pub mod chart;
+pub mod kube;
+pub mod replay;
+pub mod report;
+pub mod trace;
+
+pub mod driver;
+
+use crate::packing::PackingPolicy;
+
+/// The policies replayed when none is named: the FGD paper's six and gpu-share's own.
+pub const DEFAULT_POLICIES: [PackingPolicy; 7] = [
+    PackingPolicy::Random,
+    PackingPolicy::DotProd,
+    PackingPolicy::GpuClustering,
+    PackingPolicy::GpuPacking,
+    PackingPolicy::BestFit,
+    PackingPolicy::Fgd,
+    PackingPolicy::GpuShare,
+];
+
+/// Parses `--seeds`: `A..B` (inclusive), `A`, or `A,B,C`.
+pub fn parse_seeds(text: &str) -> Result<Vec<u64>, String> {
+    let text = text.trim();
+    let num = |s: &str| {
+        s.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("seed {:?} is not a non-negative integer", s.trim()))
+    };
+    let seeds = if let Some((a, b)) = text.split_once("..") {
+        let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
+        if b < a {
+            return Err(format!("seed range {text} is empty (A..B needs A <= B)"));
+        }
+        if b - a >= 10_000 {
+            return Err(format!("seed range {text} has more than 10,000 seeds"));
+        }
+        (a..=b).collect()
+    } else {
+        text.split(',').map(num).collect::<Result<Vec<_>, _>>()?
+    };
+    if seeds.is_empty() {
+        return Err("no seeds".into());
+    }
+    Ok(seeds)
+}
+
+/// Parses the `--policy` names (default: [`DEFAULT_POLICIES`]), without duplicates.
+pub fn parse_policies(names: &[String]) -> Result<Vec<PackingPolicy>, String> {
+    if names.is_empty() {
+        return Ok(DEFAULT_POLICIES.to_vec());
+    }
+    let mut out = Vec::new();
+    for n in names {
+        for n in n.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let p = PackingPolicy::parse(n).ok_or_else(|| {
+                format!(
+                    "unknown policy {n:?}: one of {}",
+                    PackingPolicy::ALL.map(PackingPolicy::name).join(", ")
+                )
+            })?;
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_and_policies_parse() {
+        assert_eq!(parse_seeds("42..51").unwrap().len(), 10);
+        assert_eq!(parse_seeds("7").unwrap(), vec![7]);
+        assert_eq!(parse_seeds("1,3").unwrap(), vec![1, 3]);
+        assert!(parse_seeds("5..4").unwrap_err().contains("empty"));
+        assert!(parse_seeds("x").unwrap_err().contains("not a non-negative"));
+        assert_eq!(parse_policies(&[]).unwrap().len(), 7);
+        assert_eq!(
+            parse_policies(&["fgd".into(), "gpu-share,fgd".into()]).unwrap(),
+            vec![PackingPolicy::Fgd, PackingPolicy::GpuShare]
+        );
+        assert!(
+            parse_policies(&["fdg".into()])
+                .unwrap_err()
+                .contains("unknown policy \"fdg\"")
+        );
+    }
+}

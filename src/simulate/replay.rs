@@ -1,0 +1,280 @@
+//! PURE: one replay of a trace under one policy and one seed, as the FGD paper's simulator does
+//! it (reference/fgd.md section 4): pods sorted by name and shuffled, inflated with uniform
+//! draws with replacement up to `tune` times the cluster's GPU capacity, nodes permuted, pods
+//! placed one at a time on the best-scoring node that fits (ties broken at random), failures
+//! dropped, nothing ever deleted. After every pod it records the arrived and allocated GPU and
+//! the cluster's fragmentation.
+//!
+//! Placement goes through [`packing::fit`] and [`Scorer::evaluate`]: the code the extender's
+//! filter, prioritize and bind run.
+
+use std::sync::Arc;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::trace::{TracePod, gpu_request_milli};
+use crate::inventory::GpuNode;
+use crate::packing::frag::{Shape, TargetWorkload};
+use crate::packing::{self, Demand, GPU_MILLI, OnlineWorkload, PackingPolicy, Scorer, Usage};
+
+/// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
+/// index) and the node order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub pods: Vec<usize>,
+    pub nodes: Vec<usize>,
+}
+
+/// Builds the arrival order for `seed`: sort by name, shuffle, then append uniform draws with
+/// replacement until the next draw would push the GPU request past `tune` x capacity (or drop
+/// random pods until the request is within it), then permute the nodes. As in the FGD
+/// simulator, the stopping test adds a draw's per-GPU share (a multi-GPU draw may overshoot).
+pub fn order(pods: &[TracePod], nodes: usize, capacity_milli: u64, seed: u64, tune: f64) -> Order {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut idx: Vec<usize> = (0..pods.len()).collect();
+    idx.sort_by(|a, b| pods[*a].name.cmp(&pods[*b].name));
+    idx.shuffle(&mut rng);
+    if tune > 0.0 && !pods.is_empty() {
+        let cap = (tune * capacity_milli as f64) as u64;
+        let mut total: u64 = idx.iter().map(|i| pods[*i].gpu_milli()).sum();
+        if total <= cap {
+            loop {
+                let i = rng.random_range(0..pods.len());
+                if total + per_gpu_milli(&pods[i].demand) > cap {
+                    break;
+                }
+                total += pods[i].gpu_milli();
+                idx.push(i);
+            }
+        } else {
+            while total > cap && !idx.is_empty() {
+                let k = rng.random_range(0..idx.len());
+                total -= pods[idx[k]].gpu_milli();
+                idx.remove(k);
+            }
+        }
+    }
+    let mut node_order: Vec<usize> = (0..nodes).collect();
+    node_order.shuffle(&mut rng);
+    Order {
+        pods: idx,
+        nodes: node_order,
+    }
+}
+
+fn per_gpu_milli(d: &Demand) -> u64 {
+    match &d.gpu {
+        crate::packing::GpuDemand::None => 0,
+        crate::packing::GpuDemand::Timeslice { milli, .. }
+        | crate::packing::GpuDemand::Mps { milli, .. } => u64::from(*milli),
+        _ => u64::from(GPU_MILLI),
+    }
+}
+
+/// The state after one pod.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// GPU asked for by every pod so far, placed or not, thousandths.
+    pub arrived_milli: u64,
+    pub allocated_milli: u64,
+    /// Cluster fragmentation (sum over nodes), thousandths.
+    pub frag_milli: f64,
+}
+
+/// One replay's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    pub seed: u64,
+    pub capacity_milli: u64,
+    /// One sample before the first pod and one after each pod.
+    pub samples: Vec<Sample>,
+    pub placed: usize,
+    pub failed: usize,
+}
+
+/// How a policy's workload estimate is obtained.
+#[derive(Debug, Clone)]
+pub enum WorkloadSource {
+    /// None needed (the policy does not read one).
+    None,
+    /// Fixed up front (FGD: the typical shapes of the untuned trace).
+    Fixed(Arc<TargetWorkload>),
+    /// Learnt online from the pods seen so far (gpu-share).
+    Online,
+}
+
+/// Per node and shape: the node's version when scored, and the score (`None`: does not fit).
+#[derive(Clone, Copy)]
+struct Slot {
+    version: u32,
+    score: Option<f64>,
+}
+
+struct Shapes {
+    index: std::collections::HashMap<Demand, usize>,
+}
+
+impl Shapes {
+    fn id(&mut self, d: &Demand) -> usize {
+        // Memory is part of the demand (it is checked), so it is part of the key.
+        let n = self.index.len();
+        *self.index.entry(d.clone()).or_insert(n)
+    }
+}
+
+/// What a replay runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct Trace<'a> {
+    pub nodes: &'a [GpuNode],
+    pub pods: &'a [TracePod],
+    /// The fixed workload the fragmentation metric is measured against (the untuned trace's
+    /// typical shapes).
+    pub metric: &'a TargetWorkload,
+}
+
+/// Replays the trace's pods in `order` with `policy`; `progress` is called after every pod.
+pub fn run(
+    trace: &Trace<'_>,
+    order: &Order,
+    policy: PackingPolicy,
+    source: &WorkloadSource,
+    seed: u64,
+    mut progress: impl FnMut(),
+) -> RunOutcome {
+    let Trace {
+        nodes,
+        pods,
+        metric,
+    } = *trace;
+    let capacity_milli: u64 = nodes
+        .iter()
+        .map(|n| u64::from(n.gpus) * u64::from(GPU_MILLI))
+        .sum();
+    let mut usages: Vec<Usage> = nodes.iter().map(Usage::empty).collect();
+    let mut versions = vec![0u32; nodes.len()];
+    let mut node_frag: Vec<f64> = nodes
+        .iter()
+        .zip(&usages)
+        .map(|(n, u)| metric.node_frag(n, u))
+        .collect();
+    let mut frag_total: f64 = node_frag.iter().sum();
+
+    let mut scorer = match source {
+        WorkloadSource::Fixed(w) => Scorer::with_workload(policy, w.clone()),
+        _ => Scorer::new(policy),
+    };
+    let mut online = OnlineWorkload::default();
+    let cacheable = policy != PackingPolicy::Random;
+    let mut shapes = Shapes {
+        index: Default::default(),
+    };
+    let mut cache: Vec<Vec<Slot>> = vec![Vec::new(); nodes.len()];
+    // Tie-breaking draws from their own stream, so every policy sees the same arrival order.
+    let mut ties = ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6573_5f67_7075);
+
+    let mut samples = Vec::with_capacity(order.pods.len() + 1);
+    let mut arrived = 0u64;
+    let mut allocated = 0u64;
+    samples.push(Sample {
+        arrived_milli: 0,
+        allocated_milli: 0,
+        frag_milli: frag_total,
+    });
+    let (mut placed, mut failed) = (0, 0);
+
+    for &pi in &order.pods {
+        let demand = &pods[pi].demand;
+        let ask = gpu_request_milli(demand);
+        arrived += ask;
+        if let WorkloadSource::Online = source
+            && let Some(w) = online.observe(demand)
+        {
+            scorer = Scorer::with_workload(policy, Arc::new(w));
+            for c in &mut cache {
+                c.clear();
+            }
+        }
+        let sid = shapes.id(demand);
+
+        // Best node: highest score; ties go to the first node in the permuted order (the FGD
+        // simulator's kube-scheduler picks the smallest of the permutation-prefixed names),
+        // except for `random`, whose equal scores are a uniform draw (reservoir sampling).
+        let mut best: Option<(usize, f64)> = None;
+        let mut tied = 0u32;
+        for &ni in &order.nodes {
+            let node = &nodes[ni];
+            let score = if cacheable {
+                let row = &mut cache[ni];
+                if row.len() <= sid {
+                    row.resize(
+                        sid + 1,
+                        Slot {
+                            version: u32::MAX,
+                            score: None,
+                        },
+                    );
+                }
+                let slot = &mut row[sid];
+                if slot.version != versions[ni] {
+                    slot.score = evaluate(&scorer, node, &usages[ni], demand);
+                    slot.version = versions[ni];
+                }
+                slot.score
+            } else {
+                evaluate(&scorer, node, &usages[ni], demand)
+            };
+            let Some(s) = score else { continue };
+            match best {
+                Some((_, b)) if s < b || (s == b && cacheable) => {}
+                Some((_, b)) if s == b && !cacheable => {
+                    tied += 1;
+                    if ties.random_range(0..tied) == 0 {
+                        best = Some((ni, s));
+                    }
+                }
+                _ => {
+                    best = Some((ni, s));
+                    tied = 1;
+                }
+            }
+        }
+        if let Some((ni, _)) = best
+            && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand)
+        {
+            packing::apply(&mut usages[ni], &p);
+            versions[ni] = versions[ni].wrapping_add(1);
+            let f = metric.node_frag(&nodes[ni], &usages[ni]);
+            frag_total += f - node_frag[ni];
+            node_frag[ni] = f;
+            allocated += ask;
+            placed += 1;
+        } else {
+            failed += 1;
+        }
+        samples.push(Sample {
+            arrived_milli: arrived,
+            allocated_milli: allocated,
+            frag_milli: frag_total.max(0.0),
+        });
+        progress();
+    }
+    RunOutcome {
+        seed,
+        capacity_milli,
+        samples,
+        placed,
+        failed,
+    }
+}
+
+fn evaluate(scorer: &Scorer, node: &GpuNode, usage: &Usage, demand: &Demand) -> Option<f64> {
+    packing::fit(node, usage, demand).ok()?;
+    scorer.evaluate(node, usage, demand).map(|(_, s)| s)
+}
+
+/// The shape key of a demand for workload statistics (memory ignored).
+pub fn shape_of(d: &Demand) -> Option<Shape> {
+    Shape::of(d)
+}

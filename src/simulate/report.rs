@@ -1,0 +1,254 @@
+//! PURE: from replays to the report: per-run curves bucketed by arrived %, means and medians
+//! over seeds, the table, the JSON document and the SVG chart.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::replay::RunOutcome;
+
+/// One bucket of one run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub allocated_pct: f64,
+    pub frag_amount_pct: f64,
+    pub frag_ratio_pct: f64,
+}
+
+/// A run's curve: index = arrived % (rounded), up to the last bucket the run reached.
+pub fn curve(run: &RunOutcome) -> Vec<Point> {
+    let cap = run.capacity_milli.max(1) as f64;
+    let mut sums: Vec<(f64, f64, f64, u32)> = Vec::new();
+    for s in &run.samples {
+        let b = (100.0 * s.arrived_milli as f64 / cap).round() as usize;
+        if sums.len() <= b {
+            sums.resize(b + 1, (0.0, 0.0, 0.0, 0));
+        }
+        let idle = run.capacity_milli.saturating_sub(s.allocated_milli) as f64;
+        let ratio = if idle > 0.0 {
+            100.0 * s.frag_milli / idle
+        } else {
+            100.0
+        };
+        let e = &mut sums[b];
+        e.0 += 100.0 * s.allocated_milli as f64 / cap;
+        e.1 += 100.0 * s.frag_milli / cap;
+        e.2 += ratio;
+        e.3 += 1;
+    }
+    (0..sums.len())
+        .map(|b| {
+            // An empty bucket takes the mean of the samples within +-1.
+            let range = if sums[b].3 > 0 {
+                b..=b
+            } else {
+                b.saturating_sub(1)..=(b + 1).min(sums.len() - 1)
+            };
+            let (a, f, r, n) = range.map(|i| sums[i]).fold((0.0, 0.0, 0.0, 0), |x, y| {
+                (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3)
+            });
+            let n = f64::from(n.max(1));
+            Point {
+                allocated_pct: a / n,
+                frag_amount_pct: f / n,
+                frag_ratio_pct: r / n,
+            }
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// One point of a policy's curve, over seeds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CurvePoint {
+    pub arrived_pct: u32,
+    /// Mean over the seeds that reached this bucket.
+    pub allocated_pct: f64,
+    pub allocated_pct_median: f64,
+    pub frag_amount_pct: f64,
+    pub frag_ratio_pct: f64,
+    pub seeds: usize,
+}
+
+/// A policy's results over seeds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PolicyReport {
+    pub name: String,
+    /// 100 - allocated %, mean over seeds, at the report's arrival points.
+    pub unallocated_gpu_pct: BTreeMap<String, f64>,
+    pub unallocated_gpu_pct_median: BTreeMap<String, f64>,
+    pub frag_amount_pct: BTreeMap<String, f64>,
+    pub frag_ratio_pct: BTreeMap<String, f64>,
+    /// Pods placed and failed, mean over seeds.
+    pub pods_placed: f64,
+    pub pods_failed: f64,
+    pub curve: Vec<CurvePoint>,
+}
+
+/// The arrival points the table and the JSON maps report.
+pub const REPORT_AT: [u32; 2] = [100, 130];
+
+/// Aggregates one policy's runs (one per seed).
+pub fn policy_report(name: &str, runs: &[RunOutcome]) -> PolicyReport {
+    let curves: Vec<Vec<Point>> = runs.iter().map(curve).collect();
+    let len = curves.iter().map(Vec::len).max().unwrap_or(0);
+    let mut points = Vec::with_capacity(len);
+    for b in 0..len {
+        let at: Vec<&Point> = curves.iter().filter_map(|c| c.get(b)).collect();
+        let alloc: Vec<f64> = at.iter().map(|p| p.allocated_pct).collect();
+        let amount: Vec<f64> = at.iter().map(|p| p.frag_amount_pct).collect();
+        let ratio: Vec<f64> = at.iter().map(|p| p.frag_ratio_pct).collect();
+        points.push(CurvePoint {
+            arrived_pct: b as u32,
+            allocated_pct: round2(mean(&alloc)),
+            allocated_pct_median: round2(median(&alloc)),
+            frag_amount_pct: round2(mean(&amount)),
+            frag_ratio_pct: round2(mean(&ratio)),
+            seeds: at.len(),
+        });
+    }
+    let mut unalloc = BTreeMap::new();
+    let mut unalloc_med = BTreeMap::new();
+    let mut amount = BTreeMap::new();
+    let mut ratio = BTreeMap::new();
+    for at in REPORT_AT {
+        let idx = at as usize;
+        let vals: Vec<&Point> = curves.iter().filter_map(|c| c.get(idx)).collect();
+        if vals.is_empty() {
+            continue;
+        }
+        let alloc: Vec<f64> = vals.iter().map(|p| 100.0 - p.allocated_pct).collect();
+        unalloc.insert(at.to_string(), round2(mean(&alloc)));
+        unalloc_med.insert(at.to_string(), round2(median(&alloc)));
+        amount.insert(
+            at.to_string(),
+            round2(mean(
+                &vals.iter().map(|p| p.frag_amount_pct).collect::<Vec<_>>(),
+            )),
+        );
+        ratio.insert(
+            at.to_string(),
+            round2(mean(
+                &vals.iter().map(|p| p.frag_ratio_pct).collect::<Vec<_>>(),
+            )),
+        );
+    }
+    let n = runs.len().max(1) as f64;
+    PolicyReport {
+        name: name.to_string(),
+        unallocated_gpu_pct: unalloc,
+        unallocated_gpu_pct_median: unalloc_med,
+        frag_amount_pct: amount,
+        frag_ratio_pct: ratio,
+        pods_placed: runs.iter().map(|r| r.placed as f64).sum::<f64>() / n,
+        pods_failed: runs.iter().map(|r| r.failed as f64).sum::<f64>() / n,
+        curve: points,
+    }
+}
+
+/// The whole report (`--json`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub gpus_total: u64,
+    pub nodes: usize,
+    pub pods: usize,
+    pub tune: f64,
+    pub seeds: Vec<u64>,
+    pub policies: Vec<PolicyReport>,
+}
+
+fn cell(m: &BTreeMap<String, f64>, at: u32) -> String {
+    m.get(&at.to_string())
+        .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
+/// The table: unallocated GPU % (mean and median over seeds) and fragmentation at 100% and 130%
+/// arrival, with each policy's margin against `fgd` when it is in the report.
+pub fn table(r: &Report) -> String {
+    let fgd = r.policies.iter().find(|p| p.name == "fgd");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} nodes, {} GPUs, {} pods, tune {}, seeds {}",
+        r.nodes,
+        r.gpus_total,
+        r.pods,
+        r.tune,
+        seeds_text(&r.seeds)
+    );
+    let _ = writeln!(
+        out,
+        "{:<15} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "policy",
+        "unalloc@100",
+        "median",
+        "vs fgd",
+        "unalloc@130",
+        "vs fgd",
+        "frag@100",
+        "fragratio@100"
+    );
+    for p in &r.policies {
+        let margin = |at: u32| -> String {
+            match (fgd, p.unallocated_gpu_pct.get(&at.to_string())) {
+                (Some(f), Some(v)) if f.name != p.name => f
+                    .unallocated_gpu_pct
+                    .get(&at.to_string())
+                    .map_or_else(|| "-".into(), |fv| format!("{:+.2}", v - fv)),
+                _ => "-".into(),
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{:<15} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10} {:>13}",
+            p.name,
+            cell(&p.unallocated_gpu_pct, 100),
+            cell(&p.unallocated_gpu_pct_median, 100),
+            margin(100),
+            cell(&p.unallocated_gpu_pct, 130),
+            margin(130),
+            cell(&p.frag_amount_pct, 100),
+            cell(&p.frag_ratio_pct, 100),
+        );
+    }
+    out
+}
+
+/// `42..51` for a contiguous range, else a comma list.
+pub fn seeds_text(seeds: &[u64]) -> String {
+    match (seeds.first(), seeds.last()) {
+        (Some(a), Some(b)) if seeds.len() > 2 && seeds.windows(2).all(|w| w[1] == w[0] + 1) => {
+            format!("{a}..{b}")
+        }
+        _ => seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
