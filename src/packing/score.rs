@@ -240,8 +240,8 @@ impl Scorer {
     /// The six baselines follow the FGD paper's simulator: integer scores 0..=100 (so equal
     /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
     /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
-    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's measure made
-    /// online and exact: see [`gpu_share_score`].
+    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's measure against
+    /// the workload seen so far: see [`gpu_share_score`].
     pub fn evaluate(
         &self,
         node: &GpuNode,
@@ -288,7 +288,7 @@ impl Scorer {
                 Some(w) if Shape::of(demand).is_some() => {
                     let before = w.node_frag(node, usage);
                     first_max(cands.into_iter().map(|p| {
-                        let s = gpu_share_score(w, node, usage, demand, &p, before);
+                        let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)
                     }))
                 }
@@ -377,21 +377,19 @@ pub fn frag_after(w: &TargetWorkload, node: &GpuNode, usage: &Usage, p: &Placeme
     w.frag_of(node.product.as_deref(), cpu, &free[..n])
 }
 
-/// gpu-share's score of one placement: how much the node's fragmentation grows (against the
-/// workload seen so far), exactly rather than squashed into 100 integer steps as FGD does, so
-/// that FGD's many ties are decided by the measure itself. What FGD would still call a tie is
-/// decided by packing: the placement that leaves the node fuller wins.
+/// gpu-share's score of one placement: FGD's measure (how much the node's fragmentation grows,
+/// squashed by a sigmoid into 100 integer steps, so near-equal nodes tie and the caller's
+/// stable tie-break packs them first-fit), against the workload *seen so far* rather than one
+/// fixed up front.
 pub fn gpu_share_score(
     w: &TargetWorkload,
     node: &GpuNode,
     usage: &Usage,
-    demand: &Demand,
     p: &Placement,
     before: f64,
 ) -> f64 {
-    let after = frag_after(w, node, usage, p);
-    let growth = after - before;
-    -growth + 1e-3 * fill_after(node, usage, demand, p)
+    let growth = frag_after(w, node, usage, p) - before;
+    (sigmoid(-growth / 1000.0) * 100.0).trunc()
 }
 
 /// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU

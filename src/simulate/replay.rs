@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::trace::{TracePod, gpu_request_milli};
 use crate::inventory::GpuNode;
-use crate::packing::frag::{Shape, TargetWorkload};
+use crate::packing::frag::TargetWorkload;
 use crate::packing::{self, Demand, GPU_MILLI, OnlineWorkload, PackingPolicy, Scorer, Usage};
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
@@ -165,8 +165,10 @@ pub fn run(
         WorkloadSource::Fixed(w) => Scorer::with_workload(policy, w.clone()),
         _ => Scorer::new(policy),
     };
+    scorer.seed = seed;
     let mut online = OnlineWorkload::default();
-    let cacheable = policy != PackingPolicy::Random;
+    // `random` draws every time (its scores are all equal and its GPU choice is a draw).
+    let random = policy == PackingPolicy::Random;
     let mut shapes = Shapes {
         index: Default::default(),
     };
@@ -191,7 +193,10 @@ pub fn run(
         if let WorkloadSource::Online = source
             && let Some(w) = online.observe(demand)
         {
-            scorer = Scorer::with_workload(policy, Arc::new(w));
+            scorer = Scorer {
+                seed,
+                ..Scorer::with_workload(policy, Arc::new(w))
+            };
             for c in &mut cache {
                 c.clear();
             }
@@ -205,7 +210,7 @@ pub fn run(
         let mut tied = 0u32;
         for &ni in &order.nodes {
             let node = &nodes[ni];
-            let score = if cacheable {
+            let score = if !random {
                 let row = &mut cache[ni];
                 if row.len() <= sid {
                     row.resize(
@@ -227,8 +232,8 @@ pub fn run(
             };
             let Some(s) = score else { continue };
             match best {
-                Some((_, b)) if s < b || (s == b && cacheable) => {}
-                Some((_, b)) if s == b && !cacheable => {
+                Some((_, b)) if s < b || (s == b && !random) => {}
+                Some((_, b)) if s == b && random => {
                     tied += 1;
                     if ties.random_range(0..tied) == 0 {
                         best = Some((ni, s));
@@ -272,9 +277,4 @@ pub fn run(
 fn evaluate(scorer: &Scorer, node: &GpuNode, usage: &Usage, demand: &Demand) -> Option<f64> {
     packing::fit(node, usage, demand).ok()?;
     scorer.evaluate(node, usage, demand).map(|(_, s)| s)
-}
-
-/// The shape key of a demand for workload statistics (memory ignored).
-pub fn shape_of(d: &Demand) -> Option<Shape> {
-    Shape::of(d)
 }
