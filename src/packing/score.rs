@@ -616,6 +616,188 @@ mod tests {
     use super::*;
     use crate::packing::{apply, place};
 
+    /// A trace node (per-GPU, CPU accounted) with the given per-GPU use.
+    fn trace_node(gpus: u32, cpu: u64, used: &[u32]) -> (GpuNode, Usage) {
+        let mut n = GpuNode::whole("n", "G2", gpus, 0);
+        n.sharing = Sharing::PerGpu;
+        n.slots = 0;
+        n.gpu_memory_mib = None;
+        n.cpu_milli = Some(cpu);
+        n.memory_mib = Some(1 << 20);
+        let mut u = Usage::empty(&n);
+        for (g, m) in u.gpu_milli.iter_mut().zip(used) {
+            *g = *m;
+        }
+        (n, u)
+    }
+
+    fn share(cpu: u64, milli: u32) -> Demand {
+        Demand {
+            cpu_milli: cpu,
+            memory_mib: 0,
+            gpu: GpuDemand::Timeslice {
+                milli,
+                memory_mib: None,
+            },
+            models: vec![],
+        }
+    }
+
+    fn whole(cpu: u64, count: u32) -> Demand {
+        Demand {
+            cpu_milli: cpu,
+            memory_mib: 0,
+            gpu: GpuDemand::Whole { count },
+            models: vec![],
+        }
+    }
+
+    fn eval(policy: PackingPolicy, n: &GpuNode, u: &Usage, d: &Demand) -> (Placement, f64) {
+        Scorer::new(policy).evaluate(n, u, d).unwrap()
+    }
+
+    #[test]
+    fn gpu_packing_prefers_shared_gpus_then_used_nodes_then_empty_nodes() {
+        let (n, empty) = trace_node(8, 96_000, &[]);
+        // All 8 free: max(33 - 8, 8).
+        assert_eq!(gpu_packing_score(&n, &empty, &share(1000, 300)), 25.0);
+        // GPU 0 has 400 left: 100 - (400*100/1000)/10 = 96, on GPU 0 (best fit).
+        let (_, used) = trace_node(8, 96_000, &[600]);
+        let (p, s) = eval(PackingPolicy::GpuPacking, &n, &used, &share(1000, 300));
+        assert_eq!((p.gpus.clone(), s), (vec![(0, 300)], 96.0));
+        // A whole GPU on a used node: max(50 - 1, 33).
+        assert_eq!(gpu_packing_score(&n, &used, &whole(1000, 1)), 49.0);
+        // CPU-only pods score 0.
+        let cpu_only = Demand {
+            cpu_milli: 1000,
+            ..Demand::gpu(GpuDemand::None)
+        };
+        assert_eq!(gpu_packing_score(&n, &used, &cpu_only), 0.0);
+        assert_eq!(gpu_clustering_score(&used, &cpu_only), 0.0);
+    }
+
+    #[test]
+    fn gpu_clustering_bands_by_the_kinds_already_on_the_node() {
+        let (n, mut u) = trace_node(8, 96_000, &[]);
+        let d = share(1000, 500);
+        // No pods: 25 + 25*(8000-8000)/8000.
+        assert_eq!(gpu_clustering_score(&u, &d), 25.0);
+        let (p, _) = eval(PackingPolicy::GpuClustering, &n, &u, &d);
+        apply(&mut u, &p);
+        // Only share pods here: 75 + 25*500/8000 (= 1, integer).
+        assert_eq!(gpu_clustering_score(&u, &d), 76.0);
+        // A whole-GPU pod sees another kind only: 0 + 1.
+        assert_eq!(gpu_clustering_score(&u, &whole(1000, 1)), 1.0);
+        let (p, _) = eval(PackingPolicy::GpuClustering, &n, &u, &whole(1000, 1));
+        apply(&mut u, &p);
+        // Mixed kinds including the pod's: 50 + 25*1500/8000 (= 4).
+        assert_eq!(gpu_clustering_score(&u, &d), 54.0);
+    }
+
+    #[test]
+    fn best_fit_and_dot_product_follow_their_formulas() {
+        let (n, u) = trace_node(8, 128_000, &[1000, 1000, 1000, 1000]);
+        let d = share(64_000, 500);
+        // Left after: CPU 64,000 of 128,000 and GPU 3,500 of 8,000.
+        // 100 * (1 - 0.5*0.5 - 0.5*3500/8000) = 53.125 -> 53.
+        assert_eq!(best_fit_score(&n, &u, &d), 53.0);
+        // Free (1, 0.5) . request (0.5, 0.0625) = 0.53125; 100 * (1 - 0.265625) -> 73.
+        assert_eq!(dot_product_score(&n, &u, &d), 73.0);
+        // Fuller nodes score higher with bestfit.
+        let (_, emptier) = trace_node(8, 128_000, &[]);
+        assert!(best_fit_score(&n, &emptier, &d) < best_fit_score(&n, &u, &d));
+    }
+
+    #[test]
+    fn fgd_places_where_fragmentation_grows_least() {
+        let w = Arc::new(TargetWorkload {
+            shapes: vec![
+                (
+                    Shape {
+                        cpu_milli: 1000,
+                        gpus: 1,
+                        gpu_milli: 500,
+                        models: vec![],
+                    },
+                    0.5,
+                ),
+                (
+                    Shape {
+                        cpu_milli: 1000,
+                        gpus: 1,
+                        gpu_milli: 1000,
+                        models: vec![],
+                    },
+                    0.5,
+                ),
+            ],
+        });
+        let fgd = Scorer::with_workload(PackingPolicy::Fgd, w.clone());
+        // GPU 0 half used. A 500 pod on GPU 0 fills it (no fragment left); on GPU 1 it would
+        // leave 500 that whole-GPU pods cannot use.
+        let (n, u) = trace_node(2, 8000, &[500, 0]);
+        let (p, s_fill) = fgd.evaluate(&n, &u, &share(1000, 500)).unwrap();
+        assert_eq!(p.gpus, vec![(0, 500)]);
+        // Before: 0.5*0 + 0.5*500 = 250 fragment; after: 0 -> growth -250, sigmoid(0.25)*100.
+        assert_eq!(s_fill, (sigmoid(0.25) * 100.0).trunc());
+        // The same pod on an empty node grows fragmentation: lower score.
+        let (n2, u2) = trace_node(2, 8000, &[]);
+        let (_, s_empty) = fgd.evaluate(&n2, &u2, &share(1000, 500)).unwrap();
+        assert!(s_empty < s_fill);
+        // gpu-share with the same workload scores like FGD.
+        let gs = Scorer::with_workload(PackingPolicy::GpuShare, w);
+        assert_eq!(gs.evaluate(&n, &u, &share(1000, 500)).unwrap().1, s_fill);
+    }
+
+    #[test]
+    fn random_draws_any_gpu_with_room_and_depends_on_the_seed() {
+        let (n, u) = trace_node(8, 96_000, &[900, 0, 0, 0, 0, 0, 0, 0]);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let s = Scorer {
+                seed,
+                ..Scorer::new(PackingPolicy::Random)
+            };
+            let (p, score) = s.evaluate(&n, &u, &share(1000, 300)).unwrap();
+            assert_eq!(score, 0.0);
+            assert_ne!(p.gpus[0].0, 0, "GPU 0 has no room for 300");
+            seen.insert(p.gpus[0].0);
+        }
+        assert!(
+            seen.len() >= 5,
+            "draws should spread over the free GPUs: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn online_workload_refreshes_on_schedule_and_learns_the_mix() {
+        let mut o = OnlineWorkload::default();
+        let mut refreshed = Vec::new();
+        for i in 1..=40u64 {
+            let d = if i % 4 == 0 {
+                whole(1000, 1)
+            } else {
+                share(1000, 250)
+            };
+            if o.observe(&d).is_some() {
+                refreshed.push(i);
+            }
+        }
+        assert_eq!(refreshed, vec![16, 32]);
+        let t = o.target();
+        assert_eq!(t.shapes[0].0.gpu_milli, 250);
+        assert!((t.shapes[0].1 - 0.75).abs() < 1e-9);
+        assert_eq!(
+            PackingPolicy::parse("gpu-share"),
+            Some(PackingPolicy::GpuShare)
+        );
+        assert_eq!(
+            PackingPolicy::parse("dotprod"),
+            Some(PackingPolicy::DotProd)
+        );
+        assert_eq!(PackingPolicy::parse("best-fit"), None);
+    }
+
     fn ts(p: u32) -> Demand {
         Demand::gpu(GpuDemand::Timeslice {
             milli: p * 10,
