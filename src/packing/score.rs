@@ -164,7 +164,7 @@ impl Workload {
 
 /// The workload seen so far, as `gpu-share` learns it online: every demand observed counts
 /// (it never knows the pods still to come). [`OnlineWorkload::observe`] hands out a new target
-/// workload now and then (after 16, 32, 64, ... observations, then every 1,024), so scores that
+/// workload now and then (after 1, 2, 4, ... observations, then every 1,024), so scores that
 /// depend on it stay stable between refreshes and can be cached.
 #[derive(Debug, Clone, Default)]
 pub struct OnlineWorkload {
@@ -189,7 +189,7 @@ impl OnlineWorkload {
             }
         }
         let t = self.total;
-        let due = (t >= 16 && t.is_power_of_two()) || (t > 1024 && t.is_multiple_of(1024));
+        let due = (t >= 1 && t.is_power_of_two()) || (t > 1024 && t.is_multiple_of(1024));
         due.then(|| self.target())
     }
 
@@ -380,7 +380,7 @@ pub fn frag_after(w: &TargetWorkload, node: &GpuNode, usage: &Usage, p: &Placeme
 /// gpu-share's score of one placement: FGD's measure (how much the node's fragmentation grows,
 /// squashed by a sigmoid into 100 integer steps, so near-equal nodes tie and the caller's
 /// stable tie-break packs them first-fit), against the workload *seen so far* rather than one
-/// fixed up front.
+/// fixed up front; within a step, nodes already in use first.
 pub fn gpu_share_score(
     w: &TargetWorkload,
     node: &GpuNode,
@@ -389,7 +389,9 @@ pub fn gpu_share_score(
     before: f64,
 ) -> f64 {
     let growth = frag_after(w, node, usage, p) - before;
-    (sigmoid(-growth / 1000.0) * 100.0).trunc()
+    let step = (sigmoid(-growth / 1000.0) * 100.0).trunc();
+    // Within one step, a node already in use wins over an empty one (whole nodes stay free).
+    step + if usage.pods > 0 { 1e-4 } else { 0.0 }
 }
 
 /// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
@@ -783,7 +785,7 @@ mod tests {
                 refreshed.push(i);
             }
         }
-        assert_eq!(refreshed, vec![16, 32]);
+        assert_eq!(refreshed, vec![1, 2, 4, 8, 16, 32]);
         let t = o.target();
         assert_eq!(t.shapes[0].0.gpu_milli, 250);
         assert!((t.shapes[0].1 - 0.75).abs() < 1e-9);
