@@ -20,7 +20,7 @@ use super::wire::{
 };
 use crate::ledger;
 use crate::metrics::Metrics;
-use crate::packing::{self, Demand, Reason, Scorer};
+use crate::packing::{self, Demand, Reason};
 use crate::server::{AppState, LoadedPolicy, json_error};
 
 /// What the verbs say while the caches have not synced.
@@ -108,9 +108,14 @@ pub fn filter(
         }
     };
     let key = ledger::pod_key(&pod);
-    if let Some(uid) = &pod.metadata.uid {
-        ext.pods.insert(uid.clone(), pod.clone());
-    }
+    let first_seen = match &pod.metadata.uid {
+        Some(uid) => {
+            let new = !ext.pods.contains_key(uid);
+            ext.pods.insert(uid.clone(), pod.clone());
+            new
+        }
+        None => true,
+    };
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
     let mut pass: HashSet<String> = HashSet::new();
@@ -124,6 +129,9 @@ pub fn filter(
         Ok(None) => pass.extend(names.iter().cloned()),
         Ok(Some(demand)) => {
             lock_workload(ext).observe(&demand);
+            if first_seen {
+                ext.observe_demand(&demand);
+            }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
             for n in &names {
                 match verdict(ext, n, &demand) {
@@ -217,7 +225,7 @@ pub fn prioritize(
             .map(|host| HostPriority { host, score: 0 })
             .collect());
     };
-    let scorer = Scorer::new(policy.policy.packing.policy.into());
+    let scorer = ext.scorer(policy.policy.packing.policy.into());
     let raw: Vec<Option<f64>> = names
         .iter()
         .map(|n| {
@@ -268,7 +276,7 @@ pub fn reserve_for_bind(
     let Some(demand) = pod_demand(pod)? else {
         return Ok(BindPlan::Plain);
     };
-    let scorer = Scorer::new(policy.policy.packing.policy.into());
+    let scorer = ext.scorer(policy.policy.packing.policy.into());
     match ext
         .ledgers
         .reserve(&scorer, node, ledger::pod_ref(pod), demand)

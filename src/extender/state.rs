@@ -15,7 +15,8 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::ledger::{Ledger, NodeLedger};
-use crate::packing::{self, Demand, Workload};
+use crate::packing::frag::TargetWorkload;
+use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -54,6 +55,13 @@ pub enum Mode {
     Cluster,
 }
 
+/// The online workload and the target workload last handed out.
+#[derive(Debug, Default)]
+pub struct Online {
+    pub seen: OnlineWorkload,
+    pub target: Option<Arc<TargetWorkload>>,
+}
+
 /// The extender's state.
 pub struct ExtenderState {
     pub mode: Mode,
@@ -65,6 +73,8 @@ pub struct ExtenderState {
     /// Pods rejected for capacity: uid -> who.
     pub waiting: moka::sync::Cache<String, Waiting>,
     pub workload: Mutex<Workload>,
+    /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
+    pub online: Mutex<Online>,
     /// The caches have synced (always true in `--dev`).
     pub synced: Arc<AtomicBool>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
@@ -100,8 +110,35 @@ impl ExtenderState {
                 .time_to_live(WAITING_TTL)
                 .build(),
             workload: Mutex::new(Workload::new(WORKLOAD_WINDOW)),
+            online: Mutex::new(Online::default()),
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    /// Counts a pod's demand in the online workload (call once per pod).
+    pub fn observe_demand(&self, demand: &Demand) {
+        let mut o = self.online.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = o.seen.observe(demand) {
+            o.target = Some(Arc::new(t));
+        }
+    }
+
+    /// The scorer for a packing policy, with the online workload for `gpu-share`: the same
+    /// scoring the simulator replays.
+    pub fn scorer(&self, policy: PackingPolicy) -> Scorer {
+        let target = if policy.reads_workload() {
+            self.online
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .target
+                .clone()
+        } else {
+            None
+        };
+        match target {
+            Some(t) => Scorer::with_workload(policy, t),
+            None => Scorer::new(policy),
         }
     }
 
@@ -356,6 +393,22 @@ mod tests {
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::PodRef;
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
+
+    #[test]
+    fn gpu_share_scores_against_the_demands_seen() {
+        let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(60));
+        assert!(ext.scorer(PackingPolicy::GpuShare).workload.is_none());
+        let d = Demand::gpu(GpuDemand::Timeslice {
+            milli: 250,
+            memory_mib: None,
+        });
+        ext.observe_demand(&d);
+        let s = ext.scorer(PackingPolicy::GpuShare);
+        let w = s.workload.expect("a workload after the first pod");
+        assert_eq!(w.shapes.len(), 1);
+        assert_eq!(w.shapes[0].0.gpu_milli, 250);
+        assert!(ext.scorer(PackingPolicy::Binpack).workload.is_none());
+    }
 
     #[test]
     fn fragmented_gpus_counts_free_room_where_the_common_request_no_longer_fits() {
