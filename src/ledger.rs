@@ -476,6 +476,20 @@ impl Ledger {
         Some(f(&mut g))
     }
 
+    /// Runs `f` on each named node's ledger (under that node's lock, one at a time), in order;
+    /// `None` for names not in the inventory. Looks the nodes up under one read of the map.
+    pub fn with_nodes<R>(
+        &self,
+        names: &[String],
+        mut f: impl FnMut(&mut NodeLedger) -> R,
+    ) -> Vec<Option<R>> {
+        let map = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        names
+            .iter()
+            .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
+            .collect()
+    }
+
     /// A copy of every node ledger, by name (each consistent in itself).
     pub fn snapshot(&self) -> BTreeMap<String, NodeLedger> {
         let handles: Vec<_> = self

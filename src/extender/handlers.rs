@@ -62,15 +62,19 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
 }
 
 /// The verdict for one node.
-fn verdict(ext: &ExtenderState, name: &str, demand: &Demand) -> Result<(), Reason> {
-    match ext
-        .ledgers
-        .with_node(name, |nl| packing::fit(&nl.node, &nl.usage, demand))
-    {
-        Some(r) => r,
-        None if ext.mode == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
-        None => Err(Reason::UnknownNode),
-    }
+/// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
+/// nodes (cluster mode, or known as such) or unknown.
+fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
+    ext.ledgers
+        .with_nodes(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
+        .into_iter()
+        .zip(names)
+        .map(|(r, name)| match r {
+            Some(r) => r,
+            None if ext.mode == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
+            None => Err(Reason::UnknownNode),
+        })
+        .collect()
 }
 
 /// A pod's demand for scheduling; `Err` is a message for every node.
@@ -133,8 +137,8 @@ pub fn filter(
                 ext.observe_demand(&demand);
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-            for n in &names {
-                match verdict(ext, n, &demand) {
+            for (n, v) in names.iter().zip(verdicts(ext, &names, &demand)) {
+                match v {
                     Ok(()) => {
                         pass.insert(n.clone());
                     }
@@ -226,17 +230,15 @@ pub fn prioritize(
             .collect());
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    let raw: Vec<Option<f64>> = names
-        .iter()
-        .map(|n| {
-            ext.ledgers
-                .with_node(n, |nl| {
-                    packing::place(&scorer, &nl.node, &nl.usage, &demand)
-                        .ok()
-                        .map(|(_, s)| s)
-                })
-                .flatten()
+    let raw: Vec<Option<f64>> = ext
+        .ledgers
+        .with_nodes(&names, |nl| {
+            packing::place(&scorer, &nl.node, &nl.usage, &demand)
+                .ok()
+                .map(|(_, s)| s)
         })
+        .into_iter()
+        .map(Option::flatten)
         .collect();
     let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
     let mut scaled = packing::to_extender_scores(&fitting).into_iter();

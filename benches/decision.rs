@@ -1,0 +1,226 @@
+//! Per-decision cost of the extender over a 5,000-node cluster, and one simulator replay.
+//!
+//! `cargo bench --bench decision` runs criterion on:
+//! - `extender/filter_5000`, `extender/prioritize_5000`: one verb over 5,000 node names with the
+//!   `gpu-share` policy and a learnt workload, on a cluster about 60% full (time-sliced H100,
+//!   plain A100, MPS L40S and MIG A100 nodes);
+//! - `extender/bind_reserve`: the ledger half of bind (fit re-check and record) and its undo;
+//! - `simulate/fgd_replay`: one replay of the default openb trace (or the test slice when
+//!   ../shared/data is absent).
+//!
+//! Before criterion's groups it times 2,000 single prioritize decisions and prints their p50 and
+//! p99 (the extender's budget: 2 ms p99 at 5,000 nodes).
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gpu_share::extender::handlers;
+use gpu_share::extender::state::{ExtenderState, Mode};
+use gpu_share::extender::wire::ExtenderArgs;
+use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
+use gpu_share::ledger::PodRef;
+use gpu_share::metrics::Metrics;
+use gpu_share::packing::frag::TargetWorkload;
+use gpu_share::packing::score::TYPICAL_COVERAGE;
+use gpu_share::packing::{Demand, PackingPolicy};
+use gpu_share::policy::Policy;
+use gpu_share::server::LoadedPolicy;
+use gpu_share::simulate::{driver, replay};
+use k8s_openapi::api::core::v1::Pod;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const NODES: usize = 5000;
+
+fn node(i: usize) -> GpuNode {
+    let name = format!("node-{i:05}");
+    match i % 10 {
+        0..=3 => GpuNode::shared(
+            &name,
+            "NVIDIA-H100-80GB-HBM3",
+            8,
+            81559,
+            Sharing::TimeSlicing { replicas: 8 },
+        ),
+        4..=6 => GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 8, 81920),
+        7..=8 => GpuNode::shared(&name, "NVIDIA-L40S", 4, 46068, Sharing::Mps { replicas: 4 }),
+        _ => {
+            let mut n = GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 0, 81920);
+            n.slots = 0;
+            n.mig = MigLayout::Mixed {
+                instances: BTreeMap::from([("1g.10gb".into(), 14), ("3g.40gb".into(), 4)]),
+            };
+            n
+        }
+    }
+}
+
+fn request(text: &str) -> Demand {
+    let r = gpu_share::request::GpuRequest::parse_normalized(text).expect("a valid request");
+    Demand::gpu(gpu_share::ledger::demand_of_request(&r))
+}
+
+fn pod(uid: &str, request: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": uid, "namespace": "bench", "uid": uid,
+                     "annotations": {"gpu-share.io/request": request}},
+        "spec": {"containers": [{"name": "c"}], "schedulerName": "gpu-share-scheduler"}
+    }))
+    .expect("pod literal")
+}
+
+struct Cluster {
+    ext: ExtenderState,
+    policy: LoadedPolicy,
+    names: Vec<String>,
+}
+
+/// 5,000 nodes, filled to about 60% through the extender's own bind path.
+fn cluster() -> Cluster {
+    let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(3600));
+    let names: Vec<String> = (0..NODES).map(|i| node(i).name.clone()).collect();
+    for i in 0..NODES {
+        ext.ledgers.upsert_node(node(i));
+    }
+    let mut policy = Policy::default_policy();
+    if std::env::var("BENCH_BINPACK").is_ok() {
+        policy.packing.policy = gpu_share::policy::PackingPolicyName::Binpack;
+    }
+    let policy = LoadedPolicy::new(policy);
+    let kinds = [
+        "timeslice-30",
+        "timeslice-50",
+        "timeslice-20",
+        "exclusive-1",
+        "exclusive-4",
+        "mps-25",
+        "mig-1g.10gb",
+        "mig-3g.40gb",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let scorer = ext.scorer(PackingPolicy::GpuShare);
+    let mut placed = 0;
+    for k in 0..60_000 {
+        let req = kinds[rng.random_range(0..kinds.len())];
+        let demand = request(req);
+        ext.observe_demand(&demand);
+        let target = &names[rng.random_range(0..NODES)];
+        let pref = PodRef {
+            uid: format!("fill-{k}"),
+            namespace: "bench".into(),
+            name: format!("fill-{k}"),
+            priority: 0,
+        };
+        if ext.ledgers.reserve(&scorer, target, pref, demand).is_ok() {
+            placed += 1;
+        }
+    }
+    eprintln!("bench cluster: {NODES} nodes, {placed} pods placed");
+    Cluster { ext, policy, names }
+}
+
+fn args(c: &Cluster, p: &Pod) -> ExtenderArgs {
+    ExtenderArgs {
+        pod: Some(p.clone()),
+        nodes: None,
+        node_names: Some(c.names.clone()),
+    }
+}
+
+fn percentiles(c: &Cluster) {
+    let p = pod("probe", "timeslice-30");
+    let mut times: Vec<Duration> = (0..2000)
+        .map(|_| {
+            let a = args(c, &p);
+            let t = Instant::now();
+            black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    eprintln!(
+        "prioritize over {NODES} nodes (gpu-share policy, 2,000 decisions): p50 {:?}, p99 {:?}, max {:?}",
+        times[times.len() / 2],
+        times[times.len() * 99 / 100],
+        times[times.len() - 1]
+    );
+}
+
+fn extender(cr: &mut Criterion) {
+    let c = cluster();
+    percentiles(&c);
+    let metrics = Metrics::new();
+    let p = pod("probe", "timeslice-30");
+    let mut g = cr.benchmark_group("extender");
+    g.bench_function("filter_5000", |b| {
+        b.iter(|| black_box(handlers::filter(&c.ext, &c.policy, &metrics, args(&c, &p))))
+    });
+    g.bench_function("prioritize_5000", |b| {
+        b.iter(|| black_box(handlers::prioritize(&c.ext, &c.policy, args(&c, &p))))
+    });
+    let scorer = c.ext.scorer(PackingPolicy::GpuShare);
+    g.bench_function("bind_reserve", |b| {
+        b.iter(|| {
+            let pref = PodRef {
+                uid: "bind-probe".into(),
+                namespace: "bench".into(),
+                name: "bind-probe".into(),
+                priority: 0,
+            };
+            let r = c
+                .ext
+                .ledgers
+                .reserve(&scorer, &c.names[0], pref, request("timeslice-10"));
+            c.ext.ledgers.release("bind-probe");
+            black_box(r.is_ok())
+        })
+    });
+    g.finish();
+}
+
+fn simulate(cr: &mut Criterion) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = root.join("../shared/data/openb");
+    let (nodes, pods) = if data.join("openb_pod_list_default.csv").exists() {
+        (
+            data.join("openb_node_list_gpu_node.csv"),
+            data.join("openb_pod_list_default.csv"),
+        )
+    } else {
+        (
+            root.join("tests/fixtures/simulate/nodes.csv"),
+            root.join("tests/fixtures/simulate/pods.csv"),
+        )
+    };
+    let inputs = driver::load(&nodes, &pods).expect("trace");
+    let capacity: u64 = inputs.nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+    let metric = Arc::new(TargetWorkload::typical(
+        inputs.pods.iter().map(|p| &p.demand),
+        TYPICAL_COVERAGE,
+    ));
+    let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, 42, 1.3);
+    let trace = replay::Trace {
+        nodes: &inputs.nodes,
+        pods: &inputs.pods,
+        metric: &metric,
+    };
+    let mut g = cr.benchmark_group("simulate");
+    g.sample_size(10);
+    for policy in [PackingPolicy::Fgd, PackingPolicy::GpuShare] {
+        let source = match policy {
+            PackingPolicy::Fgd => replay::WorkloadSource::Fixed(metric.clone()),
+            _ => replay::WorkloadSource::Online,
+        };
+        g.bench_function(format!("{policy}_replay"), |b| {
+            b.iter(|| black_box(replay::run(&trace, &order, policy, &source, 42, || {})))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, extender, simulate);
+criterion_main!(benches);
