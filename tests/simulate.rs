@@ -256,3 +256,41 @@ fn baselines_reproduce_the_published_numbers_on_the_full_trace() {
         );
     }
 }
+
+/// The Kubernetes-shaped input: the extender's example cluster (MIG mixed, time-slicing, MPS,
+/// plain) and annotated pods of every class. Each class fits only its kind of node: the MIG,
+/// time-slicing and MPS pods all fit; the exclusive ones compete for the 4 plain GPUs.
+#[test]
+fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let inputs = driver::load(
+        &root.join("tests/fixtures/extender/nodes.yaml"),
+        &fixture("cluster-pods.yaml"),
+    )
+    .unwrap();
+    assert_eq!(inputs.nodes.len(), 4, "the CPU-only node is not a GPU node");
+    assert_eq!(inputs.pods.len(), 48);
+    let capacity: u64 = inputs
+        .nodes
+        .iter()
+        .map(gpu_share::simulate::trace::node_capacity_milli)
+        .sum();
+    // 8 + 8 + 4 full GPUs, and the A100's 1 full GPU, 21 x 1/7 and 8 x 3/7.
+    assert_eq!(capacity, 20_000 + 1000 + 21 * 142 + 8 * 428);
+    let metric = TargetWorkload::typical(inputs.pods.iter().map(|p| &p.demand), TYPICAL_COVERAGE);
+    let trace = Trace {
+        nodes: &inputs.nodes,
+        pods: &inputs.pods,
+        metric: &metric,
+    };
+    for policy in [PackingPolicy::GpuShare, PackingPolicy::BestFit] {
+        let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, 5, 0.0);
+        assert_eq!(order.pods.len(), 48, "tune 0 replays the pods as they are");
+        let out = replay::run(&trace, &order, policy, &WorkloadSource::Online, 5, || {});
+        assert!(
+            (38..=40).contains(&out.placed),
+            "{policy}: {} placed (36 shared/MIG pods plus 2-4 exclusive)",
+            out.placed
+        );
+    }
+}

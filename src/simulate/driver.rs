@@ -66,7 +66,7 @@ pub fn simulate(
     let capacity: u64 = inputs
         .nodes
         .iter()
-        .map(|n| u64::from(n.gpus) * u64::from(GPU_MILLI))
+        .map(super::trace::node_capacity_milli)
         .sum();
     // The fixed target workload: FGD's (the untuned trace's typical shapes), which is also the
     // yardstick of every policy's fragmentation metric.

@@ -1,13 +1,261 @@
-//! PURE: Kubernetes-shaped simulator input (a NodeList with GFD labels, annotated pods).
-//! Not implemented yet: the simulator reads the openb CSV format only.
+//! PURE: Kubernetes-shaped simulator input.
+//!
+//! Nodes: a `NodeList` (or a YAML stream / JSON list of Nodes) with GPU Feature Discovery labels
+//! and `status.allocatable`, read by the extender's own inventory code ([`inventory::from_node`]):
+//! MIG (single or mixed, the devices the node advertises), time-slicing and MPS replicas, plain
+//! GPUs; allocatable CPU and memory are accounted. Nodes without NVIDIA GPUs are skipped.
+//!
+//! Pods: pod manifests (a `List`, a YAML stream or a JSON array) with the `gpu-share`
+//! annotation (as the webhook reads it), or plain `nvidia.com/*` limits; CPU and memory from the
+//! containers' requests; a required node affinity `nvidia.com/gpu.product In [...]` (the
+//! `-SHARED` suffix dropped) restricts the GPU model.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
 
 use super::trace::TracePod;
-use crate::inventory::GpuNode;
+use crate::inventory::{self, GpuNode, LABEL_PRODUCT, RESOURCE_GPU};
+use crate::ledger;
+use crate::packing::{Demand, GpuDemand};
+use crate::request;
 
-pub fn parse_node_list(_text: &str) -> Result<Vec<GpuNode>, String> {
-    Err("a NodeList is not supported yet: give an openb node CSV (sn,cpu_milli,memory_mib,gpu,model)".into())
+/// JSON, a YAML stream, `items` lists and arrays, flattened to objects.
+fn documents(text: &str) -> Result<Vec<Value>, String> {
+    let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
+        Ok(v) => vec![v],
+        Err(_) => serde_saphyr::from_multiple::<Value>(text)
+            .map_err(|e| format!("not YAML or JSON: {e}"))?,
+    };
+    let mut out = Vec::new();
+    for d in docs {
+        match d {
+            Value::Null => {}
+            Value::Array(items) => out.extend(items),
+            Value::Object(ref o) if o.get("items").is_some_and(Value::is_array) => {
+                if let Some(Value::Array(items)) = o.get("items") {
+                    out.extend(items.iter().cloned());
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(out)
 }
 
-pub fn parse_pod_list(_text: &str) -> Result<Vec<TracePod>, String> {
-    Err("pod manifests are not supported yet: give an openb pod CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])".into())
+fn describe(v: &Value, i: usize) -> String {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("item {i}"), |n| format!("{n:?}"))
+}
+
+/// Milli-CPU and MiB from quantities.
+fn cpu_milli(q: &str) -> Option<u64> {
+    inventory::quantity_milli(q).and_then(|m| u64::try_from(m).ok())
+}
+
+fn memory_mib(q: &str) -> Option<u64> {
+    inventory::quantity_milli(q).and_then(|m| u64::try_from(m / 1000 / (1 << 20)).ok())
+}
+
+/// Reads the GPU nodes of a NodeList.
+pub fn parse_node_list(text: &str) -> Result<Vec<GpuNode>, String> {
+    let mut out = Vec::new();
+    for (i, doc) in documents(text)?.into_iter().enumerate() {
+        let what = describe(&doc, i);
+        let node: Node =
+            serde_json::from_value(doc).map_err(|e| format!("{what} is not a Node: {e}"))?;
+        let Some(mut g) = inventory::from_node(&node, RESOURCE_GPU) else {
+            continue;
+        };
+        let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        g.cpu_milli = alloc
+            .and_then(|a| a.get("cpu"))
+            .and_then(|q| cpu_milli(&q.0));
+        g.memory_mib = alloc
+            .and_then(|a| a.get("memory"))
+            .and_then(|q| memory_mib(&q.0));
+        out.push(g);
+    }
+    if out.is_empty() {
+        return Err(
+            "no node with NVIDIA GPUs (GPU Feature Discovery labels or nvidia.com/* allocatable)"
+                .into(),
+        );
+    }
+    Ok(out)
+}
+
+/// The models a pod's required node affinity allows (`nvidia.com/gpu.product In [...]`).
+fn allowed_models(pod: &Pod) -> Vec<String> {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.clone())
+        .unwrap_or_default();
+    let mut models = Vec::new();
+    for t in &terms {
+        for e in t.match_expressions.iter().flatten() {
+            if e.key == LABEL_PRODUCT && e.operator == "In" {
+                for v in e.values.iter().flatten() {
+                    let m = v.strip_suffix("-SHARED").unwrap_or(v).to_string();
+                    if !models.contains(&m) {
+                        models.push(m);
+                    }
+                }
+            }
+        }
+    }
+    models
+}
+
+/// Reads pod manifests.
+pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
+    let mut out = Vec::new();
+    for (i, doc) in documents(text)?.into_iter().enumerate() {
+        let what = describe(&doc, i);
+        let pod: Pod =
+            serde_json::from_value(doc).map_err(|e| format!("{what} is not a Pod: {e}"))?;
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let gpu = match request::from_annotations(&annotations)
+            .map_err(|e| format!("pod {what}: {e}"))?
+        {
+            Some(a) => ledger::demand_of_request(&a.request),
+            None => ledger::demand_of_pod(&pod)
+                .map_err(|e| format!("pod {what}: {e}"))?
+                .map_or(GpuDemand::None, |d| d.gpu),
+        };
+        let (mut cpu, mut mem) = (0u64, 0u64);
+        for c in pod.spec.iter().flat_map(|s| &s.containers) {
+            let req: BTreeMap<_, _> = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.clone())
+                .unwrap_or_default();
+            cpu += req.get("cpu").and_then(|q| cpu_milli(&q.0)).unwrap_or(0);
+            mem += req
+                .get("memory")
+                .and_then(|q| memory_mib(&q.0))
+                .unwrap_or(0);
+        }
+        out.push(TracePod {
+            name: pod
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("pod-{i:05}")),
+            demand: Demand {
+                cpu_milli: cpu,
+                memory_mib: mem,
+                gpu,
+                models: allowed_models(&pod),
+            },
+        });
+    }
+    if out.is_empty() {
+        return Err("no pods".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{MigLayout, Sharing};
+
+    const NODES: &str = r#"
+apiVersion: v1
+kind: NodeList
+items:
+  - metadata:
+      name: ts
+      labels:
+        nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3-SHARED
+        nvidia.com/gpu.count: "2"
+        nvidia.com/gpu.memory: "81559"
+        nvidia.com/gpu.replicas: "4"
+        nvidia.com/gpu.sharing-strategy: time-slicing
+    status:
+      allocatable: {cpu: "32", memory: 256Gi, nvidia.com/gpu: "8"}
+  - metadata:
+      name: mig
+      labels:
+        nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB
+        nvidia.com/gpu.count: "1"
+        nvidia.com/mig.strategy: mixed
+    status:
+      allocatable: {cpu: "16", memory: 128Gi, nvidia.com/mig-1g.10gb: "7"}
+  - metadata: {name: cpu-only}
+    status:
+      allocatable: {cpu: "64", memory: 256Gi}
+"#;
+
+    #[test]
+    fn gpu_nodes_come_from_gfd_labels_with_cpu_and_memory() {
+        let nodes = parse_node_list(NODES).unwrap();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].sharing, Sharing::TimeSlicing { replicas: 4 });
+        assert_eq!(nodes[0].cpu_milli, Some(32_000));
+        assert_eq!(nodes[0].memory_mib, Some(256 * 1024));
+        assert_eq!(nodes[0].product.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
+        match &nodes[1].mig {
+            MigLayout::Mixed { instances } => assert_eq!(instances["1g.10gb"], 7),
+            other => panic!("expected mixed MIG, got {other:?}"),
+        }
+        assert!(
+            parse_node_list("items: [{metadata: {name: x}}]")
+                .unwrap_err()
+                .contains("no node with NVIDIA GPUs")
+        );
+    }
+
+    #[test]
+    fn pods_from_annotations_limits_and_affinity() {
+        let pods = parse_pod_list(
+            r#"
+- metadata: {name: a, annotations: {gpu-share: timeslice-30}}
+  spec:
+    containers: [{name: c, resources: {requests: {cpu: 1500m, memory: 2Gi}}}]
+    affinity:
+      nodeAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+            - matchExpressions:
+                - {key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H100-80GB-HBM3-SHARED]}
+- metadata: {name: b, annotations: {gpu-share: mig-1g.10gb}}
+  spec: {containers: [{name: c}]}
+- metadata: {name: c}
+  spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: "2"}}}]}
+- metadata: {name: d}
+  spec: {containers: [{name: c, resources: {requests: {cpu: "2"}}}]}
+"#,
+        )
+        .unwrap();
+        assert_eq!(pods.len(), 4);
+        assert_eq!(
+            pods[0].demand.gpu,
+            GpuDemand::Timeslice {
+                milli: 300,
+                memory_mib: None
+            }
+        );
+        assert_eq!(pods[0].demand.cpu_milli, 1500);
+        assert_eq!(pods[0].demand.memory_mib, 2048);
+        assert_eq!(pods[0].demand.models, vec!["NVIDIA-H100-80GB-HBM3"]);
+        assert!(matches!(pods[1].demand.gpu, GpuDemand::Mig { .. }));
+        assert!(matches!(
+            pods[2].demand.gpu,
+            GpuDemand::Units { count: 2, .. }
+        ));
+        assert_eq!(pods[3].demand.gpu, GpuDemand::None);
+        let e = parse_pod_list("- metadata: {name: x, annotations: {gpu-share: mps-500}}\n  spec: {containers: [{name: c}]}\n").unwrap_err();
+        assert!(e.contains("pod \"x\""), "{e}");
+    }
 }

@@ -148,10 +148,7 @@ pub fn run(
         pods,
         metric,
     } = *trace;
-    let capacity_milli: u64 = nodes
-        .iter()
-        .map(|n| u64::from(n.gpus) * u64::from(GPU_MILLI))
-        .sum();
+    let capacity_milli: u64 = nodes.iter().map(super::trace::node_capacity_milli).sum();
     let mut usages: Vec<Usage> = nodes.iter().map(Usage::empty).collect();
     let mut versions = vec![0u32; nodes.len()];
     let mut node_frag: Vec<f64> = nodes

@@ -37,25 +37,32 @@ pub fn curve(run: &RunOutcome) -> Vec<Point> {
         e.2 += ratio;
         e.3 += 1;
     }
-    (0..sums.len())
-        .map(|b| {
-            // An empty bucket takes the mean of the samples within +-1.
-            let range = if sums[b].3 > 0 {
-                b..=b
-            } else {
-                b.saturating_sub(1)..=(b + 1).min(sums.len() - 1)
-            };
-            let (a, f, r, n) = range.map(|i| sums[i]).fold((0.0, 0.0, 0.0, 0), |x, y| {
-                (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3)
-            });
-            let n = f64::from(n.max(1));
-            Point {
-                allocated_pct: a / n,
-                frag_amount_pct: f / n,
-                frag_ratio_pct: r / n,
+    let mut out: Vec<Point> = Vec::with_capacity(sums.len());
+    for b in 0..sums.len() {
+        // An empty bucket takes the mean of the samples within +-1; with none there either (a
+        // small cluster jumps several points per pod), the state carries over from below.
+        let range = if sums[b].3 > 0 {
+            b..=b
+        } else {
+            b.saturating_sub(1)..=(b + 1).min(sums.len() - 1)
+        };
+        let (a, f, r, n) = range.map(|i| sums[i]).fold((0.0, 0.0, 0.0, 0), |x, y| {
+            (x.0 + y.0, x.1 + y.1, x.2 + y.2, x.3 + y.3)
+        });
+        let point = match (n, out.last()) {
+            (0, Some(prev)) => *prev,
+            _ => {
+                let n = f64::from(n.max(1));
+                Point {
+                    allocated_pct: a / n,
+                    frag_amount_pct: f / n,
+                    frag_ratio_pct: r / n,
+                }
             }
-        })
-        .collect()
+        };
+        out.push(point);
+    }
+    out
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -25,17 +25,38 @@ impl TracePod {
     }
 }
 
-/// Thousandths of GPU a demand asks for in total (MIG devices count as one GPU each: they are
-/// never replayed against the trace's per-GPU nodes).
+/// Thousandths of GPU a demand asks for in total. A MIG device counts by its compute slices,
+/// sevenths of a GPU (`3g.40gb` is 3/7).
 pub fn gpu_request_milli(d: &Demand) -> u64 {
     match &d.gpu {
         GpuDemand::None => 0,
         GpuDemand::Whole { count } => u64::from(*count) * u64::from(GPU_MILLI),
         GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => u64::from(*milli),
-        GpuDemand::Mig { count, .. } | GpuDemand::Units { count, .. } => {
-            u64::from(*count) * u64::from(GPU_MILLI)
-        }
+        GpuDemand::Mig { profile, count } => u64::from(*count) * mig_milli(profile),
+        GpuDemand::Units { count, .. } => u64::from(*count) * u64::from(GPU_MILLI),
     }
+}
+
+/// A MIG device's share of a GPU in thousandths, by its compute slices out of 7.
+pub fn mig_milli(profile: &str) -> u64 {
+    let slices: u64 = profile
+        .split_once('g')
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(7);
+    slices.min(7) * u64::from(GPU_MILLI) / 7
+}
+
+/// A node's GPU capacity in thousandths: its full GPUs plus its MIG devices by compute share.
+pub fn node_capacity_milli(n: &GpuNode) -> u64 {
+    let mig: u64 = match &n.mig {
+        MigLayout::None => 0,
+        MigLayout::Single { profile } => u64::from(n.slots) * mig_milli(profile),
+        MigLayout::Mixed { instances } => instances
+            .iter()
+            .map(|(p, c)| u64::from(*c) * mig_milli(p))
+            .sum(),
+    };
+    u64::from(n.gpus) * u64::from(GPU_MILLI) + mig
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
