@@ -10,7 +10,7 @@ use gpu_share::packing::PackingPolicy;
 use gpu_share::packing::frag::TargetWorkload;
 use gpu_share::packing::score::TYPICAL_COVERAGE;
 use gpu_share::simulate::replay::{self, Trace, WorkloadSource};
-use gpu_share::simulate::{DEFAULT_POLICIES, driver};
+use gpu_share::simulate::{default_policies, driver};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -53,7 +53,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
         nodes.sort_unstable();
         assert_eq!(nodes, (0..inputs.nodes.len()).collect::<Vec<_>>());
 
-        for policy in DEFAULT_POLICIES {
+        for policy in default_policies() {
             let mut calls = 0;
             let out = replay::run(
                 &trace,
@@ -100,7 +100,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
 #[test]
 fn report_curves_are_monotone_and_the_table_has_every_policy() {
     let inputs = driver::load(&fixture("nodes.csv"), &fixture("pods.csv")).unwrap();
-    let report = driver::simulate(&inputs, &DEFAULT_POLICIES, &[3, 4, 5], 1.3, false);
+    let report = driver::simulate(&inputs, &default_policies(), &[3, 4, 5], 1.3, false);
     assert_eq!(report.gpus_total, 314);
     assert_eq!(report.policies.len(), 7);
     for p in &report.policies {
@@ -131,7 +131,7 @@ fn report_curves_are_monotone_and_the_table_has_every_policy() {
         );
     }
     let table = gpu_share::simulate::report::table(&report);
-    for p in DEFAULT_POLICIES {
+    for p in default_policies() {
         assert!(table.contains(p.name()), "{table}");
     }
     // Random is the paper's worst baseline; FGD beats best-fit packing (3 seeds, 314 GPUs).

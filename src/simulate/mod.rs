@@ -15,16 +15,14 @@ pub mod driver;
 
 use crate::packing::PackingPolicy;
 
-/// The policies replayed when none is named: the FGD paper's six and gpu-share's own.
-pub const DEFAULT_POLICIES: [PackingPolicy; 7] = [
-    PackingPolicy::Random,
-    PackingPolicy::DotProd,
-    PackingPolicy::GpuClustering,
-    PackingPolicy::GpuPacking,
-    PackingPolicy::BestFit,
-    PackingPolicy::Fgd,
-    PackingPolicy::GpuShare,
-];
+/// The policies replayed when none is named: the FGD paper's six and gpu-share's own (every
+/// policy but `binpack` and `spread`).
+pub fn default_policies() -> Vec<PackingPolicy> {
+    PackingPolicy::ALL
+        .into_iter()
+        .filter(|p| !matches!(p, PackingPolicy::Binpack | PackingPolicy::Spread))
+        .collect()
+}
 
 /// Parses `--seeds`: `A..B` (inclusive), `A`, or `A,B,C`.
 pub fn parse_seeds(text: &str) -> Result<Vec<u64>, String> {
@@ -52,10 +50,10 @@ pub fn parse_seeds(text: &str) -> Result<Vec<u64>, String> {
     Ok(seeds)
 }
 
-/// Parses the `--policy` names (default: [`DEFAULT_POLICIES`]), without duplicates.
+/// Parses the `--policy` names (default: [`default_policies`]), without duplicates.
 pub fn parse_policies(names: &[String]) -> Result<Vec<PackingPolicy>, String> {
     if names.is_empty() {
-        return Ok(DEFAULT_POLICIES.to_vec());
+        return Ok(default_policies());
     }
     let mut out = Vec::new();
     for n in names {
