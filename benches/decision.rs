@@ -87,11 +87,7 @@ fn cluster() -> Cluster {
     for i in 0..NODES {
         ext.ledgers.upsert_node(node(i));
     }
-    let mut policy = Policy::default_policy();
-    if std::env::var("BENCH_BINPACK").is_ok() {
-        policy.packing.policy = gpu_share::policy::PackingPolicyName::Binpack;
-    }
-    let policy = LoadedPolicy::new(policy);
+    let policy = LoadedPolicy::new(Policy::default_policy());
     let kinds = [
         "timeslice-30",
         "timeslice-50",
