@@ -204,14 +204,12 @@ fn simulate(cr: &mut Criterion) {
         nodes: &inputs.nodes,
         pods: &inputs.pods,
         metric: &metric,
+        explain: false,
     };
     let mut g = cr.benchmark_group("simulate");
     g.sample_size(10);
     for policy in [PackingPolicy::Fgd, PackingPolicy::GpuShare] {
-        let source = match policy {
-            PackingPolicy::Fgd => replay::WorkloadSource::Fixed(metric.clone()),
-            _ => replay::WorkloadSource::Online,
-        };
+        let source = replay::WorkloadSource::for_policy(policy, &metric);
         g.bench_function(format!("{policy}_replay"), |b| {
             b.iter(|| black_box(replay::run(&trace, &order, policy, &source, 42, || {})))
         });

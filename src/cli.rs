@@ -66,6 +66,12 @@ pub struct SimulateArgs {
     /// Write the chart (unallocated GPU % against arrived %) as SVG here.
     #[arg(long, value_name = "OUT")]
     pub svg: Option<PathBuf>,
+    /// A partitioning what-if (repeatable): replay the pods as listed with every GPU node
+    /// reconfigured: as-is, exclusive, timeslice-N, mps-N, all-balanced, all-<MIG profile>
+    /// (mig-parted's names, e.g. all-1g.10gb). Reports how many pods fit under each, and why
+    /// the others do not. Uses the gpu-share policy unless --policy is given.
+    #[arg(long = "partition", value_name = "NAME")]
+    pub partitions: Vec<String>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use gpu_share::packing::PackingPolicy;
 use gpu_share::packing::frag::TargetWorkload;
 use gpu_share::packing::score::TYPICAL_COVERAGE;
+use gpu_share::simulate::partition::Choice;
 use gpu_share::simulate::replay::{self, Trace, WorkloadSource};
 use gpu_share::simulate::{default_policies, driver};
 
@@ -16,14 +17,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/simulate")
         .join(name)
-}
-
-fn source(p: PackingPolicy, metric: &Arc<TargetWorkload>) -> WorkloadSource {
-    match p {
-        PackingPolicy::Fgd => WorkloadSource::Fixed(metric.clone()),
-        PackingPolicy::GpuShare => WorkloadSource::Online,
-        _ => WorkloadSource::None,
-    }
 }
 
 #[test]
@@ -39,6 +32,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
         nodes: &inputs.nodes,
         pods: &inputs.pods,
         metric: &metric,
+        explain: false,
     };
     for seed in [1, 2] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, seed, 1.3);
@@ -59,7 +53,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
                 &trace,
                 &order,
                 policy,
-                &source(policy, &metric),
+                &WorkloadSource::for_policy(policy, &metric),
                 seed,
                 || calls += 1,
             );
@@ -282,6 +276,7 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
         nodes: &inputs.nodes,
         pods: &inputs.pods,
         metric: &metric,
+        explain: false,
     };
     for policy in [PackingPolicy::GpuShare, PackingPolicy::BestFit] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, 5, 0.0);
@@ -293,4 +288,152 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
             out.placed
         );
     }
+}
+
+/// Partitioning what-ifs on the example cluster (A100 and 2x H100 MIG-capable, one L40S) and its
+/// 48 pods: 6 each of timeslice-20/30/50, mps-25, mig-1g.10gb, mig-3g.40gb, exclusive-1 and
+/// exclusive-2. The expected counts follow from the geometry, not from a previous run.
+#[test]
+fn partition_what_ifs_report_how_many_pods_fit_and_why_not() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let inputs = driver::load(
+        &root.join("tests/fixtures/extender/nodes.yaml"),
+        &fixture("cluster-pods.yaml"),
+    )
+    .unwrap();
+    assert_eq!(inputs.physical_gpus, vec![8, 8, 8, 4]);
+    let table = gpu_share::mig::MigTable::default();
+    let choices: Vec<Choice> = [
+        "as-is",
+        "exclusive",
+        "timeslice-4",
+        "mps-4",
+        "all-1g.10gb",
+        "all-balanced",
+    ]
+    .iter()
+    .map(|c| Choice::parse(c, &table).unwrap())
+    .collect();
+    let seeds = [1, 2, 3];
+    let rows = driver::what_if(&inputs, &choices, &[PackingPolicy::GpuShare], &seeds);
+    assert_eq!(rows.len(), 6);
+    let row = |name: &str| rows.iter().find(|r| r.partition == name).unwrap();
+    for r in &rows {
+        assert_eq!(r.pods, 48, "{}", r.partition);
+        assert_eq!(r.gpus, 28, "{}", r.partition);
+        assert!(r.pods_placed_min <= r.pods_placed_max && r.pods_placed_max <= 48);
+        let unplaced: f64 = r.unplaced.values().sum();
+        assert!(
+            (r.pods_placed + unplaced - 48.0).abs() < 0.3,
+            "{}: placed {} + unplaced {unplaced} must be every pod",
+            r.partition,
+            r.pods_placed
+        );
+        assert!(r.gpu_allocated_pct <= 100.0);
+    }
+    // As labelled, only the exclusive pods compete (for the L40S and the A100's full GPU).
+    let as_is = row("as-is");
+    assert!((38..=40).contains(&as_is.pods_placed_min), "{as_is:?}");
+    assert_eq!(as_is.nodes_changed, 4);
+    // Unshared: 54 GPUs asked for 28 even-sized nodes, so every GPU is taken.
+    let ex = row("exclusive");
+    assert_eq!(ex.gpu_allocated_pct, 100.0);
+    assert!(ex.pods_placed_max <= 28);
+    assert_eq!(ex.restated["mps-25"], "exclusive-1");
+    // Time-sliced everywhere: every share fits, no whole GPU is left.
+    let ts = row("timeslice-4");
+    assert_eq!((ts.pods_placed_min, ts.pods_placed_max), (36, 36));
+    assert_eq!(
+        ts.unplaced["exclusive-2: node shares GPUs by time-slicing; pod asks whole unshared GPUs"],
+        6.0
+    );
+    assert_eq!(ts.restated["mig-3g.40gb"], "timeslice-42.8 (40448 MiB)");
+    // MPS with 4 replicas: a replica is 25% of a GPU, so 30%, 3/7 and 50% do not fit.
+    let mps = row("mps-4");
+    assert_eq!((mps.pods_placed_min, mps.pods_placed_max), (18, 18));
+    assert_eq!(
+        mps.unplaced["mps-50: MPS replicas on this node are smaller than the request"],
+        6.0
+    );
+    // 1g.10gb devices hold only 1/7 of a GPU: the other shares cannot be expressed; the L40S
+    // (no MIG) keeps its whole GPUs.
+    let small = row("all-1g.10gb");
+    assert_eq!(small.nodes_changed, 3);
+    assert_eq!(small.nodes_kept["GPU model without MIG"], 1);
+    assert_eq!(small.restated["mps-25"], "not expressible");
+    assert!(small.pods_placed_max <= 6 + 4, "{small:?}");
+    assert!(
+        small
+            .unplaced
+            .keys()
+            .any(|k| k.starts_with("timeslice-50: needs 50% of a GPU")),
+        "{small:?}"
+    );
+    // all-balanced (2x 1g, 2g, 3g): 25% and 20% take the 2g, 30% the 3g, 50% has no device.
+    let bal = row("all-balanced");
+    assert_eq!(bal.restated["mps-25"], "mig-2g.20gb");
+    assert_eq!(bal.restated["timeslice-30"], "mig-3g.40gb");
+    assert_eq!(bal.restated["timeslice-50"], "not expressible");
+}
+
+#[test]
+fn cli_partition_prints_the_what_if_table_and_json() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("what-if.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .arg("simulate")
+        .arg("--nodes")
+        .arg(root.join("tests/fixtures/extender/nodes.yaml"))
+        .arg("--pods")
+        .arg(fixture("cluster-pods.yaml"))
+        .args([
+            "--seeds",
+            "4",
+            "--partition",
+            "as-is,mps-2",
+            "--partition",
+            "all-balanced",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "as-is",
+        "mps-2",
+        "all-balanced",
+        "pods placed",
+        "not placed: exclusive-2",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["seeds"], serde_json::json!([4]));
+    let names: Vec<&str> = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["partition"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["as-is", "mps-2", "all-balanced"]);
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpu-share"))
+        .arg("simulate")
+        .arg("--nodes")
+        .arg(root.join("tests/fixtures/extender/nodes.yaml"))
+        .arg("--pods")
+        .arg(fixture("cluster-pods.yaml"))
+        .args(["--partition", "all-1g.11gb"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let e = String::from_utf8(bad.stderr).unwrap();
+    assert!(e.contains("did you mean all-1g.10gb"), "{e}");
 }

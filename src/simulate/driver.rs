@@ -7,11 +7,13 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
+use super::partition::{self, Choice, ChoiceReport, ClusterNode, Prepared};
 use super::replay::{self, Order, RunOutcome, Trace, WorkloadSource};
 use super::report::{self, Report};
 use super::trace::{self, TracePod};
 use crate::cli::SimulateArgs;
 use crate::inventory::GpuNode;
+use crate::mig::MigTable;
 use crate::packing::frag::TargetWorkload;
 use crate::packing::score::TYPICAL_COVERAGE;
 use crate::packing::{GPU_MILLI, PackingPolicy};
@@ -19,6 +21,8 @@ use crate::packing::{GPU_MILLI, PackingPolicy};
 /// The loaded inputs.
 pub struct Inputs {
     pub nodes: Vec<GpuNode>,
+    /// Physical GPUs per node (what a partitioning what-if reconfigures).
+    pub physical_gpus: Vec<u32>,
     pub pods: Vec<TracePod>,
 }
 
@@ -39,10 +43,16 @@ fn is_csv(path: &Path, text: &str) -> bool {
 pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, String> {
     let ntext = read(nodes)?;
     let ptext = read(pods)?;
-    let nodes_v = if is_csv(nodes, &ntext) {
-        trace::parse_nodes_csv(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?
+    let (nodes_v, physical_gpus) = if is_csv(nodes, &ntext) {
+        let v = trace::parse_nodes_csv(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?;
+        let gpus = v.iter().map(|n| n.gpus).collect();
+        (v, gpus)
     } else {
-        super::kube::parse_node_list(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?
+        super::kube::parse_node_list(&ntext)
+            .map_err(|e| format!("{}: {e}", nodes.display()))?
+            .into_iter()
+            .map(|c| (c.node, c.physical_gpus))
+            .unzip()
     };
     let pods_v = if is_csv(pods, &ptext) {
         trace::parse_pods_csv(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
@@ -51,6 +61,7 @@ pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, String> {
     };
     Ok(Inputs {
         nodes: nodes_v,
+        physical_gpus,
         pods: pods_v,
     })
 }
@@ -100,17 +111,14 @@ pub fn simulate(
         .par_iter()
         .map(|&(pi, si)| {
             let policy = policies[pi];
-            let source = match policy {
-                PackingPolicy::Fgd => WorkloadSource::Fixed(metric.clone()),
-                PackingPolicy::GpuShare => WorkloadSource::Online,
-                _ => WorkloadSource::None,
-            };
+            let source = WorkloadSource::for_policy(policy, &metric);
             let mut n = 0u64;
             let out = replay::run(
                 &Trace {
                     nodes: &inputs.nodes,
                     pods: &inputs.pods,
                     metric: &metric,
+                    explain: false,
                 },
                 &orders[si],
                 policy,
@@ -150,6 +158,76 @@ pub fn simulate(
     }
 }
 
+/// Partitioning what-ifs: every (choice, policy, seed) replay of the pods as listed (no
+/// inflation), with the reason each unplaced pod fit nowhere.
+pub fn what_if(
+    inputs: &Inputs,
+    choices: &[Choice],
+    policies: &[PackingPolicy],
+    seeds: &[u64],
+) -> Vec<ChoiceReport> {
+    let table = MigTable::default();
+    let cluster: Vec<ClusterNode> = inputs
+        .nodes
+        .iter()
+        .zip(&inputs.physical_gpus)
+        .map(|(n, g)| ClusterNode {
+            node: n.clone(),
+            physical_gpus: *g,
+        })
+        .collect();
+    let prepared: Vec<(Prepared, Arc<TargetWorkload>)> = choices
+        .iter()
+        .map(|c| {
+            let p = partition::prepare(&cluster, &inputs.pods, c, &table);
+            let metric = Arc::new(TargetWorkload::typical(
+                p.pods.iter().map(|p| &p.demand),
+                TYPICAL_COVERAGE,
+            ));
+            (p, metric)
+        })
+        .collect();
+    let jobs: Vec<(usize, usize, usize)> = (0..prepared.len())
+        .flat_map(|c| {
+            (0..policies.len()).flat_map(move |p| (0..seeds.len()).map(move |s| (c, p, s)))
+        })
+        .collect();
+    let runs: Vec<((usize, usize), RunOutcome)> = jobs
+        .par_iter()
+        .map(|&(ci, pi, si)| {
+            let (prep, metric) = &prepared[ci];
+            let capacity: u64 = prep.nodes.iter().map(trace::node_capacity_milli).sum();
+            let order = replay::order(&prep.pods, prep.nodes.len(), capacity, seeds[si], 0.0);
+            let out = replay::run(
+                &Trace {
+                    nodes: &prep.nodes,
+                    pods: &prep.pods,
+                    metric,
+                    explain: true,
+                },
+                &order,
+                policies[pi],
+                &WorkloadSource::for_policy(policies[pi], metric),
+                seeds[si],
+                || {},
+            );
+            ((ci, pi), out)
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for (ci, (prep, _)) in prepared.iter().enumerate() {
+        for (pi, policy) in policies.iter().enumerate() {
+            let mine: Vec<RunOutcome> = runs
+                .iter()
+                .filter(|(k, _)| *k == (ci, pi))
+                .map(|(_, r)| r.clone())
+                .collect();
+            rows.push(partition::choice_report(prep, policy.name(), &mine));
+        }
+    }
+    rows
+}
+
 /// `gpu-share simulate`: returns the text to print.
 pub fn run(args: &SimulateArgs) -> Result<String, String> {
     let seeds = super::parse_seeds(&args.seeds)?;
@@ -157,12 +235,40 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     if !(0.0..=100.0).contains(&args.tune) || args.tune.is_nan() {
         return Err(format!("--tune {} is out of range (0 to 100)", args.tune));
     }
+    let table = MigTable::default();
+    let choices: Vec<Choice> = args
+        .partitions
+        .iter()
+        .flat_map(|p| p.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| Choice::parse(p, &table))
+        .collect::<Result<_, _>>()?;
     let inputs = load(&args.nodes, &args.pods)?;
     if let Some(t) = args.threads {
         // A second call (tests) finds the pool built: keep it.
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(t.max(1))
             .build_global();
+    }
+    if !choices.is_empty() {
+        // What-ifs replay gpu-share's policy unless policies are named.
+        let policies = if args.policies.is_empty() {
+            vec![PackingPolicy::GpuShare]
+        } else {
+            policies
+        };
+        let rows = what_if(&inputs, &choices, &policies, &seeds);
+        if let Some(path) = &args.json {
+            let text = serde_json::to_string_pretty(&serde_json::json!({
+                "seeds": seeds,
+                "partitions": rows,
+            }))
+            .map_err(|e| e.to_string())?;
+            std::fs::write(path, text + "\n")
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        return Ok(partition::table(&rows, &seeds));
     }
     tracing::info!(
         nodes = inputs.nodes.len(),

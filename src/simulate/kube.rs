@@ -15,10 +15,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
+use super::partition::ClusterNode;
 use super::trace::TracePod;
-use crate::inventory::{self, GpuNode, LABEL_PRODUCT, RESOURCE_GPU};
+use crate::inventory::{self, GpuNode, LABEL_COUNT, LABEL_PRODUCT, RESOURCE_GPU};
 use crate::ledger;
-use crate::packing::{Demand, GpuDemand};
+use crate::packing::{Demand, GPU_MILLI, GpuDemand};
 use crate::request;
 
 /// JSON, a YAML stream, `items` lists and arrays, flattened to objects.
@@ -59,8 +60,23 @@ fn memory_mib(q: &str) -> Option<u64> {
     inventory::quantity_milli(q).and_then(|m| u64::try_from(m / 1000 / (1 << 20)).ok())
 }
 
+/// Physical GPUs: GFD's `nvidia.com/gpu.count`, else the full GPUs plus the GPUs the MIG
+/// devices fill (by compute slices, sevenths).
+fn physical_gpus(node: &Node, g: &GpuNode) -> u32 {
+    let label = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_COUNT))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let capacity = super::trace::node_capacity_milli(g).div_ceil(u64::from(GPU_MILLI));
+    label
+        .unwrap_or(0)
+        .max(u32::try_from(capacity).unwrap_or(u32::MAX))
+}
+
 /// Reads the GPU nodes of a NodeList.
-pub fn parse_node_list(text: &str) -> Result<Vec<GpuNode>, String> {
+pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
     let mut out = Vec::new();
     for (i, doc) in documents(text)?.into_iter().enumerate() {
         let what = describe(&doc, i);
@@ -76,7 +92,10 @@ pub fn parse_node_list(text: &str) -> Result<Vec<GpuNode>, String> {
         g.memory_mib = alloc
             .and_then(|a| a.get("memory"))
             .and_then(|q| memory_mib(&q.0));
-        out.push(g);
+        out.push(ClusterNode {
+            physical_gpus: physical_gpus(&node, &g),
+            node: g,
+        });
     }
     if out.is_empty() {
         return Err(
@@ -199,7 +218,13 @@ items:
 
     #[test]
     fn gpu_nodes_come_from_gfd_labels_with_cpu_and_memory() {
-        let nodes = parse_node_list(NODES).unwrap();
+        let cluster = parse_node_list(NODES).unwrap();
+        assert_eq!(
+            cluster.iter().map(|c| c.physical_gpus).collect::<Vec<_>>(),
+            vec![2, 1],
+            "GFD's gpu.count; MIG devices fill one GPU"
+        );
+        let nodes: Vec<GpuNode> = cluster.into_iter().map(|c| c.node).collect();
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[0].sharing, Sharing::TimeSlicing { replicas: 4 });
         assert_eq!(nodes[0].cpu_milli, Some(32_000));

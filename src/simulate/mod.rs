@@ -7,6 +7,7 @@
 
 pub mod chart;
 pub mod kube;
+pub mod partition;
 pub mod replay;
 pub mod report;
 pub mod trace;

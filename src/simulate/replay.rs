@@ -8,6 +8,7 @@
 //! Placement goes through [`packing::fit`] and [`Scorer::evaluate`]: the code the extender's
 //! filter, prioritize and bind run.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
@@ -17,7 +18,9 @@ use rand_chacha::ChaCha8Rng;
 use super::trace::{TracePod, gpu_request_milli};
 use crate::inventory::GpuNode;
 use crate::packing::frag::TargetWorkload;
-use crate::packing::{self, Demand, GPU_MILLI, OnlineWorkload, PackingPolicy, Scorer, Usage};
+use crate::packing::{
+    self, Demand, GPU_MILLI, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
+};
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
 /// index) and the node order.
@@ -92,6 +95,8 @@ pub struct RunOutcome {
     pub samples: Vec<Sample>,
     pub placed: usize,
     pub failed: usize,
+    /// With [`Trace::explain`]: each pod that fit nowhere (its index in the trace) and why.
+    pub unplaced: Vec<(usize, Reason)>,
 }
 
 /// How a policy's workload estimate is obtained.
@@ -105,6 +110,18 @@ pub enum WorkloadSource {
     Online,
 }
 
+impl WorkloadSource {
+    /// What a policy reads: FGD's estimate fixed up front (`fixed`), gpu-share's learnt online,
+    /// nothing for the others.
+    pub fn for_policy(policy: PackingPolicy, fixed: &Arc<TargetWorkload>) -> Self {
+        match policy {
+            PackingPolicy::Fgd => WorkloadSource::Fixed(fixed.clone()),
+            PackingPolicy::GpuShare => WorkloadSource::Online,
+            _ => WorkloadSource::None,
+        }
+    }
+}
+
 /// Per node and shape: the node's version when scored, and the score (`None`: does not fit).
 #[derive(Clone, Copy)]
 struct Slot {
@@ -113,7 +130,7 @@ struct Slot {
 }
 
 struct Shapes {
-    index: std::collections::HashMap<Demand, usize>,
+    index: HashMap<Demand, usize>,
 }
 
 impl Shapes {
@@ -132,6 +149,8 @@ pub struct Trace<'a> {
     /// The fixed workload the fragmentation metric is measured against (the untuned trace's
     /// typical shapes).
     pub metric: &'a TargetWorkload,
+    /// Record why each unplaced pod fit nowhere (a fit check per node per failure).
+    pub explain: bool,
 }
 
 /// Replays the trace's pods in `order` with `policy`; `progress` is called after every pod.
@@ -147,6 +166,7 @@ pub fn run(
         nodes,
         pods,
         metric,
+        explain,
     } = *trace;
     let capacity_milli: u64 = nodes.iter().map(super::trace::node_capacity_milli).sum();
     let mut usages: Vec<Usage> = nodes.iter().map(Usage::empty).collect();
@@ -182,6 +202,7 @@ pub fn run(
         frag_milli: frag_total,
     });
     let (mut placed, mut failed) = (0, 0);
+    let mut unplaced = Vec::new();
 
     for &pi in &order.pods {
         let demand = &pods[pi].demand;
@@ -254,6 +275,9 @@ pub fn run(
             placed += 1;
         } else {
             failed += 1;
+            if explain {
+                unplaced.push((pi, why_nowhere(nodes, &usages, demand)));
+            }
         }
         samples.push(Sample {
             arrived_milli: arrived,
@@ -268,7 +292,31 @@ pub fn run(
         samples,
         placed,
         failed,
+        unplaced,
     }
+}
+
+/// Why a demand fit no node: the most common reason among nodes that only lacked room (freed
+/// capacity would help), else the most common reason of all.
+fn why_nowhere(nodes: &[GpuNode], usages: &[Usage], demand: &Demand) -> Reason {
+    let mut counts: HashMap<Reason, usize> = HashMap::new();
+    for (n, u) in nodes.iter().zip(usages) {
+        // A node that passes `fit` but offers no placement lacks room on any single GPU.
+        let r = packing::fit(n, u, demand)
+            .err()
+            .unwrap_or(Reason::NoGpuWithRoom);
+        *counts.entry(r).or_default() += 1;
+    }
+    let pick = |resolvable: bool| {
+        counts
+            .iter()
+            .filter(|(r, _)| r.resolvable() == resolvable)
+            .max_by_key(|(r, n)| (**n, std::cmp::Reverse(r.label())))
+            .map(|(r, _)| r.clone())
+    };
+    pick(true)
+        .or_else(|| pick(false))
+        .unwrap_or(Reason::UnknownNode)
 }
 
 fn evaluate(scorer: &Scorer, node: &GpuNode, usage: &Usage, demand: &Demand) -> Option<f64> {
