@@ -104,7 +104,8 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     let mut total: BTreeMap<String, u64> = BTreeMap::new();
     for c in &spec.containers {
         for (k, n) in limits_of(c) {
-            *total.entry(k).or_default() += n;
+            let e = total.entry(k).or_default();
+            *e = e.saturating_add(n);
         }
     }
     for c in spec.init_containers.iter().flatten() {
@@ -204,6 +205,16 @@ pub struct ObservedPod {
     pub gpus: Option<Vec<(u32, u32)>>,
 }
 
+/// A bind annotation's per-GPU shares add up to at most one GPU on every GPU it names.
+fn no_gpu_over_full(gpus: &[(u32, u32)]) -> bool {
+    let mut per: BTreeMap<u32, u32> = BTreeMap::new();
+    gpus.iter().all(|(i, m)| {
+        let e = per.entry(*i).or_default();
+        *e = e.saturating_add(*m);
+        *e <= 1000
+    })
+}
+
 /// One node's capacity, usage and holders.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -250,24 +261,30 @@ impl NodeLedger {
     /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
     /// bound by another scheduler still occupies the device). Replaces an earlier record.
     pub fn record(&mut self, observed: &ObservedPod) {
-        if let Some(existing) = self.holdings.get(&observed.pod.uid)
-            && existing.demand == observed.demand
-            && observed
-                .gpus
-                .as_ref()
-                .is_none_or(|g| *g == existing.placement.gpus)
-        {
-            return;
-        }
+        // A pod already held here keeps the demand it was bound with: its annotations can be
+        // edited later, what the device plugin gave it cannot. Only the per-GPU choice may be
+        // refreshed (the bind annotation arriving after a restart).
+        let demand = match self.holdings.get(&observed.pod.uid) {
+            Some(existing)
+                if observed
+                    .gpus
+                    .as_ref()
+                    .is_none_or(|g| *g == existing.placement.gpus) =>
+            {
+                return;
+            }
+            Some(existing) => existing.demand.clone(),
+            None => observed.demand.clone(),
+        };
         self.release(&observed.pod.uid);
-        let placement = self.placement_for(&observed.demand, observed.gpus.as_deref());
+        let placement = self.placement_for(&demand, observed.gpus.as_deref());
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             observed.pod.uid.clone(),
             Holding {
                 pod: observed.pod.clone(),
                 node: self.node.name.clone(),
-                demand: observed.demand.clone(),
+                demand,
                 placement,
             },
         );
@@ -277,11 +294,13 @@ impl NodeLedger {
     /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
     fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
         let scorer = Scorer::new(packing::PackingPolicy::Binpack);
-        let mut best = packing::best_candidate(&scorer, &self.node, &self.usage, demand)
-            .map(|(p, _)| p)
-            .unwrap_or_default();
+        // The pod is running: when the model has no room for it, it still holds its units.
+        let mut best = scorer
+            .evaluate(&self.node, &self.usage, demand)
+            .map_or_else(|| packing::node_level(&self.node, demand), |(p, _)| p);
         if let Some(gpus) = gpus
-            && gpus.iter().all(|(i, m)| *i < self.node.gpus && *m <= 1000)
+            && gpus.iter().all(|(i, _)| *i < self.node.gpus)
+            && no_gpu_over_full(gpus)
             && gpus.iter().map(|(_, m)| m).sum::<u32>()
                 == best.gpus.iter().map(|(_, m)| m).sum::<u32>()
         {
@@ -753,6 +772,68 @@ mod tests {
         l.release("a");
         assert!(l.reserve(&scorer, "n1", pref("d"), d).is_ok());
         assert_eq!(l.with_node("n1", |nl| nl.within_capacity()), Some(true));
+    }
+
+    #[test]
+    fn recorded_pods_keep_their_bound_demand_and_their_units() {
+        let l = Ledger::new();
+        l.upsert_node(GpuNode::whole("n", "H100", 2, 81559));
+        let observed = |uid: &str, count: u32, gpus: Option<Vec<(u32, u32)>>| ObservedPod {
+            pod: pref(uid),
+            node: "n".into(),
+            demand: Demand::gpu(GpuDemand::Whole { count }),
+            gpus,
+        };
+        l.record(&observed("a", 2, None));
+        assert_eq!(l.with_node("n", |nl| nl.usage.slots), Some(2));
+        // Editing the annotation of a running pod does not shrink what it holds.
+        l.record(&observed("a", 1, None));
+        assert_eq!(l.with_node("n", |nl| nl.usage.slots), Some(2));
+        assert_eq!(
+            l.holding("a").unwrap().demand.gpu,
+            GpuDemand::Whole { count: 2 }
+        );
+        // A pod running where the model has no free GPU still holds its units.
+        l.record(&observed("b", 1, None));
+        assert_eq!(l.with_node("n", |nl| nl.usage.slots), Some(3));
+        assert_eq!(l.with_node("n", |nl| nl.within_capacity()), Some(false));
+        // A bind annotation naming one GPU twice is not believed.
+        l.upsert_node(GpuNode::whole("m", "H100", 2, 81559));
+        l.record(&ObservedPod {
+            node: "m".into(),
+            ..observed("c", 2, Some(vec![(0, 1000), (0, 1000)]))
+        });
+        assert_eq!(
+            l.with_node("m", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![1000, 1000])
+        );
+    }
+
+    #[test]
+    fn a_huge_recorded_unit_count_is_bounded_by_the_node() {
+        let mut nl = NodeLedger::new(GpuNode::shared(
+            "ts",
+            "H100",
+            2,
+            81559,
+            Sharing::TimeSlicing { replicas: 4 },
+        ));
+        nl.record(&ObservedPod {
+            pod: pref("x"),
+            node: "ts".into(),
+            demand: Demand::gpu(GpuDemand::Units {
+                resource: "nvidia.com/gpu".into(),
+                count: u32::MAX,
+            }),
+            gpus: None,
+        });
+        let h = nl.holdings.get("x").unwrap();
+        assert_eq!(
+            h.placement.gpus.len(),
+            8,
+            "one modelled replica per unit the node has"
+        );
+        assert_eq!(nl.usage.slots, u32::MAX);
     }
 
     #[test]

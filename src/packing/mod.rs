@@ -13,7 +13,8 @@
 pub mod frag;
 pub mod score;
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use serde::Serialize;
 
@@ -190,20 +191,22 @@ impl Placement {
 
 /// Adds a placement to a node's usage.
 pub fn apply(usage: &mut Usage, p: &Placement) {
+    // Saturating: a recorded pod may claim more than any node has (its spec is not ours).
     for (i, m) in &p.gpus {
         if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
-            *g += m;
+            *g = g.saturating_add(*m);
         }
     }
-    usage.slots += p.slots;
-    usage.budget_milli += p.budget_milli;
-    usage.gpu_memory_mib += p.gpu_memory_mib;
+    usage.slots = usage.slots.saturating_add(p.slots);
+    usage.budget_milli = usage.budget_milli.saturating_add(p.budget_milli);
+    usage.gpu_memory_mib = usage.gpu_memory_mib.saturating_add(p.gpu_memory_mib);
     if let Some((profile, n)) = &p.mig {
-        *usage.mig.entry(profile.clone()).or_default() += n;
+        let used = usage.mig.entry(profile.clone()).or_default();
+        *used = used.saturating_add(*n);
     }
-    usage.cpu_milli += p.cpu_milli;
-    usage.memory_mib += p.memory_mib;
-    usage.pods += 1;
+    usage.cpu_milli = usage.cpu_milli.saturating_add(p.cpu_milli);
+    usage.memory_mib = usage.memory_mib.saturating_add(p.memory_mib);
+    usage.pods = usage.pods.saturating_add(1);
     if let Some(t) = p.tag {
         *usage.tags.entry(t).or_default() += 1;
     }
@@ -384,12 +387,12 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
         }
     }
     if let Some(cpu) = node.cpu_milli
-        && usage.cpu_milli + demand.cpu_milli > cpu
+        && usage.cpu_milli.saturating_add(demand.cpu_milli) > cpu
     {
         return Err(Reason::Cpu);
     }
     if let Some(mem) = node.memory_mib
-        && usage.memory_mib + demand.memory_mib > mem
+        && usage.memory_mib.saturating_add(demand.memory_mib) > mem
     {
         return Err(Reason::Memory);
     }
@@ -488,11 +491,14 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 if free_slots < 1 {
                     return Err(Reason::NoFreeReplica);
                 }
-                if usage.budget_milli + u64::from(*milli) > u64::from(node.gpus) * 1000 {
+                if usage.budget_milli.saturating_add(u64::from(*milli))
+                    > u64::from(node.gpus) * 1000
+                {
                     return Err(Reason::BudgetUsedUp);
                 }
                 if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && usage.gpu_memory_mib + want > gpu_mem * u64::from(node.gpus)
+                    && usage.gpu_memory_mib.saturating_add(*want)
+                        > gpu_mem.saturating_mul(u64::from(node.gpus))
                 {
                     return Err(Reason::MemoryBudgetUsedUp);
                 }
@@ -507,7 +513,11 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 {
                     return Err(Reason::GpuMemoryTooSmall);
                 }
-                if usage.gpu_milli.iter().any(|m| m + milli <= GPU_MILLI) {
+                if usage
+                    .gpu_milli
+                    .iter()
+                    .any(|m| m.saturating_add(*milli) <= GPU_MILLI)
+                {
                     Ok(())
                 } else {
                     Err(Reason::NoGpuWithRoom)
@@ -527,7 +537,9 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             }
             // On a time-sliced node each unit counts its fair share against the budget.
             if let Sharing::TimeSlicing { .. } = node.sharing
-                && usage.budget_milli + u64::from(*count) * u64::from(replica_milli(node))
+                && usage
+                    .budget_milli
+                    .saturating_add(u64::from(*count) * u64::from(replica_milli(node)))
                     > u64::from(node.gpus) * 1000
             {
                 return Err(Reason::BudgetUsedUp);
@@ -537,15 +549,59 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
     }
 }
 
-/// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
-/// GPU state, after [`fit`] said yes. Whole-GPU demands take the lowest-index free GPUs.
-pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
+/// What a demand holds on a node apart from the per-GPU model: pool units, time-slicing budget,
+/// declared GPU memory, MIG devices, CPU and memory. Every candidate starts from this; a pod
+/// already running where the model has no room is recorded with exactly this.
+pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
     let base = Placement {
         cpu_milli: demand.cpu_milli,
         memory_mib: demand.memory_mib,
         tag: demand.gpu.tag(),
         ..Placement::default()
     };
+    let per_gpu_model = node.sharing == Sharing::PerGpu;
+    match &demand.gpu {
+        GpuDemand::None => base,
+        GpuDemand::Whole { count } => Placement {
+            slots: if per_gpu_model { 0 } else { *count },
+            ..base
+        },
+        GpuDemand::Mig { profile, count } => match node.mig {
+            MigLayout::Single { .. } => Placement {
+                slots: *count,
+                ..base
+            },
+            _ => Placement {
+                mig: Some((profile.clone(), *count)),
+                ..base
+            },
+        },
+        GpuDemand::Mps { memory_mib, .. } => Placement {
+            slots: 1,
+            gpu_memory_mib: memory_mib.unwrap_or(0),
+            ..base
+        },
+        GpuDemand::Timeslice { milli, memory_mib } => Placement {
+            slots: u32::from(!per_gpu_model),
+            budget_milli: if per_gpu_model { 0 } else { u64::from(*milli) },
+            gpu_memory_mib: memory_mib.unwrap_or(0),
+            ..base
+        },
+        GpuDemand::Units { count, .. } => Placement {
+            slots: *count,
+            budget_milli: match node.sharing {
+                Sharing::TimeSlicing { .. } => u64::from(*count) * u64::from(replica_milli(node)),
+                _ => 0,
+            },
+            ..base
+        },
+    }
+}
+
+/// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
+/// GPU state, after [`fit`] said yes. Whole-GPU demands take the lowest-index free GPUs.
+pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
+    let base = node_level(node, demand);
     let free_indexes = |n: u32| -> Vec<(u32, u32)> {
         usage
             .gpu_milli
@@ -561,7 +617,7 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
         let mut seen = Vec::new();
         let mut out = Vec::new();
         for (i, m) in usage.gpu_milli.iter().enumerate() {
-            if m + milli > GPU_MILLI {
+            if m.saturating_add(milli) > GPU_MILLI {
                 continue;
             }
             if seen.contains(m) {
@@ -579,99 +635,51 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
         }
         out
     };
+    let one_gpu_each = |gpus: Vec<(u32, u32)>| -> Vec<Placement> {
+        gpus.into_iter()
+            .map(|g| Placement {
+                gpus: vec![g],
+                ..base.clone()
+            })
+            .collect()
+    };
     match &demand.gpu {
-        GpuDemand::None => vec![base],
-        GpuDemand::Whole { count } => {
-            let slots = if node.sharing == Sharing::PerGpu {
-                0
-            } else {
-                *count
-            };
-            vec![Placement {
-                gpus: free_indexes(*count),
-                slots,
-                ..base
-            }]
-        }
-        GpuDemand::Mig { profile, count } => {
-            let (slots, mig) = match node.mig {
-                MigLayout::Single { .. } => (*count, None),
-                _ => (0, Some((profile.clone(), *count))),
-            };
-            vec![Placement { slots, mig, ..base }]
-        }
-        GpuDemand::Mps { memory_mib, .. } => {
-            let r = replica_milli(node);
-            per_gpu(r, false)
-                .into_iter()
-                .map(|g| Placement {
-                    gpus: vec![g],
-                    slots: 1,
-                    gpu_memory_mib: memory_mib.unwrap_or(0),
-                    ..base.clone()
-                })
-                .collect()
-        }
-        GpuDemand::Timeslice { milli, memory_mib } => {
-            let strict = node.sharing == Sharing::PerGpu;
-            let slots = u32::from(!strict);
-            per_gpu(*milli, strict)
-                .into_iter()
-                .map(|g| Placement {
-                    gpus: vec![g],
-                    slots,
-                    budget_milli: if strict { 0 } else { u64::from(*milli) },
-                    gpu_memory_mib: memory_mib.unwrap_or(0),
-                    ..base.clone()
-                })
-                .collect()
+        GpuDemand::None | GpuDemand::Mig { .. } => vec![base],
+        GpuDemand::Whole { count } => vec![Placement {
+            gpus: free_indexes(*count),
+            ..base
+        }],
+        GpuDemand::Mps { .. } => one_gpu_each(per_gpu(replica_milli(node), false)),
+        GpuDemand::Timeslice { milli, .. } => {
+            one_gpu_each(per_gpu(*milli, node.sharing == Sharing::PerGpu))
         }
         GpuDemand::Units { count, .. } => {
             let gpus = match node.sharing {
                 Sharing::None | Sharing::PerGpu => free_indexes(*count),
                 Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
-                    // Each unit is one replica: model them on the least-loaded GPUs.
+                    // Each unit is one replica: model them on the least-loaded GPUs. No node
+                    // hands out more units than it has (a recorded pod may claim more).
                     let r = replica_milli(node);
-                    let mut load: Vec<(u32, u32)> = usage
+                    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
                         .gpu_milli
                         .iter()
                         .enumerate()
-                        .map(|(i, m)| (*m, i as u32))
+                        .map(|(i, m)| Reverse((*m, i as u32)))
                         .collect();
                     let mut out = Vec::new();
-                    for _ in 0..*count {
-                        load.sort();
-                        if let Some(first) = load.first_mut() {
-                            out.push((first.1, r));
-                            first.0 += r;
-                        }
+                    for _ in 0..(*count).min(node.slots) {
+                        let Some(Reverse((m, i))) = load.pop() else {
+                            break;
+                        };
+                        out.push((i, r));
+                        load.push(Reverse((m.saturating_add(r), i)));
                     }
                     out
                 }
             };
-            let budget = match node.sharing {
-                Sharing::TimeSlicing { .. } => u64::from(*count) * u64::from(replica_milli(node)),
-                _ => 0,
-            };
-            vec![Placement {
-                gpus,
-                slots: *count,
-                budget_milli: budget,
-                ..base
-            }]
+            vec![Placement { gpus, ..base }]
         }
     }
-}
-
-/// The placement the scorer likes best on this node, with the node's score (see
-/// [`Scorer::evaluate`]). Does not check the fit.
-pub fn best_candidate(
-    scorer: &Scorer,
-    node: &GpuNode,
-    usage: &Usage,
-    demand: &Demand,
-) -> Option<(Placement, f64)> {
-    scorer.evaluate(node, usage, demand)
 }
 
 /// Fits, then picks the placement the scorer likes best. Returns the placement and its score.
@@ -682,7 +690,9 @@ pub fn place(
     demand: &Demand,
 ) -> Result<(Placement, f64), Reason> {
     fit(node, usage, demand)?;
-    best_candidate(scorer, node, usage, demand).ok_or(Reason::NoGpuWithRoom)
+    scorer
+        .evaluate(node, usage, demand)
+        .ok_or(Reason::NoGpuWithRoom)
 }
 
 /// Integer extender scores 0..=10 from raw scores (higher is better): min-max scaled, so the

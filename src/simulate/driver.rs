@@ -59,6 +59,9 @@ pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, String> {
     } else {
         super::kube::parse_pod_list(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
     };
+    if nodes_v.iter().map(trace::node_capacity_milli).sum::<u64>() == 0 {
+        return Err(format!("{}: the nodes have no GPUs", nodes.display()));
+    }
     Ok(Inputs {
         nodes: nodes_v,
         physical_gpus,

@@ -82,16 +82,10 @@ pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
         let what = describe(&doc, i);
         let node: Node =
             serde_json::from_value(doc).map_err(|e| format!("{what} is not a Node: {e}"))?;
-        let Some(mut g) = inventory::from_node(&node, RESOURCE_GPU) else {
+        // Allocatable CPU and memory come with the inventory.
+        let Some(g) = inventory::from_node(&node, RESOURCE_GPU) else {
             continue;
         };
-        let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-        g.cpu_milli = alloc
-            .and_then(|a| a.get("cpu"))
-            .and_then(|q| cpu_milli(&q.0));
-        g.memory_mib = alloc
-            .and_then(|a| a.get("memory"))
-            .and_then(|q| memory_mib(&q.0));
         out.push(ClusterNode {
             physical_gpus: physical_gpus(&node, &g),
             node: g,
@@ -158,11 +152,12 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
                 .as_ref()
                 .and_then(|r| r.requests.clone())
                 .unwrap_or_default();
-            cpu += req.get("cpu").and_then(|q| cpu_milli(&q.0)).unwrap_or(0);
-            mem += req
-                .get("memory")
-                .and_then(|q| memory_mib(&q.0))
-                .unwrap_or(0);
+            cpu = cpu.saturating_add(req.get("cpu").and_then(|q| cpu_milli(&q.0)).unwrap_or(0));
+            mem = mem.saturating_add(
+                req.get("memory")
+                    .and_then(|q| memory_mib(&q.0))
+                    .unwrap_or(0),
+            );
         }
         out.push(TracePod {
             name: pod

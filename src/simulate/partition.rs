@@ -165,7 +165,7 @@ pub fn node_under(
     let node = &n.node;
     let plain = |sharing: Sharing| GpuNode {
         gpus: n.physical_gpus,
-        slots: n.physical_gpus * sharing.replicas(),
+        slots: n.physical_gpus.saturating_mul(sharing.replicas()),
         sharing,
         pool_resource: RESOURCE_GPU.to_string(),
         mig: MigLayout::None,
@@ -188,7 +188,7 @@ pub fn node_under(
                 .ok_or("GPU model without this MIG profile")?;
             let instances: BTreeMap<String, u32> = layout
                 .into_iter()
-                .map(|(p, c)| (p.name.clone(), c * n.physical_gpus))
+                .map(|(p, c)| (p.name.clone(), c.saturating_mul(n.physical_gpus)))
                 .collect();
             Ok(GpuNode {
                 gpus: 0,

@@ -39,7 +39,9 @@ pub fn order(pods: &[TracePod], nodes: usize, capacity_milli: u64, seed: u64, tu
     let mut idx: Vec<usize> = (0..pods.len()).collect();
     idx.sort_by(|a, b| pods[*a].name.cmp(&pods[*b].name));
     idx.shuffle(&mut rng);
-    if tune > 0.0 && !pods.is_empty() {
+    // Inflation draws GPU pods; a trace without one has nothing to inflate.
+    let draws_gpu = pods.iter().any(|p| per_gpu_milli(&p.demand) > 0);
+    if tune > 0.0 && draws_gpu {
         let cap = (tune * capacity_milli as f64) as u64;
         let mut total: u64 = idx.iter().map(|i| pods[*i].gpu_milli()).sum();
         if total <= cap {
@@ -320,6 +322,71 @@ fn why_nowhere(nodes: &[GpuNode], usages: &[Usage], demand: &Demand) -> Reason {
 }
 
 fn evaluate(scorer: &Scorer, node: &GpuNode, usage: &Usage, demand: &Demand) -> Option<f64> {
-    packing::fit(node, usage, demand).ok()?;
-    scorer.evaluate(node, usage, demand).map(|(_, s)| s)
+    packing::place(scorer, node, usage, demand)
+        .ok()
+        .map(|(_, s)| s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packing::GpuDemand;
+
+    fn pod(name: &str, gpu: GpuDemand) -> TracePod {
+        TracePod {
+            name: name.into(),
+            demand: Demand {
+                cpu_milli: 1000,
+                ..Demand::gpu(gpu)
+            },
+        }
+    }
+
+    #[test]
+    fn inflation_stops_even_without_gpu_pods() {
+        let cpu_only = vec![pod("a", GpuDemand::None), pod("b", GpuDemand::None)];
+        let o = order(&cpu_only, 3, 8000, 1, 1.3);
+        assert_eq!(o.pods.len(), 2, "nothing to inflate");
+        let mixed = vec![
+            pod("a", GpuDemand::None),
+            pod("b", GpuDemand::Whole { count: 1 }),
+        ];
+        let o = order(&mixed, 1, 8000, 1, 1.3);
+        let asked: u64 = o.pods.iter().map(|i| mixed[*i].gpu_milli()).sum();
+        assert!(asked <= 10_400 && asked > 8000, "{asked}");
+    }
+
+    #[test]
+    fn unplaced_pods_are_explained_in_the_fit_reasons() {
+        let nodes = vec![GpuNode::whole("n", "H100", 1, 81559)];
+        let pods = vec![
+            pod("a", GpuDemand::Whole { count: 1 }),
+            pod("b", GpuDemand::Whole { count: 1 }),
+            pod("c", GpuDemand::Whole { count: 2 }),
+        ];
+        let metric = TargetWorkload::typical(pods.iter().map(|p| &p.demand), 0.95);
+        let trace = Trace {
+            nodes: &nodes,
+            pods: &pods,
+            metric: &metric,
+            explain: true,
+        };
+        let o = Order {
+            pods: vec![0, 1, 2],
+            nodes: vec![0],
+        };
+        let out = run(
+            &trace,
+            &o,
+            PackingPolicy::Binpack,
+            &WorkloadSource::None,
+            1,
+            || {},
+        );
+        assert_eq!((out.placed, out.failed), (1, 2));
+        assert_eq!(
+            out.unplaced,
+            vec![(1, Reason::NoFreeGpus), (2, Reason::TooFewGpus)]
+        );
+    }
 }
