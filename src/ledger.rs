@@ -581,21 +581,32 @@ impl Ledger {
 
     /// Records what the API says a pod holds.
     pub fn record(&self, o: &ObservedPod) {
-        if self.node_of(&o.pod.uid).is_some_and(|prev| prev != o.node) {
-            self.release(&o.pod.uid);
-        }
-        match self.node(&o.node) {
-            Some(n) => {
-                lock(&n).record(o);
-                lock(&self.index).insert(o.pod.uid.clone(), o.node.clone());
+        // The index lock is held throughout (lock order: index, then a node), so two updates of
+        // one pod cannot interleave and leave a holding the index does not point to.
+        let moved = {
+            let mut index = lock(&self.index);
+            let moved = match index.get(&o.pod.uid) {
+                Some(prev) if *prev != o.node => self.take(&mut index, &o.pod.uid),
+                _ => None,
+            };
+            match self.node(&o.node) {
+                Some(n) => {
+                    lock(&n).record(o);
+                    index.insert(o.pod.uid.clone(), o.node.clone());
+                }
+                None => {
+                    lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
+                }
             }
-            None => {
-                lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
-            }
+            moved
+        };
+        if let Some(h) = moved {
+            self.notify(&h);
         }
     }
 
-    /// Checks the fit on `node` and records the holding (bind), under that node's lock.
+    /// Checks the fit on `node` and records the holding (bind), under that node's lock and the
+    /// index lock.
     pub fn reserve(
         &self,
         scorer: &Scorer,
@@ -603,31 +614,53 @@ impl Ledger {
         pod: PodRef,
         demand: Demand,
     ) -> Result<Placement, Reason> {
-        if self.node_of(&pod.uid).is_some_and(|prev| prev != node) {
-            self.release(&pod.uid);
-        }
         let n = self.node(node).ok_or(Reason::UnknownNode)?;
-        let uid = pod.uid.clone();
-        let p = lock(&n).reserve(scorer, pod, demand)?;
-        lock(&self.index).insert(uid, node.to_string());
-        Ok(p)
+        let (result, moved) = {
+            let mut index = lock(&self.index);
+            let moved = match index.get(&pod.uid) {
+                Some(prev) if prev != node => self.take(&mut index, &pod.uid),
+                _ => None,
+            };
+            let uid = pod.uid.clone();
+            let result = lock(&n).reserve(scorer, pod, demand);
+            if result.is_ok() {
+                index.insert(uid, node.to_string());
+            }
+            (result, moved)
+        };
+        if let Some(h) = moved {
+            self.notify(&h);
+        }
+        result
     }
 
     /// Releases a pod's holding (and tells the release listener).
     pub fn release(&self, uid: &str) -> Option<Holding> {
         lock(&self.unplaced).remove(uid);
-        let node = lock(&self.index).remove(uid)?;
+        let h = {
+            let mut index = lock(&self.index);
+            self.take(&mut index, uid)?
+        };
+        self.notify(&h);
+        Some(h)
+    }
+
+    /// Removes a holding from the index (held by the caller) and from its node.
+    fn take(&self, index: &mut HashMap<String, String>, uid: &str) -> Option<Holding> {
+        let node = index.remove(uid)?;
         let n = self.node(&node)?;
-        let h = lock(&n).release(uid)?;
+        lock(&n).release(uid)
+    }
+
+    fn notify(&self, h: &Holding) {
         if let Some(f) = self
             .on_release
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            f(&h);
+            f(h);
         }
-        Some(h)
     }
 
     pub fn holding(&self, uid: &str) -> Option<Holding> {

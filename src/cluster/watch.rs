@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -43,6 +43,7 @@ pub fn apply_node_event(
         }
         Event::InitApply(n) | Event::Apply(n) => {
             let name = n.metadata.name.clone().unwrap_or_default();
+            ext.touch(format!("node/{name}"));
             if let Some(seen) = relist.seen.as_mut() {
                 seen.insert(name.clone());
             }
@@ -53,8 +54,9 @@ pub fn apply_node_event(
             false
         }
         Event::Delete(n) => {
-            ext.ledgers
-                .remove_node(n.metadata.name.as_deref().unwrap_or_default());
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            ext.touch(format!("node/{name}"));
+            ext.ledgers.remove_node(name);
             false
         }
         Event::InitDone => {
@@ -212,9 +214,19 @@ pub struct Drift {
     pub nodes: usize,
 }
 
-/// Compares the ledger with a fresh list from the API and repairs it.
-pub fn reconcile_with(ext: &ExtenderState, nodes: &[Node], pods: &[Pod], shared: &str) -> Drift {
+/// Compares the ledger with a list from the API, taken from `listed_at` on, and repairs it.
+/// Pods and nodes the watch changed after `listed_at` are left alone: the watch is newer than
+/// the list.
+pub fn reconcile_with(
+    ext: &ExtenderState,
+    nodes: &[Node],
+    pods: &[Pod],
+    shared: &str,
+    listed_at: Instant,
+) -> Drift {
     let mut drift = Drift::default();
+    let newer = |key: &str| ext.touched_after(key, listed_at);
+    let node_newer = |name: &str| newer(&format!("node/{name}"));
     let mut inv: HashMap<String, inventory::GpuNode> = HashMap::new();
     for n in nodes {
         if let Some(g) = inventory::from_node(n, shared) {
@@ -222,7 +234,11 @@ pub fn reconcile_with(ext: &ExtenderState, nodes: &[Node], pods: &[Pod], shared:
         }
     }
     for name in ext.ledgers.node_names() {
-        match inv.remove(&name) {
+        let listed = inv.remove(&name);
+        if node_newer(&name) {
+            continue;
+        }
+        match listed {
             Some(g) => {
                 let same = ext
                     .ledgers
@@ -239,7 +255,10 @@ pub fn reconcile_with(ext: &ExtenderState, nodes: &[Node], pods: &[Pod], shared:
             }
         }
     }
-    for (_, g) in inv {
+    for (name, g) in inv {
+        if node_newer(&name) {
+            continue;
+        }
         drift.nodes += 1;
         ext.ledgers.upsert_node(g);
     }
@@ -249,12 +268,15 @@ pub fn reconcile_with(ext: &ExtenderState, nodes: &[Node], pods: &[Pod], shared:
         .map(|o| (o.pod.uid.clone(), o))
         .collect();
     for uid in ext.ledgers.uids() {
-        if !expected.contains_key(&uid) && !ext.assumed.contains_key(&uid) {
+        if !expected.contains_key(&uid) && !ext.assumed.contains_key(&uid) && !newer(&uid) {
             drift.phantom += 1;
             ext.ledgers.release(&uid);
         }
     }
     for (uid, o) in &expected {
+        if newer(uid) {
+            continue;
+        }
         let same = ext.ledgers.node_of(uid).as_deref() == Some(o.node.as_str())
             && ext
                 .ledgers
@@ -293,6 +315,7 @@ pub fn spawn_reconcile(
             if !ext.is_synced() {
                 continue;
             }
+            let listed_at = Instant::now();
             let nodes = Api::<Node>::all(client.clone())
                 .list(&ListParams::default())
                 .await;
@@ -302,7 +325,7 @@ pub fn spawn_reconcile(
             match (nodes, pods) {
                 (Ok(nodes), Ok(pods)) => {
                     let shared = policy.current().policy.resources.shared.to_string();
-                    let d = reconcile_with(&ext, &nodes.items, &pods.items, &shared);
+                    let d = reconcile_with(&ext, &nodes.items, &pods.items, &shared, listed_at);
                     metrics.drift("phantom", d.phantom as u64);
                     metrics.drift("missing", d.missing as u64);
                     metrics.drift("node", d.nodes as u64);
@@ -607,12 +630,34 @@ mod tests {
         }))
         .unwrap()];
         let pods = vec![typed(pod("missed", Some("n1"), "Running"))];
-        let d = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu");
+        let d = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", Instant::now());
         assert_eq!(d.phantom, 1);
         assert_eq!(d.missing, 1);
         assert_eq!(e.ledgers.uids(), vec!["missed"]);
-        let again = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu");
+        let again = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", Instant::now());
         assert_eq!(again, Drift::default());
+
+        // A list taken before the watch saw a new pod and a deletion is older than the watch:
+        // it neither frees the new pod nor brings the deleted one back.
+        let listed_at = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Apply(typed(pod("late", Some("n1"), "Running"))),
+        );
+        apply_pod_event(
+            &e,
+            &mut r,
+            Event::Delete(typed(pod("missed", Some("n1"), "Running"))),
+        );
+        let stale = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", listed_at);
+        assert_eq!(stale, Drift::default());
+        assert_eq!(e.ledgers.uids(), vec!["late"]);
+        // The next list, taken after both, agrees.
+        let fresh = vec![typed(pod("late", Some("n1"), "Running"))];
+        let d = reconcile_with(&e, &nodes, &fresh, "nvidia.com/gpu", Instant::now());
+        assert_eq!(d, Drift::default());
     }
 
     #[test]

@@ -476,7 +476,7 @@ async fn bind(
         return Err(format!("bind request for {key:?} names no pod or no node"));
     }
     let pod = match ext.pods.get(&args.pod_uid) {
-        Some(p) => (*p).clone(),
+        Some(p) => p,
         None => match (&ext.mode, &state.cluster) {
             (Mode::Cluster, Some(c)) => {
                 let pod = crate::cluster::binder::get_pod(
@@ -493,7 +493,7 @@ async fn bind(
                         args.pod_uid
                     ));
                 }
-                pod
+                Arc::new(pod)
             }
             _ => {
                 return Err(format!(
@@ -504,17 +504,26 @@ async fn bind(
         },
     };
     let policy = state.policy.current();
-    let plan = reserve_for_bind(ext, &policy, &pod, &args.node)?;
-    let annotations = match &plan {
-        BindPlan::Plain => BTreeMap::new(),
-        BindPlan::Reserved { annotations } => annotations.clone(),
+    let cluster = match (&ext.mode, &state.cluster) {
+        (Mode::Cluster, Some(c)) => Some(c),
+        _ => None,
     };
-    let reserved = matches!(plan, BindPlan::Reserved { .. });
-    if let (Mode::Cluster, Some(c)) = (&ext.mode, &state.cluster) {
+    // Assumed before the reservation exists: a watch event of the still-unbound pod in between
+    // must not free it.
+    if cluster.is_some() {
+        ext.assumed.insert(args.pod_uid.clone(), args.node.clone());
+    }
+    let plan = reserve_for_bind(ext, &policy, &pod, &args.node);
+    let reserved = matches!(plan, Ok(BindPlan::Reserved { .. }));
+    if cluster.is_some() && !reserved {
+        ext.assumed.invalidate(&args.pod_uid);
+    }
+    let annotations = match plan? {
+        BindPlan::Plain => BTreeMap::new(),
+        BindPlan::Reserved { annotations } => annotations,
+    };
+    if let Some(c) = cluster {
         {
-            if reserved {
-                ext.assumed.insert(args.pod_uid.clone(), args.node.clone());
-            }
             if let Err(e) = crate::cluster::binder::bind_pod(
                 c.client(),
                 &args.pod_namespace,

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use moka::notification::RemovalCause;
@@ -24,6 +24,9 @@ pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
 /// How long a pod rejected for capacity is remembered for requeue.
 pub const WAITING_TTL: Duration = Duration::from_secs(900);
+/// How long a watch change shields a pod or node from a reconcile's older list (longer than
+/// any list takes).
+pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
 /// The workload window (decisions) behind the fragmentation gauge.
 pub const WORKLOAD_WINDOW: usize = 1000;
 
@@ -77,6 +80,9 @@ pub struct ExtenderState {
     pub online: Mutex<Online>,
     /// The caches have synced (always true in `--dev`).
     pub synced: Arc<AtomicBool>,
+    /// When the watch last changed a pod (by UID) or a node (`node/<name>`): a reconcile that
+    /// works from an older list leaves those alone.
+    pub touched: moka::sync::Cache<String, Instant>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
     pub non_gpu: Mutex<std::collections::HashSet<String>>,
 }
@@ -112,6 +118,10 @@ impl ExtenderState {
             workload: Mutex::new(Workload::new(WORKLOAD_WINDOW)),
             online: Mutex::new(Online::default()),
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
+            touched: moka::sync::Cache::builder()
+                .max_capacity(200_000)
+                .time_to_live(TOUCHED_TTL)
+                .build(),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
         }
     }
@@ -191,11 +201,22 @@ impl ExtenderState {
         self.waiting.run_pending_tasks();
     }
 
+    /// Notes that the watch changed `key` (a pod UID, or `node/<name>`) now.
+    pub fn touch(&self, key: String) {
+        self.touched.insert(key, Instant::now());
+    }
+
+    /// Whether the watch changed `key` after `t`.
+    pub fn touched_after(&self, key: &str, t: Instant) -> bool {
+        self.touched.get(key).is_some_and(|at| at > t)
+    }
+
     /// A pod seen in the API: records or releases its holding.
     pub fn observe_pod(&self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
+        self.touch(uid.clone());
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
                 self.ledgers.record(&o);
@@ -234,6 +255,7 @@ impl ExtenderState {
 
     /// A pod deleted in the API.
     pub fn forget_pod(&self, uid: &str) {
+        self.touch(uid.to_string());
         self.assumed.invalidate(uid);
         self.waiting.invalidate(uid);
         self.pods.invalidate(uid);
