@@ -109,7 +109,7 @@ impl Metrics {
         );
         registry.register(
             "fragmented_gpu_milli",
-            "Free GPU capacity (thousandths of a GPU) on nodes where the most common request of the last 1,000 decisions no longer fits",
+            "Free GPU capacity (thousandths of a GPU) on nodes where the most common request of the last 1,000 pods no longer fits",
             fragmented_milli.clone(),
         );
         registry.register(

@@ -439,9 +439,10 @@ pub fn spawn_gauges(
 pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
     let nodes = ext.ledgers.snapshot();
     let common = ext
-        .workload
+        .online
         .lock()
         .unwrap_or_else(|e| e.into_inner())
+        .recent
         .most_common()
         .cloned();
     let frag = common.map_or(0.0, |d| fragmented_gpus(nodes.values(), &d));

@@ -132,7 +132,6 @@ pub fn filter(
         }
         Ok(None) => pass.extend(names.iter().cloned()),
         Ok(Some(demand)) => {
-            lock_workload(ext).observe(&demand);
             if first_seen {
                 ext.observe_demand(&demand);
             }
@@ -196,10 +195,6 @@ pub fn filter(
         }
     }
     result
-}
-
-fn lock_workload(ext: &ExtenderState) -> std::sync::MutexGuard<'_, packing::Workload> {
-    ext.workload.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0.

@@ -27,7 +27,7 @@ pub const WAITING_TTL: Duration = Duration::from_secs(900);
 /// How long a watch change shields a pod or node from a reconcile's older list (longer than
 /// any list takes).
 pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
-/// The workload window (decisions) behind the fragmentation gauge.
+/// The window (pods, each counted once) behind the fragmentation gauge.
 pub const WORKLOAD_WINDOW: usize = 1000;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -58,11 +58,23 @@ pub enum Mode {
     Cluster,
 }
 
-/// The online workload and the target workload last handed out.
-#[derive(Debug, Default)]
+/// The online workload, the target workload last handed out, and the most recent demands
+/// (the fragmentation gauge's window), each pod counted once.
+#[derive(Debug)]
 pub struct Online {
     pub seen: OnlineWorkload,
     pub target: Option<Arc<TargetWorkload>>,
+    pub recent: Workload,
+}
+
+impl Default for Online {
+    fn default() -> Self {
+        Online {
+            seen: OnlineWorkload::default(),
+            target: None,
+            recent: Workload::new(WORKLOAD_WINDOW),
+        }
+    }
 }
 
 /// The extender's state.
@@ -75,7 +87,6 @@ pub struct ExtenderState {
     pub assumed: moka::sync::Cache<String, String>,
     /// Pods rejected for capacity: uid -> who.
     pub waiting: moka::sync::Cache<String, Waiting>,
-    pub workload: Mutex<Workload>,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
     pub online: Mutex<Online>,
     /// The caches have synced (always true in `--dev`).
@@ -115,7 +126,6 @@ impl ExtenderState {
                 .max_capacity(100_000)
                 .time_to_live(WAITING_TTL)
                 .build(),
-            workload: Mutex::new(Workload::new(WORKLOAD_WINDOW)),
             online: Mutex::new(Online::default()),
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
             touched: moka::sync::Cache::builder()
@@ -129,6 +139,7 @@ impl ExtenderState {
     /// Counts a pod's demand in the online workload (call once per pod).
     pub fn observe_demand(&self, demand: &Demand) {
         let mut o = self.online.lock().unwrap_or_else(|e| e.into_inner());
+        o.recent.observe(demand);
         if let Some(t) = o.seen.observe(demand) {
             o.target = Some(Arc::new(t));
         }

@@ -47,11 +47,6 @@ impl Shape {
             models: demand.models.clone(),
         })
     }
-
-    /// Thousandths of GPU the shape asks for in total.
-    pub fn gpu_total(&self) -> u64 {
-        u64::from(self.gpus) * u64::from(self.gpu_milli)
-    }
 }
 
 /// Shapes with their popularities (summing to 1), most popular first.

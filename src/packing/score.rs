@@ -96,8 +96,8 @@ impl From<crate::policy::PackingPolicyName> for PackingPolicy {
     }
 }
 
-/// The demands seen recently, most recent last: the online workload estimate (it knows only
-/// pods already seen).
+/// The most recent demands (a window, most recent last): the extender's fragmentation gauge
+/// measures against the most common of them.
 #[derive(Debug, Clone)]
 pub struct Workload {
     capacity: usize,
@@ -129,14 +129,6 @@ impl Workload {
         *self.counts.entry(demand.clone()).or_default() += 1;
     }
 
-    pub fn len(&self) -> usize {
-        self.window.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.window.is_empty()
-    }
-
     /// The most common demand (ties: the most recent of them).
     pub fn most_common(&self) -> Option<&Demand> {
         let best = self.counts.values().copied().max()?;
@@ -144,21 +136,6 @@ impl Workload {
             .iter()
             .rev()
             .find(|d| self.counts.get(*d) == Some(&best))
-    }
-
-    /// Demands with their share of the window, most frequent first.
-    pub fn shares(&self) -> Vec<(&Demand, f64)> {
-        let n = self.window.len().max(1) as f64;
-        let mut v: Vec<_> = self
-            .counts
-            .iter()
-            .map(|(d, c)| (d, f64::from(*c) / n))
-            .collect();
-        v.sort_by(|a, b| {
-            b.1.total_cmp(&a.1)
-                .then_with(|| format!("{:?}", a.0).cmp(&format!("{:?}", b.0)))
-        });
-        v
     }
 }
 
@@ -880,10 +857,10 @@ mod tests {
         assert_eq!(w.most_common(), Some(&ts(20)));
         w.observe(&ts(10));
         w.observe(&ts(10));
-        assert_eq!(w.len(), 3);
+        // The window holds 3: the first 20 has left, so 10 leads 2 to 1.
         assert_eq!(w.most_common(), Some(&ts(10)));
-        let shares = w.shares();
-        assert_eq!(shares[0].0, &ts(10));
-        assert!((shares[0].1 - 2.0 / 3.0).abs() < 1e-9);
+        w.observe(&ts(20));
+        w.observe(&ts(20));
+        assert_eq!(w.most_common(), Some(&ts(20)));
     }
 }
