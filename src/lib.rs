@@ -10,6 +10,7 @@ pub mod admission;
 pub mod certs;
 pub mod cli;
 pub mod cluster;
+pub mod documents;
 pub mod extender;
 pub mod inventory;
 pub mod ledger;

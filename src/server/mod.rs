@@ -357,26 +357,7 @@ pub fn load_nodes(path: &PathBuf) -> Result<Vec<k8s_openapi::api::core::v1::Node
 pub fn parse_nodes(
     text: &str,
 ) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, String> {
-    let docs: Vec<serde_json::Value> = match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(v) => vec![v],
-        Err(_) => serde_saphyr::from_multiple::<serde_json::Value>(text)
-            .map_err(|e| format!("not YAML or JSON: {e}"))?,
-    };
-    let mut nodes = Vec::new();
-    for doc in docs {
-        if doc.is_null() {
-            continue;
-        }
-        let items = match doc.get("items") {
-            Some(serde_json::Value::Array(items)) => items.clone(),
-            _ => vec![doc],
-        };
-        for item in items {
-            let node = serde_json::from_value(item).map_err(|e| format!("not a Node: {e}"))?;
-            nodes.push(node);
-        }
-    }
-    Ok(nodes)
+    crate::documents::typed(text, "Node")
 }
 
 /// Binds a TCP listener, naming the address on failure.

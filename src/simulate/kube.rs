@@ -13,43 +13,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use serde_json::Value;
 
 use super::partition::ClusterNode;
 use super::trace::TracePod;
 use crate::inventory::{self, GpuNode, LABEL_COUNT, LABEL_PRODUCT, RESOURCE_GPU};
 use crate::ledger;
 use crate::packing::{Demand, GPU_MILLI, GpuDemand};
-use crate::request;
-
-/// JSON, a YAML stream, `items` lists and arrays, flattened to objects.
-fn documents(text: &str) -> Result<Vec<Value>, String> {
-    let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
-        Ok(v) => vec![v],
-        Err(_) => serde_saphyr::from_multiple::<Value>(text)
-            .map_err(|e| format!("not YAML or JSON: {e}"))?,
-    };
-    let mut out = Vec::new();
-    for d in docs {
-        match d {
-            Value::Null => {}
-            Value::Array(items) => out.extend(items),
-            Value::Object(ref o) if o.get("items").is_some_and(Value::is_array) => {
-                if let Some(Value::Array(items)) = o.get("items") {
-                    out.extend(items.iter().cloned());
-                }
-            }
-            other => out.push(other),
-        }
-    }
-    Ok(out)
-}
-
-fn describe(v: &Value, i: usize) -> String {
-    v.pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .map_or_else(|| format!("item {i}"), |n| format!("{n:?}"))
-}
+use crate::{documents, request};
 
 /// Milli-CPU and MiB from quantities.
 fn cpu_milli(q: &str) -> Option<u64> {
@@ -78,10 +48,7 @@ fn physical_gpus(node: &Node, g: &GpuNode) -> u32 {
 /// Reads the GPU nodes of a NodeList.
 pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
     let mut out = Vec::new();
-    for (i, doc) in documents(text)?.into_iter().enumerate() {
-        let what = describe(&doc, i);
-        let node: Node =
-            serde_json::from_value(doc).map_err(|e| format!("{what} is not a Node: {e}"))?;
+    for node in documents::typed::<Node>(text, "Node")? {
         // Allocatable CPU and memory come with the inventory.
         let Some(g) = inventory::from_node(&node, RESOURCE_GPU) else {
             continue;
@@ -132,10 +99,15 @@ fn allowed_models(pod: &Pod) -> Vec<String> {
 /// Reads pod manifests.
 pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
     let mut out = Vec::new();
-    for (i, doc) in documents(text)?.into_iter().enumerate() {
-        let what = describe(&doc, i);
-        let pod: Pod =
-            serde_json::from_value(doc).map_err(|e| format!("{what} is not a Pod: {e}"))?;
+    for (i, pod) in documents::typed::<Pod>(text, "Pod")?
+        .into_iter()
+        .enumerate()
+    {
+        let what = pod
+            .metadata
+            .name
+            .as_ref()
+            .map_or_else(|| format!("item {i}"), |n| format!("{n:?}"));
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         let gpu = match request::from_annotations(&annotations)
             .map_err(|e| format!("pod {what}: {e}"))?
