@@ -339,7 +339,7 @@ fn partition_what_ifs_report_how_many_pods_fit_and_why_not() {
     let ex = row("exclusive");
     assert_eq!(ex.gpu_allocated_pct, 100.0);
     assert!(ex.pods_placed_max <= 28);
-    assert_eq!(ex.restated["mps-25"], "exclusive-1");
+    assert_eq!(ex.restated["mps-25"], "exclusive");
     // Time-sliced everywhere: every share fits, no whole GPU is left.
     let ts = row("timeslice-4");
     assert_eq!((ts.pods_placed_min, ts.pods_placed_max), (36, 36));
@@ -347,7 +347,7 @@ fn partition_what_ifs_report_how_many_pods_fit_and_why_not() {
         ts.unplaced["exclusive-2: node shares GPUs by time-slicing; pod asks whole unshared GPUs"],
         6.0
     );
-    assert_eq!(ts.restated["mig-3g.40gb"], "timeslice-42.8 (40448 MiB)");
+    assert_eq!(ts.restated["mig-3g.40gb"], "timeslice-42.8,memory=40448Mi");
     // MPS with 4 replicas: a replica is 25% of a GPU, so 30%, 3/7 and 50% do not fit.
     let mps = row("mps-4");
     assert_eq!((mps.pods_placed_min, mps.pods_placed_max), (18, 18));

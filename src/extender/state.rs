@@ -373,26 +373,11 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
             .map(|h| PodReport {
                 namespace: h.pod.namespace.clone(),
                 name: h.pod.name.clone(),
-                class: describe_demand(&h.demand),
+                class: h.demand.gpu.to_string(),
                 gpus: round(h.demand.gpu.gpus()),
                 model: h.placement.gpus_text(),
             })
             .collect(),
-    }
-}
-
-/// A demand in the annotation's words (`mps-25`, `mig-1g.10gb`, `nvidia.com/gpu x2`).
-pub fn describe_demand(d: &Demand) -> String {
-    use crate::packing::GpuDemand as G;
-    match &d.gpu {
-        G::None => "none".into(),
-        G::Whole { count: 1 } => "exclusive".into(),
-        G::Whole { count } => format!("exclusive-{count}"),
-        G::Mps { milli, .. } => format!("mps-{}", milli / 10),
-        G::Timeslice { milli, .. } => format!("timeslice-{}", milli / 10),
-        G::Mig { profile, count: 1 } => format!("mig-{profile}"),
-        G::Mig { profile, count } => format!("mig-{profile} x{count}"),
-        G::Units { resource, count } => format!("{resource} x{count}"),
     }
 }
 

@@ -80,6 +80,35 @@ impl GpuDemand {
     }
 }
 
+/// A demand in the annotation's words (`exclusive`, `mps-25,memory=12288Mi`, `mig-1g.10gb`,
+/// `mig-1g.10gb,count=2`), as `GpuRequest::normalized` writes them; a share restated from a MIG
+/// device may carry a decimal (`mps-42.8`). Device-plugin units read `nvidia.com/gpu x2`.
+impl std::fmt::Display for GpuDemand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let memory = |f: &mut std::fmt::Formatter<'_>, m: &Option<u64>| match m {
+            Some(m) => write!(f, ",memory={m}Mi"),
+            None => Ok(()),
+        };
+        let pct = |milli: u32| f64::from(milli) / 10.0;
+        match self {
+            GpuDemand::None => f.write_str("none"),
+            GpuDemand::Whole { count: 1 } => f.write_str("exclusive"),
+            GpuDemand::Whole { count } => write!(f, "exclusive-{count}"),
+            GpuDemand::Mps { milli, memory_mib } => {
+                write!(f, "mps-{}", pct(*milli))?;
+                memory(f, memory_mib)
+            }
+            GpuDemand::Timeslice { milli, memory_mib } => {
+                write!(f, "timeslice-{}", pct(*milli))?;
+                memory(f, memory_mib)
+            }
+            GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
+            GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
+            GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
+        }
+    }
+}
+
 /// A pod's full demand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]

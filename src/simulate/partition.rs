@@ -346,8 +346,7 @@ impl<'t> Offer<'t> {
         let Some((milli, memory_mib)) = self.share_of(demand) else {
             return Err(format!(
                 "asks {}, which {} cannot express",
-                describe(&demand.gpu),
-                self.choice
+                demand.gpu, self.choice
             ));
         };
         match &self.choice {
@@ -384,24 +383,6 @@ impl<'t> Offer<'t> {
 
 fn percent(milli: u32) -> String {
     format!("{}%", f64::from(milli) / 10.0)
-}
-
-/// A demand in the annotation's words (`mps-25`, `exclusive-2`, `mig-1g.10gb`), for reports.
-pub fn describe(d: &GpuDemand) -> String {
-    let mem = |m: &Option<u64>| m.map_or_else(String::new, |m| format!(" ({m} MiB)"));
-    // Percent, with a decimal when a restated MIG share is not whole (`mps-14.2`).
-    let pct = |milli: u32| f64::from(milli) / 10.0;
-    match d {
-        GpuDemand::None => "no GPU".into(),
-        GpuDemand::Whole { count } => format!("exclusive-{count}"),
-        GpuDemand::Mps { milli, memory_mib } => format!("mps-{}{}", pct(*milli), mem(memory_mib)),
-        GpuDemand::Timeslice { milli, memory_mib } => {
-            format!("timeslice-{}{}", pct(*milli), mem(memory_mib))
-        }
-        GpuDemand::Mig { profile, count: 1 } => format!("mig-{profile}"),
-        GpuDemand::Mig { profile, count } => format!("{count}x mig-{profile}"),
-        GpuDemand::Units { resource, count } => format!("{count}x {resource}"),
-    }
 }
 
 const NOT_EXPRESSIBLE: &str = "not expressible";
@@ -445,10 +426,10 @@ pub fn prepare(
     let mut rejected = Vec::new();
     let mut restated = BTreeMap::new();
     for p in pods {
-        let asked = describe(&p.demand.gpu);
+        let asked = p.demand.gpu.to_string();
         match offer.restate(&p.demand) {
             Ok(d) => {
-                restated.insert(asked, describe(&d.gpu));
+                restated.insert(asked, d.gpu.to_string());
                 out.push(TracePod {
                     name: p.name.clone(),
                     demand: d,
@@ -484,7 +465,7 @@ pub fn choice_report(prep: &Prepared, policy: &str, runs: &[RunOutcome]) -> Choi
             let asked = prep
                 .pods
                 .get(*pod)
-                .map_or_else(String::new, |p| describe(&p.demand.gpu));
+                .map_or_else(String::new, |p| p.demand.gpu.to_string());
             *unplaced
                 .entry(format!("{asked}: {}", reason.message()))
                 .or_default() += 1.0 / n;
