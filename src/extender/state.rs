@@ -321,9 +321,11 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
     let n = &nl.node;
     let u = &nl.usage;
     let mig_share = |profile: &str| -> f64 {
-        mig.find(profile)
-            .map(|(m, p)| f64::from(p.compute_slices) / f64::from(m.compute_slices))
-            .unwrap_or(0.0)
+        let milli = match mig.find(profile) {
+            Some((m, p)) => crate::packing::mig_share_milli(m, p),
+            None => crate::packing::mig_profile_milli(profile),
+        };
+        f64::from(milli) / 1000.0
     };
     let (mig_cap, mig_used, mig_counts) = match &n.mig {
         crate::inventory::MigLayout::None => (0.0, 0.0, BTreeMap::new()),

@@ -15,15 +15,39 @@ pub mod score;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::LazyLock;
 
 use serde::Serialize;
 
 use crate::inventory::{GpuNode, MigLayout, Sharing};
+use crate::mig::{MigModel, MigProfile, MigTable};
 
 pub use score::{OnlineWorkload, PackingPolicy, Scorer, Workload};
 
 /// One GPU, in thousandths.
 pub const GPU_MILLI: u32 = 1000;
+
+/// A MIG device's share of its GPU in thousandths: its compute slices out of the model's
+/// (a `3g.40gb` is 3/7, an A30's `1g.6gb` 1/4).
+pub fn mig_share_milli(model: &MigModel, profile: &MigProfile) -> u32 {
+    u32::from(profile.compute_slices) * GPU_MILLI / u32::from(model.compute_slices.max(1))
+}
+
+/// [`mig_share_milli`] of a profile by name, from the built-in MIG table; a profile the table
+/// does not know counts by its `<N>g` prefix out of 7.
+pub fn mig_profile_milli(profile: &str) -> u32 {
+    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
+    match TABLE.find(profile) {
+        Some((m, p)) => mig_share_milli(m, p),
+        None => {
+            let slices: u32 = profile
+                .split_once('g')
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or(7);
+            slices.min(7) * GPU_MILLI / 7
+        }
+    }
+}
 
 /// What a pod asks of the GPU side of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -75,7 +99,10 @@ impl GpuDemand {
             GpuDemand::Mps { milli, .. } | GpuDemand::Timeslice { milli, .. } => {
                 f64::from(*milli) / f64::from(GPU_MILLI)
             }
-            GpuDemand::Mig { count, .. } | GpuDemand::Units { count, .. } => f64::from(*count),
+            GpuDemand::Mig { profile, count } => {
+                f64::from(*count) * f64::from(mig_profile_milli(profile)) / f64::from(GPU_MILLI)
+            }
+            GpuDemand::Units { count, .. } => f64::from(*count),
         }
     }
 }
@@ -746,6 +773,29 @@ pub fn to_extender_scores(raw: &[f64]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mig_shares_follow_the_model_and_demands_print_as_annotations() {
+        assert_eq!(mig_profile_milli("3g.40gb"), 428);
+        assert_eq!(
+            mig_profile_milli("1g.6gb"),
+            250,
+            "an A30 has 4 compute slices"
+        );
+        assert_eq!(mig_profile_milli("5g.99gb"), 714, "unknown: N of 7");
+        let mig = GpuDemand::Mig {
+            profile: "3g.40gb".into(),
+            count: 2,
+        };
+        assert!((mig.gpus() - 0.856).abs() < 1e-9);
+        assert_eq!(mig.to_string(), "mig-3g.40gb,count=2");
+        assert_eq!(GpuDemand::Whole { count: 1 }.to_string(), "exclusive");
+        let mps = GpuDemand::Mps {
+            milli: 428,
+            memory_mib: Some(40448),
+        };
+        assert_eq!(mps.to_string(), "mps-42.8,memory=40448Mi");
+    }
     use crate::inventory::GpuNode;
 
     fn ts4() -> GpuNode {

@@ -24,7 +24,7 @@ use super::replay::RunOutcome;
 use super::trace::TracePod;
 use crate::inventory::{GpuNode, MigLayout, RESOURCE_GPU, Sharing};
 use crate::mig::{MigModel, MigProfile, MigTable};
-use crate::packing::{Demand, GPU_MILLI, GpuDemand};
+use crate::packing::{Demand, GpuDemand, mig_share_milli};
 
 /// One partitioning choice for the whole cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,11 +228,6 @@ fn profile_memory_mib(p: &MigProfile) -> u64 {
     })
 }
 
-/// A profile's compute share of a GPU of `model`, in thousandths (rounded down).
-fn profile_milli(model: &MigModel, p: &MigProfile) -> u32 {
-    u32::from(p.compute_slices) * GPU_MILLI / u32::from(model.compute_slices.max(1))
-}
-
 /// What the cluster offers under a choice, for restating pods.
 #[derive(Debug, Clone)]
 pub struct Offer<'t> {
@@ -294,7 +289,7 @@ impl<'t> Offer<'t> {
                     .find_map(|m| self.table.model_for_product(m))
                     .and_then(|m| m.profile(profile).map(|p| (m, p)))
                     .or_else(|| self.table.find(profile))?;
-                Some((profile_milli(model, p), Some(profile_memory_mib(p))))
+                Some((mig_share_milli(model, p), Some(profile_memory_mib(p))))
             }
             _ => None,
         }
@@ -360,7 +355,7 @@ impl<'t> Offer<'t> {
                 };
                 let layout = self.choice.mig_layout(model).unwrap_or_default();
                 let fits = layout.iter().map(|(p, _)| *p).filter(|p| {
-                    profile_milli(model, p) >= milli
+                    mig_share_milli(model, p) >= milli
                         && memory_mib.is_none_or(|m| profile_memory_mib(p) >= m)
                 });
                 match fits.min_by_key(|p| (p.memory_slices, p.compute_slices)) {

@@ -9,7 +9,7 @@
 use thiserror::Error;
 
 use crate::inventory::{GpuNode, MigLayout, RESOURCE_GPU, Sharing};
-use crate::packing::{Demand, GPU_MILLI, GpuDemand};
+use crate::packing::{self, Demand, GPU_MILLI, GpuDemand};
 
 /// One pod of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,8 +25,8 @@ impl TracePod {
     }
 }
 
-/// Thousandths of GPU a demand asks for in total. A MIG device counts by its compute slices,
-/// sevenths of a GPU (`3g.40gb` is 3/7).
+/// Thousandths of GPU a demand asks for in total. A MIG device counts by its compute slices
+/// (`3g.40gb` is 3/7 of a GPU).
 pub fn gpu_request_milli(d: &Demand) -> u64 {
     match &d.gpu {
         GpuDemand::None => 0,
@@ -37,13 +37,9 @@ pub fn gpu_request_milli(d: &Demand) -> u64 {
     }
 }
 
-/// A MIG device's share of a GPU in thousandths, by its compute slices out of 7.
+/// A MIG device's share of a GPU in thousandths ([`packing::mig_profile_milli`]).
 pub fn mig_milli(profile: &str) -> u64 {
-    let slices: u64 = profile
-        .split_once('g')
-        .and_then(|(n, _)| n.parse().ok())
-        .unwrap_or(7);
-    slices.min(7) * u64::from(GPU_MILLI) / 7
+    u64::from(packing::mig_profile_milli(profile))
 }
 
 /// A node's GPU capacity in thousandths: its full GPUs plus its MIG devices by compute share.
