@@ -551,6 +551,10 @@ impl Ledger {
 
     /// Removes a node; its pods wait (unplaced) until it comes back.
     pub fn remove_node(&self, name: &str) {
+        // Most calls are for nodes without GPUs, never held: no write lock for those.
+        if self.node(name).is_none() {
+            return;
+        }
         let removed = self
             .nodes
             .write()

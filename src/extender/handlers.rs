@@ -2,7 +2,7 @@
 //! lives in plain functions over [`ExtenderState`] (no I/O); the axum handlers around them only
 //! parse, time, call the API for bind, and reply.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,9 +51,13 @@ fn node_name(v: &Value) -> String {
         .to_string()
 }
 
-/// Learns the inventory of full Node objects (both modes: the objects are current).
+/// `--dev`: learns the inventory from full Node objects (in a cluster the watch has it).
 fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
     use serde::Deserialize;
+    // Parsing up to thousands of Nodes per call would duplicate what the watch keeps.
+    if ext.mode == Mode::Cluster {
+        return;
+    }
     let nodes: Vec<Node> = items
         .iter()
         .filter_map(|i| Node::deserialize(i).ok())
@@ -61,7 +65,6 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
     ext.learn_nodes(&nodes, shared);
 }
 
-/// The verdict for one node.
 /// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
 /// nodes (cluster mode, or known as such) or unknown.
 fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
@@ -104,11 +107,13 @@ pub fn filter(
         Ok(s) => s,
         Err(e) => return error(e),
     };
-    let names: Vec<String> = match &set {
-        NodeSet::Names(n) => n.clone(),
+    let full_names: Vec<String>;
+    let names: &[String] = match &set {
+        NodeSet::Names(n) => n,
         NodeSet::Full(items) => {
             learn_nodes(ext, items, policy.policy.resources.shared.as_str());
-            items.iter().map(node_name).collect()
+            full_names = items.iter().map(node_name).collect();
+            &full_names
         }
     };
     let key = ledger::pod_key(&pod);
@@ -122,25 +127,24 @@ pub fn filter(
     };
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
-    let mut pass: HashSet<String> = HashSet::new();
+    // Per position in `names`: the node fits.
+    let mut pass = vec![false; names.len()];
     match pod_demand(&pod) {
         Err(msg) => {
-            for n in &names {
+            for n in names {
                 unresolvable.insert(n.clone(), msg.clone());
             }
             metrics.rejection("bad_request", names.len() as u64);
         }
-        Ok(None) => pass.extend(names.iter().cloned()),
+        Ok(None) => pass.fill(true),
         Ok(Some(demand)) => {
             if first_seen {
                 ext.observe_demand(&demand);
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-            for (n, v) in names.iter().zip(verdicts(ext, &names, &demand)) {
+            for (i, (n, v)) in names.iter().zip(verdicts(ext, names, &demand)).enumerate() {
                 match v {
-                    Ok(()) => {
-                        pass.insert(n.clone());
-                    }
+                    Ok(()) => pass[i] = true,
                     Err(r) => {
                         tracing::debug!(pod = %key, node = %n, reason = r.label(), "node rejected");
                         *by_reason.entry(r.label()).or_default() += 1;
@@ -155,7 +159,7 @@ pub fn filter(
             for (r, c) in by_reason {
                 metrics.rejection(r, c);
             }
-            if pass.is_empty()
+            if !pass.contains(&true)
                 && !failed.is_empty()
                 && let (Some(uid), Some(name), Some(ns)) = (
                     pod.metadata.uid.clone(),
@@ -174,7 +178,8 @@ pub fn filter(
             }
         }
     }
-    tracing::info!(pod = %key, nodes = names.len(), fit = pass.len(), failed = failed.len(), unresolvable = unresolvable.len(), "filter");
+    let fit = pass.iter().filter(|p| **p).count();
+    tracing::info!(pod = %key, nodes = names.len(), fit, failed = failed.len(), unresolvable = unresolvable.len(), "filter");
     let mut result = ExtenderFilterResult {
         failed_nodes: Some(failed),
         failed_and_unresolvable_nodes: Some(unresolvable),
@@ -182,19 +187,25 @@ pub fn filter(
     };
     match set {
         NodeSet::Names(n) => {
-            result.node_names = Some(n.into_iter().filter(|x| pass.contains(x)).collect());
+            result.node_names = Some(kept(n, &pass));
         }
         NodeSet::Full(items) => {
             result.nodes = Some(NodeList {
                 metadata: None,
-                items: items
-                    .into_iter()
-                    .filter(|i| pass.contains(&node_name(i)))
-                    .collect(),
+                items: kept(items, &pass),
             });
         }
     }
     result
+}
+
+/// The items whose position is marked in `keep`.
+fn kept<T>(items: Vec<T>, keep: &[bool]) -> Vec<T> {
+    items
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(x, k)| k.then_some(x))
+        .collect()
 }
 
 /// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0.
@@ -208,10 +219,10 @@ pub fn prioritize(
     }
     let pod = args.pod.take().map(Arc::new).ok_or("request has no Pod")?;
     let set = NodeSet::from_args(&args)?;
-    let names: Vec<String> = match &set {
-        NodeSet::Names(n) => n.clone(),
+    let names: Vec<String> = match set {
+        NodeSet::Names(n) => n,
         NodeSet::Full(items) => {
-            learn_nodes(ext, items, policy.policy.resources.shared.as_str());
+            learn_nodes(ext, &items, policy.policy.resources.shared.as_str());
             items.iter().map(node_name).collect()
         }
     };
