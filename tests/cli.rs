@@ -6,7 +6,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpu-share");
+mod common;
+
+use common::{BIN, run_err, run_ok};
 
 fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
@@ -74,12 +76,7 @@ fn terminate(child: &mut Child) -> std::process::ExitStatus {
 #[test]
 fn check_policy_prints_the_effective_policy_or_the_line() {
     let default = format!("{}/policies/default.yaml", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(BIN)
-        .args(["check-policy", &default])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = run_ok(["check-policy", &default]);
     assert!(
         stdout.contains("valid") && stdout.contains("schedulerName: gpu-share-scheduler"),
         "{stdout}"
@@ -94,12 +91,7 @@ fn check_policy_prints_the_effective_policy_or_the_line() {
             .replace("hostIPC: true", "hostIPC: sometimes"),
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["check-policy", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = run_err(["check-policy", bad.to_str().unwrap()]);
     assert!(stderr.contains("line"), "{stderr}");
 }
 
@@ -245,13 +237,7 @@ fn status_reads_a_dev_extender_with_example_nodes() {
         if server.starts_with("https") {
             args.push("--insecure");
         }
-        let out = Command::new(BIN).args(&args).output().unwrap();
-        let table = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let table = run_ok(&args);
         assert!(table.starts_with("NODE"), "{table}");
         for node in ["a100-mig", "h100-ts", "h100-mps", "l40s-plain"] {
             assert!(table.contains(node), "{table}");
@@ -260,35 +246,22 @@ fn status_reads_a_dev_extender_with_example_nodes() {
         assert!(table.contains("4 GPU nodes"), "{table}");
     }
     // Without --insecure or --ca the self-signed certificate is refused, in words.
-    let out = Command::new(BIN)
-        .args(["status", "--server", &format!("https://{listen}")])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(!out.stderr.is_empty());
+    let stderr = run_err(["status", "--server", &format!("https://{listen}")]);
+    assert!(!stderr.is_empty());
 }
 
 #[test]
 fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "certs",
-            "--namespace",
-            "gpu-share",
-            "--service",
-            "gpu-share",
-            "--out",
-            dir.path().to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_ok([
+        "certs",
+        "--namespace",
+        "gpu-share",
+        "--service",
+        "gpu-share",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
     assert!(text.contains("caBundle:"), "{text}");
     assert!(text.contains("gpu-share.gpu-share.svc"), "{text}");
     for f in ["ca.crt", "tls.crt", "tls.key"] {

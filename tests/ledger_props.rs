@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
-use gpu_share::packing::{Demand, GpuDemand, PackingPolicy, Scorer};
+use gpu_share::packing::{self, Demand, GpuDemand, PackingPolicy, Scorer};
 use proptest::prelude::*;
 
 fn nodes() -> Vec<GpuNode> {
@@ -101,8 +101,17 @@ proptest! {
             match op {
                 Op::Bind { pod, node, demand } => {
                     let node = &nodes[node as usize].name;
-                    let pref = PodRef { uid: format!("p{pod}"), namespace: "ml".into(), name: format!("p{pod}"), priority: 0 };
-                    let _ = live.reserve(&scorer, node, pref, Demand::gpu(demand));
+                    let uid = format!("p{pod}");
+                    let demand = Demand::gpu(demand);
+                    // A pod not yet held binds exactly when the packing core places it.
+                    let expected = live.node_of(&uid).is_none().then(|| {
+                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand).is_ok())
+                    });
+                    let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
+                    let got = live.reserve(&scorer, node, pref, demand).is_ok();
+                    if let Some(Some(expected)) = expected {
+                        prop_assert_eq!(got, expected);
+                    }
                 }
                 Op::Delete { pod } => {
                     live.release(&format!("p{pod}"));
@@ -118,8 +127,11 @@ proptest! {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 let shared = matches!(nl.node.sharing, Sharing::TimeSlicing { .. } | Sharing::Mps { .. });
                 prop_assert!(shared || nl.usage.gpu_milli.iter().all(|m| *m <= 1000), "GPU model over 100% on {}", nl.node.name);
-                let whole_used = nl.holdings.values().filter(|h| matches!(h.demand.gpu, GpuDemand::Whole { .. })).count();
-                prop_assert!(whole_used as u32 <= nl.node.slots);
+                let whole_used: u32 = nl.holdings.values().map(|h| match h.demand.gpu {
+                    GpuDemand::Whole { count } => count,
+                    _ => 0,
+                }).sum();
+                prop_assert!(whole_used <= nl.node.slots, "{} whole GPUs held on {}", whole_used, nl.node.name);
             }
         }
         let rebuilt = Ledger::rebuild(nodes, &api_view(&live));

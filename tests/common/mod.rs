@@ -68,3 +68,28 @@ pub fn apply(review: &Value, response: &Value) -> (Value, Pod) {
     let pod: Pod = serde_json::from_value(doc.clone()).expect("the patched object is a valid Pod");
     (doc, pod)
 }
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpu-share");
+
+/// Runs the binary, expects success, returns stdout (stderr in the failure message).
+pub fn run_ok<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> String {
+    let out = std::process::Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the binary, expects failure, returns stderr.
+pub fn run_err<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> String {
+    let out = std::process::Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        !out.status.success(),
+        "expected a failure, got: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
