@@ -276,6 +276,29 @@ async fn pods_without_the_annotation_pass_untouched() {
 }
 
 #[tokio::test]
+async fn a_hand_written_request_annotation_is_denied() {
+    let mut r = fixture("admission/mig-mixed.json");
+    r["request"]["object"]["metadata"]["annotations"] =
+        json!({"gpu-share.io/request": "timeslice-1"});
+    let (status, response) = post(dev_state(), "/mutate", serde_json::to_vec(&r).unwrap()).await;
+    assert_eq!(status, 200, "{response}");
+    let resp = &response["response"];
+    assert_eq!(resp["allowed"], false, "{resp}");
+    assert_eq!(resp["status"]["code"], 403);
+    assert!(
+        resp["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("written by the gpu-share webhook"),
+        "{resp}"
+    );
+    assert_eq!(
+        resp["auditAnnotations"]["denied"],
+        "request_without_gpu_share"
+    );
+}
+
+#[tokio::test]
 async fn dry_run_gets_the_same_answer() {
     let (review, response) = review("dry-run.json").await;
     let mut wet = review.clone();

@@ -54,6 +54,8 @@ pub enum DenialReason {
     HostIpcForbidden,
     NotAPod,
     NamespaceUnavailable,
+    /// `gpu-share.io/request` without `gpu-share`: only the webhook writes it.
+    RequestWithoutGpuShare,
 }
 
 impl DenialReason {
@@ -69,6 +71,7 @@ impl DenialReason {
             DenialReason::HostIpcForbidden => "host_ipc_forbidden",
             DenialReason::NotAPod => "not_a_pod",
             DenialReason::NamespaceUnavailable => "namespace_unavailable",
+            DenialReason::RequestWithoutGpuShare => "request_without_gpu_share",
         }
     }
 }
@@ -118,9 +121,30 @@ pub fn annotations_of(object: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// Whether the webhook must look at a pod with these annotations: it asks for a GPU, or it
+/// carries the annotation only the webhook may write (which the scheduler trusts).
+pub fn concerns_gpu_share(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.contains_key(request::ANNOTATION) || annotations.contains_key(ANNOTATION_REQUEST)
+}
+
 /// Plans the mutation of one pod on CREATE.
 pub fn plan(object: &Value, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
     let annotations = annotations_of(object);
+    if annotations.contains_key(ANNOTATION_REQUEST)
+        && !annotations.contains_key(request::ANNOTATION)
+    {
+        return Decision::Deny(Denial::new(
+            DenialReason::RequestWithoutGpuShare,
+            format!(
+                "gpu-share: the pod carries annotation {ANNOTATION_REQUEST} without annotation {}; \
+                 {ANNOTATION_REQUEST} is written by the gpu-share webhook from the {} annotation, and the \
+                 scheduler trusts it over the pod's resource limits: remove it, and ask for a GPU with {}: <class>",
+                request::ANNOTATION,
+                request::ANNOTATION,
+                request::ANNOTATION
+            ),
+        ));
+    }
     let annotated = match request::from_annotations(&annotations) {
         Ok(None) => return Decision::NotRequested,
         Ok(Some(a)) => a,
@@ -705,6 +729,33 @@ mod tests {
         );
         // Even an object that is not a valid pod is left alone without the annotation.
         assert_eq!(run(&json!({"spec": "garbage"})), Decision::NotRequested);
+    }
+
+    #[test]
+    fn request_annotation_alone_is_denied() {
+        // The scheduler's ledger trusts gpu-share.io/request over the limits: a pod that writes
+        // it by hand could hold 8 GPUs while being accounted for a sliver of one.
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "8"}});
+        let obj = pod(json!({"gpu-share.io/request": "mps-1"}), spec);
+        assert!(concerns_gpu_share(&annotations_of(&obj)));
+        let d = denied(&obj);
+        assert_eq!(d.reason, DenialReason::RequestWithoutGpuShare);
+        assert_eq!(d.reason.as_str(), "request_without_gpu_share");
+        assert!(
+            d.message.contains("written by the gpu-share webhook"),
+            "{}",
+            d.message
+        );
+        // Even on something that is not a valid pod.
+        let d = denied(
+            &json!({"metadata": {"annotations": {"gpu-share.io/request": "exclusive"}}, "spec": "x"}),
+        );
+        assert_eq!(d.reason, DenialReason::RequestWithoutGpuShare);
+        assert!(!concerns_gpu_share(&annotations_of(&pod(
+            json!({"gpu-share.io/gpus": "0:1"}),
+            basic_spec()
+        ))));
     }
 
     #[test]

@@ -270,7 +270,7 @@ async fn decide(state: &AppState, review: &AdmissionReviewIn, namespace: &str) -
     let Some(object) = req.object.as_ref() else {
         return Decision::NotRequested;
     };
-    if !plan::annotations_of(object).contains_key(crate::request::ANNOTATION) {
+    if !plan::concerns_gpu_share(&plan::annotations_of(object)) {
         return Decision::NotRequested;
     }
     let loaded = state.policy.current();
