@@ -127,6 +127,41 @@ pub fn concerns_gpu_share(annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(request::ANNOTATION) || annotations.contains_key(ANNOTATION_REQUEST)
 }
 
+/// Which cluster facts the planner will use for a pod, so that the webhook looks up only those
+/// and fails only when one it needs cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// The namespace's labels matter (selector rules, or the Pod Security check before injecting
+    /// hostIPC for MPS): the pod cannot be planned without them, so a failed read denies it.
+    pub namespace_labels: bool,
+    /// The policy's RuntimeClass is looked up (the pod names none and the policy sets one).
+    pub runtime_class: bool,
+}
+
+/// What [`plan`] will need to know about the cluster for this pod under this policy.
+pub fn needs(object: &Value, policy: &Policy) -> Needs {
+    let annotations = annotations_of(object);
+    let request = match request::from_annotations(&annotations) {
+        // Denied (or left alone) without looking at the cluster.
+        Ok(None) | Err(_) => {
+            return Needs {
+                namespace_labels: false,
+                runtime_class: false,
+            };
+        }
+        Ok(Some(a)) => a.request,
+    };
+    let selector_rules = policy.namespaces.iter().any(|r| r.selector.is_some());
+    let mps_host_ipc = matches!(request.class, GpuClass::Mps { .. }) && policy.mps.host_ipc;
+    let pod_names_runtime_class = object
+        .pointer("/spec/runtimeClassName")
+        .is_some_and(|v| !v.is_null());
+    Needs {
+        namespace_labels: selector_rules || mps_host_ipc,
+        runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
+    }
+}
+
 /// Plans the mutation of one pod on CREATE.
 pub fn plan(object: &Value, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
     let annotations = annotations_of(object);
@@ -729,6 +764,40 @@ mod tests {
         );
         // Even an object that is not a valid pod is left alone without the annotation.
         assert_eq!(run(&json!({"spec": "garbage"})), Decision::NotRequested);
+    }
+
+    #[test]
+    fn needs_only_what_the_plan_uses() {
+        let p = Policy::default_policy();
+        assert!(p.mps.host_ipc && !p.runtime_class_name.is_empty());
+        let n = needs(&pod(json!({"gpu-share": "timeslice-50"}), basic_spec()), &p);
+        assert!(!n.namespace_labels);
+        assert!(n.runtime_class);
+        let n = needs(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &p);
+        assert!(n.namespace_labels);
+        let mut no_ipc = p.clone();
+        no_ipc.mps.host_ipc = false;
+        let n = needs(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &no_ipc);
+        assert!(!n.namespace_labels);
+        let selector = Policy::from_yaml(&crate::policy::DEFAULT_POLICY_YAML.replace(
+            "namespaces: []",
+            "namespaces:\n  - selector:\n      matchLabels: {team: ml}\n    allowedClasses: [mig]\n",
+        ))
+        .unwrap();
+        let n = needs(
+            &pod(json!({"gpu-share": "exclusive"}), basic_spec()),
+            &selector,
+        );
+        assert!(n.namespace_labels);
+        let mut spec = basic_spec();
+        spec["runtimeClassName"] = json!("custom");
+        assert!(!needs(&pod(json!({"gpu-share": "exclusive"}), spec), &p).runtime_class);
+        let mut none = p.clone();
+        none.runtime_class_name.clear();
+        assert!(!needs(&pod(json!({"gpu-share": "exclusive"}), basic_spec()), &none).runtime_class);
+        // Pods the planner denies from their annotations alone need nothing.
+        let n = needs(&pod(json!({"gpu-share": "mps-0"}), basic_spec()), &selector);
+        assert!(!n.namespace_labels && !n.runtime_class);
     }
 
     #[test]
