@@ -48,13 +48,6 @@ pub enum ClassKind {
 }
 
 impl ClassKind {
-    pub const ALL: [ClassKind; 4] = [
-        ClassKind::Mig,
-        ClassKind::Mps,
-        ClassKind::Timeslice,
-        ClassKind::Exclusive,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             ClassKind::Mig => "mig",

@@ -18,7 +18,6 @@ use tracing::{Instrument, field};
 use super::plan::{self, Decision, Denial, Facts, RuntimeClassState};
 use crate::server::{AppState, json_error};
 
-pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
