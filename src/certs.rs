@@ -33,9 +33,22 @@ pub fn self_signed(sans: &[&str]) -> Result<PemPair, String> {
     })
 }
 
-/// A new CA named `ca_name` and a serving certificate for `sans`, valid for `days` days.
+/// Longest validity `gpu-share certs` issues, in days (ten years).
+pub const MAX_DAYS: i64 = 3650;
+
+/// A new CA named `ca_name` and a serving certificate for `sans`, both valid for `days` days
+/// (1 to [`MAX_DAYS`]).
+///
+/// The CA's key is returned here but `gpu-share certs` does not keep it, so the CA is no more
+/// than the issuer of this one certificate: it expires with it, and a renewal makes a new CA.
 pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundle, String> {
+    if !(1..=MAX_DAYS).contains(&days) {
+        return Err(format!(
+            "--days must be from 1 to {MAX_DAYS} (the certificate's validity in days), got {days}"
+        ));
+    }
     let now = time::OffsetDateTime::now_utc();
+    let not_after = now + time::Duration::days(days);
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
     ca_params
         .distinguished_name
@@ -47,8 +60,7 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
         KeyUsagePurpose::DigitalSignature,
     ];
     ca_params.not_before = now;
-    // The CA outlives its serving certificates, so a renewal can keep the same caBundle.
-    ca_params.not_after = now + time::Duration::days(days.saturating_mul(10));
+    ca_params.not_after = not_after;
     let ca_key = KeyPair::generate().map_err(err)?;
     let ca_key_pem = ca_key.serialize_pem();
     let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(err)?;
@@ -63,7 +75,7 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
         rcgen::ExtendedKeyUsagePurpose::ClientAuth,
     ];
     params.not_before = now;
-    params.not_after = now + time::Duration::days(days);
+    params.not_after = not_after;
     let key = KeyPair::generate().map_err(err)?;
     let cert = params.signed_by(&key, &ca).map_err(err)?;
     Ok(Bundle {
@@ -78,8 +90,9 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
     })
 }
 
-/// `gpu-share certs`: writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600) into `args.out` and
-/// returns what to do next, with the base64 caBundle.
+/// `gpu-share certs`: writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600, also when it existed)
+/// into `args.out` and returns what to do next, with the base64 caBundle. The CA's key is not
+/// written: every run makes a new CA.
 pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, String> {
     use base64::Engine;
     let bundle = ca_and_serving(
@@ -104,7 +117,15 @@ pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, Stri
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         std::io::Write::write_all(&mut f, text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // `mode` applies only when the file is created: tighten one that was already there.
+        #[cfg(unix)]
+        if private {
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| format!("{}: cannot make it private: {e}", path.display()))?;
+        }
+        Ok(())
     };
     write("ca.crt", &bundle.ca.cert_pem, false)?;
     write("tls.crt", &bundle.serving.cert_pem, false)?;
@@ -143,5 +164,57 @@ mod tests {
                 .collect();
         assert_eq!(der.len(), 1);
         assert!(der[0].is_ok());
+    }
+
+    fn not_after(pem: &str) -> i64 {
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        cert.validity().not_after.timestamp()
+    }
+
+    #[test]
+    fn days_are_bounded_and_the_ca_expires_with_its_certificate() {
+        let sans = ["localhost".to_string()];
+        for days in [0, -1, MAX_DAYS + 1, i64::MAX, i64::MIN] {
+            let e = ca_and_serving("ca", &sans, days).unwrap_err();
+            assert!(e.contains("--days must be from 1 to 3650"), "{days}: {e}");
+        }
+        let b = ca_and_serving("ca", &sans, MAX_DAYS).unwrap();
+        assert_eq!(not_after(&b.ca.cert_pem), not_after(&b.serving.cert_pem));
+        let b = ca_and_serving("ca", &sans, 1).unwrap();
+        let in_a_day = time::OffsetDateTime::now_utc().unix_timestamp() + 86_400;
+        assert!((not_after(&b.ca.cert_pem) - in_a_day).abs() < 60);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_existing_key_file_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("tls.key");
+        std::fs::write(&key, "old").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let args = crate::cli::CertsArgs {
+            namespace: "gpu-share".into(),
+            service: "gpu-share".into(),
+            out: dir.path().to_path_buf(),
+            days: 30,
+        };
+        let text = write_install_bundle(&args).unwrap();
+        assert!(text.contains("caBundle"), "{text}");
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        assert!(
+            std::fs::read_to_string(&key)
+                .unwrap()
+                .contains("PRIVATE KEY")
+        );
+        assert!(
+            !dir.path().join("ca.key").exists(),
+            "the CA key is not kept"
+        );
+        let mut args = args;
+        args.days = 100_000_000_000_000;
+        assert!(write_install_bundle(&args).unwrap_err().contains("--days"));
     }
 }

@@ -22,6 +22,15 @@ pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 
+/// Most GPUs one node is taken to have. The largest GPU nodes hold 8 (16 at most); a node that
+/// advertises more is clamped to this (with a warning), so that per-GPU state stays small.
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+/// Replicas per GPU assumed when bounding a shared pool: a node advertising more than
+/// `MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU` units of its pool is clamped.
+pub const MAX_REPLICAS_PER_GPU: u32 = 48;
+/// MIG instances per GPU at most (seven 1g instances), for bounding MIG device counts.
+pub const MAX_MIG_PER_GPU: u32 = 7;
+
 /// How a node's full GPUs are shared (the device plugin's sharing config applies to all of them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "strategy", rename_all = "kebab-case")]
@@ -200,7 +209,8 @@ pub fn quantity_milli(value: &str) -> Option<u128> {
         frac.parse().ok()?
     };
     let scale = 10u128.pow(frac.len() as u32);
-    Some((int * scale + frac_val) * mul_num / (scale * mul_den))
+    let scaled = int.checked_mul(scale)?.checked_add(frac_val)?;
+    Some(scaled.checked_mul(mul_num)? / (scale * mul_den))
 }
 
 /// A quantity as a whole count (extended resources are integers); `None` if not a quantity.
@@ -242,7 +252,7 @@ pub fn from_parts(
             let n = quantity_count(v)?;
             Some((
                 profile_from_resource_suffix(suffix),
-                u32::try_from(n).unwrap_or(u32::MAX),
+                clamp_mig_devices(name, k, u32::try_from(n).unwrap_or(u32::MAX)),
             ))
         })
         .collect();
@@ -257,7 +267,8 @@ pub fn from_parts(
         .as_deref()
         .map(|p| p.strip_suffix("-SHARED").unwrap_or(p).to_string());
     let mig_strategy = labels.get(LABEL_MIG_STRATEGY).map(String::as_str);
-    let label_replicas = label_u64(labels, LABEL_REPLICAS).unwrap_or(1).max(1) as u32;
+    let label_replicas =
+        u32::try_from(label_u64(labels, LABEL_REPLICAS).unwrap_or(1).max(1)).unwrap_or(u32::MAX);
     let sharing = match labels.get(LABEL_SHARING).map(String::as_str) {
         Some("mps") => Sharing::Mps {
             replicas: label_replicas,
@@ -280,7 +291,8 @@ pub fn from_parts(
         .and_then(|q| quantity_milli(q))
         .map(|m| u64::try_from(m / 1000 / (1 << 20)).unwrap_or(u64::MAX));
     let label_memory = label_u64(labels, LABEL_MEMORY);
-    let label_count = label_u64(labels, LABEL_COUNT).unwrap_or(0) as u32;
+    let label_count =
+        u32::try_from(label_u64(labels, LABEL_COUNT).unwrap_or(0)).unwrap_or(u32::MAX);
 
     // Single strategy: MIG devices advertised as nvidia.com/gpu, product <model>-MIG-<profile>.
     let single_profile = product.as_deref().and_then(|p| {
@@ -299,7 +311,11 @@ pub fn from_parts(
             if let Some((model, _)) = single_profile {
                 product = Some(model);
             }
-            let slots = gpu_alloc.unwrap_or(u64::from(label_count)) as u32;
+            let slots = clamp_mig_devices(
+                name,
+                RESOURCE_GPU,
+                u32::try_from(gpu_alloc.unwrap_or(u64::from(label_count))).unwrap_or(u32::MAX),
+            );
             return Some(GpuNode {
                 name: name.to_string(),
                 product,
@@ -327,7 +343,7 @@ pub fn from_parts(
     };
     let slots = u32::try_from(slots).unwrap_or(u32::MAX);
     // Physical full GPUs not in MIG mode: the pool divided by replicas.
-    let gpus = slots / sharing.replicas();
+    let (gpus, slots) = clamp_pool(name, &pool_resource, slots, sharing.replicas());
     let mig = if mig_instances.is_empty() {
         MigLayout::None
     } else {
@@ -347,6 +363,46 @@ pub fn from_parts(
         cpu_milli,
         memory_mib,
     })
+}
+
+/// Bounds a node's full-GPU pool: more than [`MAX_GPUS_PER_NODE`] GPUs, or more than
+/// `MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU` units, is taken as [`MAX_GPUS_PER_NODE`] GPUs at
+/// most. Returns (GPUs, units).
+fn clamp_pool(node: &str, resource: &str, slots: u32, replicas: u32) -> (u32, u32) {
+    let gpus = slots / replicas.max(1);
+    let max_slots = MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU;
+    if gpus <= MAX_GPUS_PER_NODE && slots <= max_slots {
+        return (gpus, slots);
+    }
+    let clamped_gpus = gpus.min(MAX_GPUS_PER_NODE);
+    let clamped_slots = slots
+        .min(clamped_gpus.saturating_mul(replicas.max(1)))
+        .min(max_slots);
+    tracing::warn!(
+        node,
+        resource,
+        advertised = slots,
+        replicas,
+        gpus = clamped_gpus,
+        units = clamped_slots,
+        "node advertises more GPUs than gpu-share accounts per node ({MAX_GPUS_PER_NODE}); using {clamped_gpus} GPUs, {clamped_slots} units"
+    );
+    (clamped_gpus, clamped_slots)
+}
+
+/// Bounds a count of MIG devices to what [`MAX_GPUS_PER_NODE`] GPUs can hold.
+fn clamp_mig_devices(node: &str, resource: &str, n: u32) -> u32 {
+    let max = MAX_GPUS_PER_NODE * MAX_MIG_PER_GPU;
+    if n <= max {
+        return n;
+    }
+    tracing::warn!(
+        node,
+        resource,
+        advertised = n,
+        "node advertises more MIG devices than {MAX_GPUS_PER_NODE} GPUs can hold; using {max}"
+    );
+    max
 }
 
 #[cfg(test)]
@@ -369,6 +425,79 @@ mod tests {
         assert_eq!(quantity_count("8"), Some(8));
         assert_eq!(quantity_milli("abc"), None);
         assert_eq!(quantity_milli("1Xi"), None);
+        // Huge but well-formed quantities are not numbers we can hold: None, never a panic.
+        assert_eq!(quantity_milli("999999999999999999.999999999Ti"), None);
+        assert_eq!(
+            quantity_milli("999999999999999999T"),
+            Some(999_999_999_999_999_999 * 10u128.pow(15))
+        );
+        assert_eq!(quantity_count("999999999999999999Ti"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn absurd_nodes_are_clamped() {
+        // 4e9 whole GPUs: Usage::empty would allocate a slot per GPU.
+        let alloc = map(&[("nvidia.com/gpu", "4000000000")]);
+        let n = from_parts("huge", &map(&[]), &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!((n.gpus, n.slots), (MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE));
+        assert_eq!(crate::packing::Usage::empty(&n).gpu_milli.len(), 64);
+        let n = from_parts(
+            "huge",
+            &map(&[]),
+            &map(&[("nvidia.com/gpu", "65")]),
+            "nvidia.com/gpu",
+        )
+        .unwrap();
+        assert_eq!(n.gpus, MAX_GPUS_PER_NODE);
+        let n = from_parts(
+            "ok",
+            &map(&[]),
+            &map(&[("nvidia.com/gpu", "64")]),
+            "nvidia.com/gpu",
+        )
+        .unwrap();
+        assert_eq!((n.gpus, n.slots), (64, 64));
+        // Time-slicing: 10 replicas of 100 GPUs.
+        let labels = map(&[
+            ("nvidia.com/gpu.replicas", "10"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+        ]);
+        let n = from_parts(
+            "ts",
+            &labels,
+            &map(&[("nvidia.com/gpu", "1000")]),
+            "nvidia.com/gpu",
+        )
+        .unwrap();
+        assert_eq!((n.gpus, n.slots), (64, 640));
+        // A replica count that does not fit in u32 is not truncated (2^32 + 4 is not 4).
+        let labels = map(&[
+            ("nvidia.com/gpu.replicas", "4294967300"),
+            ("nvidia.com/gpu.sharing-strategy", "mps"),
+        ]);
+        let n = from_parts(
+            "mps",
+            &labels,
+            &map(&[("nvidia.com/gpu", "8")]),
+            "nvidia.com/gpu",
+        )
+        .unwrap();
+        assert_eq!(n.sharing, Sharing::Mps { replicas: u32::MAX });
+        assert_eq!(n.gpus, 0);
+        // MIG device counts: bounded, and summing them cannot overflow.
+        let alloc = map(&[
+            ("nvidia.com/mig-1g.10gb", "4294967295"),
+            ("nvidia.com/mig-2g.20gb", "99999999999"),
+        ]);
+        let n = from_parts("mig", &map(&[]), &alloc, "nvidia.com/gpu").unwrap();
+        assert_eq!(n.mig_devices(), 2 * MAX_GPUS_PER_NODE * MAX_MIG_PER_GPU);
+        // Single strategy: a gpu.count label beyond u32 is not truncated either.
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"),
+            ("nvidia.com/gpu.count", "4294967297"),
+        ]);
+        let n = from_parts("single", &labels, &map(&[]), "nvidia.com/gpu").unwrap();
+        assert_eq!(n.slots, MAX_GPUS_PER_NODE * MAX_MIG_PER_GPU);
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! Prometheus metrics (prometheus-client), served as text on the admin listener's `/metrics`.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -40,7 +39,7 @@ fn latency_histogram() -> Histogram {
 
 /// All of the service's metrics.
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily,
     denials: Family<ReasonLabels, Counter>,
@@ -123,7 +122,7 @@ impl Metrics {
             gpu_nodes.clone(),
         );
         Metrics {
-            registry: Mutex::new(registry),
+            registry,
             requests,
             latency,
             denials,
@@ -198,24 +197,10 @@ impl Metrics {
             .inc();
     }
 
-    /// Lets other modules register their own metrics.
-    pub fn register(
-        &self,
-        name: &str,
-        help: &str,
-        metric: impl prometheus_client::registry::Metric,
-    ) {
-        if let Ok(mut r) = self.registry.lock() {
-            r.register(name, help, metric);
-        }
-    }
-
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Ok(r) = self.registry.lock()
-            && let Err(e) = prometheus_client::encoding::text::encode(&mut out, &r)
-        {
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "cannot encode metrics");
         }
         out

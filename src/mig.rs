@@ -270,25 +270,41 @@ pub fn all_config_name(profile: &str) -> String {
 /// A MIG table: the built-in models plus whatever the policy adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigTable {
+    /// Built-in models (minus those the policy replaces), then the policy's.
     pub models: Vec<MigModel>,
+    /// How many of `models`, at the end, come from the policy.
+    policy_models: usize,
 }
 
 impl Default for MigTable {
     fn default() -> Self {
         MigTable {
             models: builtin_models(),
+            policy_models: 0,
         }
     }
 }
 
 impl MigTable {
+    /// The built-in models plus `extra`; an extra model replaces the built-in (or earlier extra)
+    /// of the same name.
     pub fn with_extra(extra: &[MigModel]) -> Self {
-        let mut models = builtin_models();
+        let mut models: Vec<MigModel> = builtin_models()
+            .into_iter()
+            .filter(|b| !extra.iter().any(|m| m.model == b.model))
+            .collect();
+        let builtin = models.len();
         for m in extra {
-            models.retain(|b| b.model != m.model);
+            if let Some(i) = models[builtin..].iter().position(|x| x.model == m.model) {
+                models.remove(builtin + i);
+            }
             models.push(m.clone());
         }
-        MigTable { models }
+        let policy_models = models.len() - builtin;
+        MigTable {
+            models,
+            policy_models,
+        }
     }
 
     /// The first model that defines this profile name, with the profile.
@@ -298,12 +314,35 @@ impl MigTable {
             .find_map(|m| m.profile(profile).map(|p| (m, p)))
     }
 
-    /// The model a GFD product label belongs to (e.g. `NVIDIA-A100-SXM4-80GB`).
+    /// The model a GFD product label belongs to (e.g. `NVIDIA-A100-SXM4-80GB`). The policy's
+    /// models are searched first; among the models that match, the one with the longest
+    /// matching product substring wins (so `NVIDIA-GH200-480GB` is GH200, not H200), the
+    /// first listed on a tie.
     pub fn model_for_product(&self, product: &str) -> Option<&MigModel> {
         let product = product.trim_end_matches("-SHARED");
-        self.models
-            .iter()
-            .find(|m| m.products.iter().any(|s| product.contains(s.as_str())))
+        let (builtin, policy) = self
+            .models
+            .split_at(self.models.len().saturating_sub(self.policy_models));
+        let best = |models: &'_ [MigModel]| -> Option<usize> {
+            let mut best: Option<(usize, usize)> = None;
+            for (i, m) in models.iter().enumerate() {
+                let matched = m
+                    .products
+                    .iter()
+                    .filter(|s| !s.is_empty() && product.contains(s.as_str()))
+                    .map(String::len)
+                    .max();
+                if let Some(len) = matched
+                    && best.is_none_or(|(_, b)| len > b)
+                {
+                    best = Some((i, len));
+                }
+            }
+            best.map(|(i, _)| i)
+        };
+        best(policy)
+            .map(|i| &policy[i])
+            .or_else(|| best(builtin).map(|i| &builtin[i]))
     }
 
     /// Every profile name, sorted and de-duplicated.
@@ -457,5 +496,56 @@ mod tests {
         let t = MigTable::with_extra(&[extra]);
         assert!(t.find("1g.23gb").is_some());
         assert!(MigTable::default().find("1g.23gb").is_none());
+    }
+
+    #[test]
+    fn product_matching_prefers_policy_models_then_the_longest_match() {
+        let model = |name: &str, products: &[&str]| MigModel {
+            model: name.into(),
+            products: products.iter().map(|s| s.to_string()).collect(),
+            memory_slices: 8,
+            compute_slices: 7,
+            profiles: vec![p("1g.12gb", 1, 1, 7, &[0, 1, 2, 3, 4, 5, 6], None)],
+        };
+        let gh200 = model("GH200-96GB", &["GH200"]);
+        let t = MigTable::with_extra(std::slice::from_ref(&gh200));
+        for product in ["NVIDIA-GH200-480GB", "NVIDIA-GH200-480GB-SHARED"] {
+            assert_eq!(
+                t.model_for_product(product).unwrap().model,
+                "GH200-96GB",
+                "{product}"
+            );
+        }
+        assert_eq!(
+            t.model_for_product("NVIDIA-H200").unwrap().model,
+            "H200-141GB"
+        );
+        // Among built-ins and among policy models alike, the longest match wins.
+        let t = MigTable::with_extra(&[
+            model("Any-H", &["H"]),
+            model("GH200-144GB", &["GH200-144GB"]),
+        ]);
+        assert_eq!(
+            t.model_for_product("NVIDIA-GH200-144GB-HBM3e")
+                .unwrap()
+                .model,
+            "GH200-144GB"
+        );
+        // A policy model, however short its match, is preferred to a built-in.
+        assert_eq!(
+            t.model_for_product("NVIDIA-H100-80GB-HBM3").unwrap().model,
+            "Any-H"
+        );
+        assert!(MigTable::default().model_for_product("Tesla-T4").is_none());
+        // A replaced built-in is not counted twice.
+        let t = MigTable::with_extra(&[model("H200-141GB", &["H200-SXM"])]);
+        assert_eq!(t.models.len(), MigTable::default().models.len());
+        assert_eq!(t.model_for_product("NVIDIA-H200-NVL"), None);
+        let t = MigTable::with_extra(&[gh200.clone(), gh200]);
+        assert_eq!(t.models.len(), MigTable::default().models.len() + 1);
+        assert_eq!(
+            t.model_for_product("NVIDIA-GH200-480GB").unwrap().model,
+            "GH200-96GB"
+        );
     }
 }

@@ -355,19 +355,28 @@ impl Policy {
                         p.name
                     ));
                 }
-                if p.memory_slices == 0
-                    || p.memory_slices > m.memory_slices
-                    || p.compute_slices > m.compute_slices
-                {
+                if p.memory_slices == 0 || p.compute_slices == 0 {
+                    return Err(format!(
+                        "mig.models[{i}].profiles[{}]: memorySlices and computeSlices must be at least 1",
+                        p.name
+                    ));
+                }
+                if p.memory_slices > m.memory_slices || p.compute_slices > m.compute_slices {
                     return Err(format!(
                         "mig.models[{i}].profiles[{}]: slices exceed the GPU's",
                         p.name
                     ));
                 }
+                if p.max == 0 || p.max > m.memory_slices {
+                    return Err(format!(
+                        "mig.models[{i}].profiles[{}]: max must be from 1 to the GPU's memorySlices ({}), got {}",
+                        p.name, m.memory_slices, p.max
+                    ));
+                }
                 if p.starts.is_empty()
-                    || p.starts
-                        .iter()
-                        .any(|s| s + p.memory_slices > m.memory_slices)
+                    || p.starts.iter().any(|s| {
+                        u16::from(*s) + u16::from(p.memory_slices) > u16::from(m.memory_slices)
+                    })
                 {
                     return Err(format!(
                         "mig.models[{i}].profiles[{}]: starts must be set and stay within the GPU",
@@ -493,6 +502,64 @@ mod tests {
         );
         // Round trip through the printed form.
         assert_eq!(Policy::from_yaml(&p.to_yaml()).unwrap(), p);
+    }
+
+    #[test]
+    fn mig_model_slices_are_bounded() {
+        let with = |profile: &str| {
+            DEFAULT_POLICY_YAML.replace(
+                "  models: []",
+                &format!(
+                    "  models:\n    - model: X-96GB\n      products: [X]\n      memorySlices: 8\n      computeSlices: 7\n      profiles:\n        - {profile}\n"
+                ),
+            )
+        };
+        let ok = with("{name: 1g.12gb, memorySlices: 1, computeSlices: 1, max: 7, starts: [0, 6]}");
+        assert!(
+            Policy::from_yaml(&ok).is_ok(),
+            "{:?}",
+            Policy::from_yaml(&ok)
+        );
+        for (profile, why) in [
+            // 255 + 1 overflowed a u8 sum.
+            (
+                "{name: 1g.12gb, memorySlices: 1, computeSlices: 1, max: 7, starts: [255]}",
+                "stay within the GPU",
+            ),
+            (
+                "{name: 2g.24gb, memorySlices: 2, computeSlices: 2, max: 3, starts: [254]}",
+                "stay within the GPU",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 1, computeSlices: 1, max: 7, starts: [8]}",
+                "stay within the GPU",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 1, computeSlices: 0, max: 7, starts: [0]}",
+                "at least 1",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 0, computeSlices: 1, max: 7, starts: [0]}",
+                "at least 1",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 1, computeSlices: 1, max: 0, starts: [0]}",
+                "max must be from 1 to the GPU's memorySlices (8), got 0",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 1, computeSlices: 1, max: 9, starts: [0]}",
+                "got 9",
+            ),
+            (
+                "{name: 1g.12gb, memorySlices: 9, computeSlices: 1, max: 1, starts: [0]}",
+                "exceed",
+            ),
+        ] {
+            match Policy::from_yaml(&with(profile)) {
+                Err(PolicyError::Invalid(e)) => assert!(e.contains(why), "{profile}: {e}"),
+                other => panic!("{profile}: expected an invalid policy, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -48,13 +48,6 @@ pub enum ClassKind {
 }
 
 impl ClassKind {
-    pub const ALL: [ClassKind; 4] = [
-        ClassKind::Mig,
-        ClassKind::Mps,
-        ClassKind::Timeslice,
-        ClassKind::Exclusive,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             ClassKind::Mig => "mig",
@@ -145,26 +138,61 @@ impl GpuRequest {
         s.to_string()
     }
 
-    /// Parses the normalized form (`gpu-share.io/request`).
+    /// Parses the normalized form (`gpu-share.io/request`), with the bounds the `gpu-share`
+    /// annotations have: a hand-written value gets no more than a pod's author could ask for.
     pub fn parse_normalized(value: &str) -> Result<GpuRequest, RequestError> {
+        let bad = |why: &str| RequestError::Normalized {
+            value: value.to_string(),
+            why: why.to_string(),
+        };
         let mut parts = value.split(',');
-        let class = parse_class(parts.next().unwrap_or_default())?;
+        let class = parse_class(parts.next().unwrap_or_default())
+            .map_err(|e| bad(&format!("its class is not valid ({e})")))?;
         let mut req = GpuRequest::new(class);
+        let mut seen_memory = false;
+        let mut seen_count = false;
         for part in parts {
             match part.split_once('=') {
                 Some(("memory", v)) => {
+                    if seen_memory {
+                        return Err(bad("memory is given twice"));
+                    }
+                    seen_memory = true;
+                    if !matches!(req.class, GpuClass::Mps { .. } | GpuClass::Timeslice { .. }) {
+                        return Err(bad("memory applies to mps and timeslice only"));
+                    }
                     let mib = v
                         .strip_suffix("Mi")
+                        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
                         .and_then(|n| n.parse::<u64>().ok())
-                        .ok_or_else(|| RequestError::Normalized(value.to_string()))?;
+                        .ok_or_else(|| bad("memory must be a whole number of Mi, e.g. 12288Mi"))?;
+                    if mib == 0 {
+                        return Err(bad("memory must be at least 1Mi"));
+                    }
                     req.memory_mib = Some(mib);
                 }
                 Some(("count", v)) => {
-                    req.count = v
-                        .parse()
-                        .map_err(|_| RequestError::Normalized(value.to_string()))?;
+                    if seen_count {
+                        return Err(bad("count is given twice"));
+                    }
+                    seen_count = true;
+                    if !matches!(req.class, GpuClass::Mig { .. }) {
+                        return Err(bad("count applies to mig only"));
+                    }
+                    req.count = match v.parse::<u32>() {
+                        Ok(n @ 1..=MAX_MIG_COUNT) if v.bytes().all(|b| b.is_ascii_digit()) => n,
+                        _ => {
+                            return Err(bad(&format!(
+                                "count must be a whole number from 1 to {MAX_MIG_COUNT}"
+                            )));
+                        }
+                    };
                 }
-                _ => return Err(RequestError::Normalized(value.to_string())),
+                _ => {
+                    return Err(bad(&format!(
+                        "{part:?} is neither memory=<n>Mi nor count=<n>"
+                    )));
+                }
             }
         }
         Ok(req)
@@ -210,8 +238,10 @@ pub enum RequestError {
     CountNotApplicable { class: String },
     #[error("annotation gpu-share/container is empty")]
     EmptyContainer,
-    #[error("annotation gpu-share.io/request value {0:?} is not a normalized gpu-share request")]
-    Normalized(String),
+    #[error(
+        "annotation gpu-share.io/request value {value:?} is not a normalized gpu-share request: {why}"
+    )]
+    Normalized { value: String, why: String },
 }
 
 /// Parses the class annotation value.
@@ -531,10 +561,48 @@ mod tests {
         assert_eq!(m.normalized(), "mig-1g.10gb+me,count=2");
         assert_eq!(GpuRequest::parse_normalized(&m.normalized()), Ok(m));
         assert!(GpuRequest::parse_normalized("mps-25,cpu=1").is_err());
+        assert_eq!(
+            GpuRequest::parse_normalized("mig-1g.10gb,count=56").map(|r| r.count),
+            Ok(MAX_MIG_COUNT)
+        );
         assert_eq!(GpuRequest::fraction_of(25), "0.25");
         assert_eq!(GpuRequest::fraction_of(50), "0.5");
         assert_eq!(GpuRequest::fraction_of(100), "1");
         assert_eq!(GpuRequest::fraction_of(7), "0.07");
+    }
+
+    #[test]
+    fn normalized_has_the_annotations_bounds() {
+        for (bad, why) in [
+            ("exclusive-4000000000", "class is not valid"),
+            ("mps-0", "class is not valid"),
+            ("timeslice-101", "class is not valid"),
+            ("mig-1g.10gb,count=0", "from 1 to 56"),
+            ("mig-1g.10gb,count=57", "from 1 to 56"),
+            ("mig-1g.10gb,count=4294967295", "from 1 to 56"),
+            ("mig-1g.10gb,count=+3", "from 1 to 56"),
+            ("mig-1g.10gb,count=2,count=3", "twice"),
+            ("mps-25,count=2", "mig only"),
+            ("exclusive,count=1", "mig only"),
+            ("mps-25,memory=0Mi", "at least 1Mi"),
+            ("mps-25,memory=Mi", "whole number of Mi"),
+            ("mps-25,memory=+5Mi", "whole number of Mi"),
+            ("mps-25,memory=18446744073709551616Mi", "whole number of Mi"),
+            ("mps-25,memory=1Mi,memory=2Mi", "twice"),
+            ("exclusive,memory=1024Mi", "mps and timeslice only"),
+            ("mig-1g.10gb,memory=1024Mi", "mps and timeslice only"),
+            ("mps-25,", "neither"),
+        ] {
+            let e = GpuRequest::parse_normalized(bad).unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, RequestError::Normalized { .. }), "{bad}: {e:?}");
+            assert!(text.contains(why), "{bad}: {text}");
+            assert!(text.contains("gpu-share.io/request"), "{bad}: {text}");
+        }
+        assert_eq!(
+            GpuRequest::parse_normalized("timeslice-1,memory=1Mi").map(|r| r.memory_mib),
+            Ok(Some(1))
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Property test: for random pods and valid annotations, the patch always applies, the result is
-//! a valid Pod, and a second pass adds nothing.
+//! a valid Pod, the written `gpu-share.io/request` reads back as the same request, and a second
+//! pass adds nothing.
 
 use gpu_share::admission::plan::{Decision, Facts, RuntimeClassState, plan};
 use gpu_share::policy::Policy;
@@ -99,6 +100,9 @@ proptest! {
         let gpu_limits = spec.containers.iter().filter(|c| c.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/")))).count();
         prop_assert_eq!(gpu_limits, 1, "exactly one container gets the GPU");
         prop_assert_eq!(&doc["spec"]["initContainers"], &obj["spec"]["initContainers"]);
+        // The scheduler reads the written request back within the same bounds.
+        let written = doc["metadata"]["annotations"][gpu_share::request::ANNOTATION_REQUEST].as_str().unwrap_or_default();
+        prop_assert_eq!(gpu_share::request::GpuRequest::parse_normalized(written), Ok(first.request.clone()));
         let Decision::Mutate(second) = plan(&doc, &policy, &mig, &facts) else {
             return Err(TestCaseError::fail("second pass not allowed".to_string()));
         };

@@ -136,3 +136,33 @@ fn webhook_deployment_runs_the_webhook_role_with_the_policy_file() {
         Some("/etc/gpu-share/policy/policy.yaml")
     );
 }
+
+/// The apiserver only calls the webhook for pods that pass its matchConditions: they must let
+/// through both the annotation that asks for a GPU and the one only the webhook may write (the
+/// scheduler trusts it), or a pod could bring a forged `gpu-share.io/request` unseen.
+#[test]
+fn webhook_match_condition_names_both_annotations() {
+    use gpu_share::request::{ANNOTATION, ANNOTATION_REQUEST};
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&read("manifests/base/mutatingwebhookconfiguration.yaml"))
+            .unwrap();
+    let mwc = docs
+        .iter()
+        .find(|d| d["kind"] == "MutatingWebhookConfiguration")
+        .expect("a MutatingWebhookConfiguration");
+    let hooks = mwc["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1);
+    let conditions = hooks[0]["matchConditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1, "conditions are ANDed: keep one");
+    let expr = conditions[0]["expression"].as_str().unwrap();
+    for name in [ANNOTATION, ANNOTATION_REQUEST] {
+        assert!(
+            expr.contains(&format!("'{name}' in object.metadata.annotations")),
+            "matchCondition does not test annotation {name}: {expr}"
+        );
+    }
+    assert!(
+        expr.contains(" || "),
+        "either annotation must be enough: {expr}"
+    );
+}

@@ -67,6 +67,10 @@ struct Server {
 }
 
 async fn start(files: TlsFiles, check_every: Duration) -> Server {
+    start_with_drain(files, check_every, Duration::ZERO).await
+}
+
+async fn start_with_drain(files: TlsFiles, check_every: Duration, drain: Duration) -> Server {
     install_crypto();
     let tls = Arc::new(ReloadingTls::load(files, check_every).expect("certificates load"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -77,6 +81,7 @@ async fn start(files: TlsFiles, check_every: Duration) -> Server {
         tls,
         router(dev_state()),
         rx,
+        drain,
         Duration::from_secs(5),
     ));
     Server { addr, stop, task }
@@ -297,6 +302,43 @@ async fn shutdown_stops_accepting() {
         .await
         .expect("drains promptly")
         .unwrap();
+    assert!(
+        TcpStream::connect(server.addr).await.is_err(),
+        "listener closed"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_keeps_serving_new_connections_for_the_drain() {
+    let pair = certs::self_signed(&["localhost"]).unwrap();
+    let secret = SecretDir::new(&pair);
+    let drain = Duration::from_millis(1500);
+    let server = start_with_drain(secret.files(None), Duration::from_secs(1), drain).await;
+    let stopped_at = std::time::Instant::now();
+    server.stop.send(true).unwrap();
+    // The apiserver may still route new calls here until the endpoints drop the pod.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _, _) = https_post(
+        server.addr,
+        client_config(&pair.cert_pem, None),
+        "/mutate",
+        mutate_body(),
+    )
+    .await
+    .expect("a new connection during the drain is served");
+    assert_eq!(status, 200);
+    assert!(
+        stopped_at.elapsed() < drain,
+        "the request was not made within the drain; the test machine is too slow"
+    );
+    tokio::time::timeout(Duration::from_secs(10), server.task)
+        .await
+        .expect("stops after the drain")
+        .unwrap();
+    assert!(
+        stopped_at.elapsed() >= drain,
+        "stopped before the drain ended"
+    );
     assert!(
         TcpStream::connect(server.addr).await.is_err(),
         "listener closed"

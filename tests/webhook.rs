@@ -276,6 +276,29 @@ async fn pods_without_the_annotation_pass_untouched() {
 }
 
 #[tokio::test]
+async fn a_hand_written_request_annotation_is_denied() {
+    let mut r = fixture("admission/mig-mixed.json");
+    r["request"]["object"]["metadata"]["annotations"] =
+        json!({"gpu-share.io/request": "timeslice-1"});
+    let (status, response) = post(dev_state(), "/mutate", serde_json::to_vec(&r).unwrap()).await;
+    assert_eq!(status, 200, "{response}");
+    let resp = &response["response"];
+    assert_eq!(resp["allowed"], false, "{resp}");
+    assert_eq!(resp["status"]["code"], 403);
+    assert!(
+        resp["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("written by the gpu-share webhook"),
+        "{resp}"
+    );
+    assert_eq!(
+        resp["auditAnnotations"]["denied"],
+        "request_without_gpu_share"
+    );
+}
+
+#[tokio::test]
 async fn dry_run_gets_the_same_answer() {
     let (review, response) = review("dry-run.json").await;
     let mut wet = review.clone();
@@ -329,25 +352,71 @@ async fn bodies_over_the_limit_get_413() {
 #[tokio::test]
 async fn garbage_inside_a_well_formed_review_never_panics() {
     let base = fixture("admission/mig-mixed.json");
-    let variants = [
-        json!(null),
-        json!("pod"),
-        json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}, "spec": "x"}),
-        json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}}),
-        json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}, "spec": {"containers": []}}),
-        json!({"metadata": {"annotations": {"gpu-share": 5}}, "spec": {"containers": []}}),
-        json!({"metadata": {"annotations": {"gpu-share": "exclusive"}}, "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "x"}}}]}}),
+    // For a denial: the reason and a fragment of the message.
+    type Denied = Option<(&'static str, &'static str)>;
+    // (object, allowed, denial)
+    let cases: [(Value, bool, Denied); 9] = [
+        // No object: nothing to mutate.
+        (json!(null), true, None),
+        // Not an object: no annotations, so not gpu-share's business.
+        (json!("pod"), true, None),
+        (json!([1, 2]), true, None),
+        (
+            json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}, "spec": "x"}),
+            false,
+            Some(("not_a_pod", "the object is not a valid Pod")),
+        ),
+        (
+            json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}}),
+            false,
+            Some(("not_a_pod", "the pod has no spec")),
+        ),
+        (
+            json!({"metadata": {"annotations": {"gpu-share": "mps-10"}}, "spec": {"containers": []}}),
+            false,
+            Some(("container_not_found", "the pod has no containers")),
+        ),
+        // A non-string annotation value is not an annotation the webhook can read.
+        (
+            json!({"metadata": {"annotations": {"gpu-share": 5}}, "spec": {"containers": []}}),
+            true,
+            None,
+        ),
+        (
+            json!({"metadata": {"annotations": {"gpu-share": "exclusive"}}, "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "x"}}}]}}),
+            false,
+            Some(("conflicting_limits", "already sets nvidia.com/gpu: x")),
+        ),
+        (
+            json!({"metadata": {"annotations": {"gpu-share.io/request": "exclusive"}}, "spec": "x"}),
+            false,
+            Some((
+                "request_without_gpu_share",
+                "written by the gpu-share webhook",
+            )),
+        ),
     ];
-    for v in variants {
+    for (object, allowed, denial) in cases {
         let mut r = base.clone();
-        r["request"]["object"] = v.clone();
+        r["request"]["object"] = object.clone();
         let (status, response) =
             post(dev_state(), "/mutate", serde_json::to_vec(&r).unwrap()).await;
-        assert!(status == 200 || status == 400, "{v}: {status}");
-        if status == 200 {
-            let resp = &response["response"];
-            if resp["allowed"] == false {
-                assert!(!resp["status"]["message"].as_str().unwrap().is_empty());
+        assert_eq!(status, 200, "{object}: {response}");
+        let resp = &response["response"];
+        assert_eq!(resp["uid"], base["request"]["uid"], "{object}");
+        assert_eq!(resp["allowed"], allowed, "{object}: {resp}");
+        assert!(resp.get("patch").is_none(), "{object}: {resp}");
+        match denial {
+            None => assert!(resp.get("status").is_none(), "{object}: {resp}"),
+            Some((reason, fragment)) => {
+                assert_eq!(resp["status"]["code"], 403, "{object}: {resp}");
+                assert_eq!(
+                    resp["auditAnnotations"]["denied"], reason,
+                    "{object}: {resp}"
+                );
+                let message = resp["status"]["message"].as_str().unwrap();
+                assert!(message.starts_with("gpu-share: "), "{object}: {message}");
+                assert!(message.contains(fragment), "{object}: {message}");
             }
         }
     }

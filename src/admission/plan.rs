@@ -54,6 +54,8 @@ pub enum DenialReason {
     HostIpcForbidden,
     NotAPod,
     NamespaceUnavailable,
+    /// `gpu-share.io/request` without `gpu-share`: only the webhook writes it.
+    RequestWithoutGpuShare,
 }
 
 impl DenialReason {
@@ -69,6 +71,7 @@ impl DenialReason {
             DenialReason::HostIpcForbidden => "host_ipc_forbidden",
             DenialReason::NotAPod => "not_a_pod",
             DenialReason::NamespaceUnavailable => "namespace_unavailable",
+            DenialReason::RequestWithoutGpuShare => "request_without_gpu_share",
         }
     }
 }
@@ -118,9 +121,65 @@ pub fn annotations_of(object: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// Whether the webhook must look at a pod with these annotations: it asks for a GPU, or it
+/// carries the annotation only the webhook may write (which the scheduler trusts).
+pub fn concerns_gpu_share(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.contains_key(request::ANNOTATION) || annotations.contains_key(ANNOTATION_REQUEST)
+}
+
+/// Which cluster facts the planner will use for a pod, so that the webhook looks up only those
+/// and fails only when one it needs cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// The namespace's labels matter (selector rules, or the Pod Security check before injecting
+    /// hostIPC for MPS): the pod cannot be planned without them, so a failed read denies it.
+    pub namespace_labels: bool,
+    /// The policy's RuntimeClass is looked up (the pod names none and the policy sets one).
+    pub runtime_class: bool,
+}
+
+/// What [`plan`] will need to know about the cluster for this pod under this policy.
+pub fn needs(object: &Value, policy: &Policy) -> Needs {
+    let annotations = annotations_of(object);
+    let request = match request::from_annotations(&annotations) {
+        // Denied (or left alone) without looking at the cluster.
+        Ok(None) | Err(_) => {
+            return Needs {
+                namespace_labels: false,
+                runtime_class: false,
+            };
+        }
+        Ok(Some(a)) => a.request,
+    };
+    let selector_rules = policy.namespaces.iter().any(|r| r.selector.is_some());
+    let mps_host_ipc = matches!(request.class, GpuClass::Mps { .. }) && policy.mps.host_ipc;
+    let pod_names_runtime_class = object
+        .pointer("/spec/runtimeClassName")
+        .is_some_and(|v| !v.is_null());
+    Needs {
+        namespace_labels: selector_rules || mps_host_ipc,
+        runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
+    }
+}
+
 /// Plans the mutation of one pod on CREATE.
 pub fn plan(object: &Value, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
     let annotations = annotations_of(object);
+    if annotations.contains_key(ANNOTATION_REQUEST)
+        && !annotations.contains_key(request::ANNOTATION)
+    {
+        return Decision::Deny(Denial::new(
+            DenialReason::RequestWithoutGpuShare,
+            format!(
+                "gpu-share: the pod carries annotation {ANNOTATION_REQUEST} without annotation {}; \
+                 {ANNOTATION_REQUEST} is written by the gpu-share webhook from the {} annotation, and the \
+                 scheduler trusts it over the pod's resource limits: remove it, and ask for a GPU with {}: <class>",
+                request::ANNOTATION,
+                request::ANNOTATION,
+                request::ANNOTATION
+            ),
+        ));
+    }
     let annotated = match request::from_annotations(&annotations) {
         Ok(None) => return Decision::NotRequested,
         Ok(Some(a)) => a,
@@ -705,6 +764,67 @@ mod tests {
         );
         // Even an object that is not a valid pod is left alone without the annotation.
         assert_eq!(run(&json!({"spec": "garbage"})), Decision::NotRequested);
+    }
+
+    #[test]
+    fn needs_only_what_the_plan_uses() {
+        let p = Policy::default_policy();
+        assert!(p.mps.host_ipc && !p.runtime_class_name.is_empty());
+        let n = needs(&pod(json!({"gpu-share": "timeslice-50"}), basic_spec()), &p);
+        assert!(!n.namespace_labels);
+        assert!(n.runtime_class);
+        let n = needs(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &p);
+        assert!(n.namespace_labels);
+        let mut no_ipc = p.clone();
+        no_ipc.mps.host_ipc = false;
+        let n = needs(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &no_ipc);
+        assert!(!n.namespace_labels);
+        let selector = Policy::from_yaml(&crate::policy::DEFAULT_POLICY_YAML.replace(
+            "namespaces: []",
+            "namespaces:\n  - selector:\n      matchLabels: {team: ml}\n    allowedClasses: [mig]\n",
+        ))
+        .unwrap();
+        let n = needs(
+            &pod(json!({"gpu-share": "exclusive"}), basic_spec()),
+            &selector,
+        );
+        assert!(n.namespace_labels);
+        let mut spec = basic_spec();
+        spec["runtimeClassName"] = json!("custom");
+        assert!(!needs(&pod(json!({"gpu-share": "exclusive"}), spec), &p).runtime_class);
+        let mut none = p.clone();
+        none.runtime_class_name.clear();
+        assert!(!needs(&pod(json!({"gpu-share": "exclusive"}), basic_spec()), &none).runtime_class);
+        // Pods the planner denies from their annotations alone need nothing.
+        let n = needs(&pod(json!({"gpu-share": "mps-0"}), basic_spec()), &selector);
+        assert!(!n.namespace_labels && !n.runtime_class);
+    }
+
+    #[test]
+    fn request_annotation_alone_is_denied() {
+        // The scheduler's ledger trusts gpu-share.io/request over the limits: a pod that writes
+        // it by hand could hold 8 GPUs while being accounted for a sliver of one.
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "8"}});
+        let obj = pod(json!({"gpu-share.io/request": "mps-1"}), spec);
+        assert!(concerns_gpu_share(&annotations_of(&obj)));
+        let d = denied(&obj);
+        assert_eq!(d.reason, DenialReason::RequestWithoutGpuShare);
+        assert_eq!(d.reason.as_str(), "request_without_gpu_share");
+        assert!(
+            d.message.contains("written by the gpu-share webhook"),
+            "{}",
+            d.message
+        );
+        // Even on something that is not a valid pod.
+        let d = denied(
+            &json!({"metadata": {"annotations": {"gpu-share.io/request": "exclusive"}}, "spec": "x"}),
+        );
+        assert_eq!(d.reason, DenialReason::RequestWithoutGpuShare);
+        assert!(!concerns_gpu_share(&annotations_of(&pod(
+            json!({"gpu-share.io/gpus": "0:1"}),
+            basic_spec()
+        ))));
     }
 
     #[test]

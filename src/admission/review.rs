@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,6 @@ use tracing::{Instrument, field};
 use super::plan::{self, Decision, Denial, Facts, RuntimeClassState};
 use crate::server::{AppState, json_error};
 
-pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -262,7 +261,21 @@ pub async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response
     .await
 }
 
+/// How long the webhook waits for each API read (Namespace, RuntimeClass): well inside the
+/// webhook's 5 s `timeoutSeconds`, so that a slow API server gets an answer in words rather than
+/// the apiserver's own timeout error.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn decide(state: &AppState, review: &AdmissionReviewIn, namespace: &str) -> Decision {
+    decide_within(state, review, namespace, LOOKUP_TIMEOUT).await
+}
+
+async fn decide_within(
+    state: &AppState,
+    review: &AdmissionReviewIn,
+    namespace: &str,
+    lookup_timeout: Duration,
+) -> Decision {
     let req = &review.request;
     if !is_pod_create(req) {
         return Decision::NotRequested;
@@ -270,42 +283,59 @@ async fn decide(state: &AppState, review: &AdmissionReviewIn, namespace: &str) -
     let Some(object) = req.object.as_ref() else {
         return Decision::NotRequested;
     };
-    if !plan::annotations_of(object).contains_key(crate::request::ANNOTATION) {
+    if !plan::concerns_gpu_share(&plan::annotations_of(object)) {
         return Decision::NotRequested;
     }
     let loaded = state.policy.current();
+    let needs = plan::needs(object, &loaded.policy);
     let (labels, runtime_class) = match &state.cluster {
         None => (None, RuntimeClassState::Unknown),
         Some(cluster) => {
-            let labels = match cluster.namespace_labels(namespace).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::warn!(error = %e, namespace, "cannot read namespace labels");
-                    if loaded
-                        .policy
-                        .namespaces
-                        .iter()
-                        .any(|r| r.selector.is_some())
-                        || loaded.policy.mps.host_ipc
-                    {
-                        return Decision::Deny(Denial {
-                            reason: plan::DenialReason::NamespaceUnavailable,
-                            message: format!(
-                                "gpu-share: cannot read the labels of namespace {namespace} to apply the policy ({e}); retry shortly"
-                            ),
-                        });
-                    }
-                    None
+            let labels = async {
+                if !needs.namespace_labels {
+                    return Ok(None);
+                }
+                match tokio::time::timeout(lookup_timeout, cluster.namespace_labels(namespace))
+                    .await
+                {
+                    Ok(Ok(l)) => Ok(Some(l)),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!(
+                        "the API server did not answer within {} ms",
+                        lookup_timeout.as_millis()
+                    )),
                 }
             };
-            let rc = if loaded.policy.runtime_class_name.is_empty() {
-                RuntimeClassState::Unknown
-            } else {
-                cluster
-                    .runtime_class(&loaded.policy.runtime_class_name)
-                    .await
+            let runtime_class = async {
+                if !needs.runtime_class {
+                    return RuntimeClassState::Unknown;
+                }
+                let name = &loaded.policy.runtime_class_name;
+                match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
+                    Ok(state) => state,
+                    Err(_) => {
+                        tracing::warn!(
+                            runtime_class = %name,
+                            timeout_ms = lookup_timeout.as_millis() as u64,
+                            "RuntimeClass lookup timed out"
+                        );
+                        RuntimeClassState::Unknown
+                    }
+                }
             };
-            (labels, rc)
+            let (labels, runtime_class) = tokio::join!(labels, runtime_class);
+            match labels {
+                Ok(l) => (l, runtime_class),
+                Err(e) => {
+                    tracing::warn!(error = %e, namespace, "cannot read namespace labels");
+                    return Decision::Deny(Denial {
+                        reason: plan::DenialReason::NamespaceUnavailable,
+                        message: format!(
+                            "gpu-share: cannot read the labels of namespace {namespace}, which the policy needs for this pod ({e}); retry shortly"
+                        ),
+                    });
+                }
+            }
         }
     };
     let facts = Facts {
@@ -339,6 +369,97 @@ mod tests {
         assert!(
             parse_review(br#"{"kind":"AdmissionReview","apiVersion":"v1","request":{"uid":"a"}}"#)
                 .is_err()
+        );
+    }
+
+    /// An AppState whose API server accepts requests and never answers them.
+    fn hanging_cluster() -> (
+        AppState,
+        tower_test::mock::Handle<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >,
+    ) {
+        let (svc, handle) = tower_test::mock::pair();
+        let mut state = AppState::dev(
+            crate::cli::Role::Webhook,
+            crate::policy::Policy::default_policy(),
+        );
+        state.cluster = Some(crate::cluster::ClusterFacts::new(kube::Client::new(
+            svc, "default",
+        )));
+        (state, handle)
+    }
+
+    fn create(annotations: Value, spec: Value) -> AdmissionReviewIn {
+        let body = serde_json::json!({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
+            "request": {"uid": "u", "operation": "CREATE", "namespace": "ml",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "object": {"metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
+                           "spec": spec}}});
+        parse_review(&serde_json::to_vec(&body).unwrap()).unwrap()
+    }
+
+    fn containers() -> Value {
+        serde_json::json!({"containers": [{"name": "main", "image": "x"}]})
+    }
+
+    const SHORT: Duration = Duration::from_millis(100);
+
+    #[tokio::test]
+    async fn a_hanging_api_server_denies_in_words_only_when_the_labels_matter() {
+        let (state, _handle) = hanging_cluster();
+        // MPS with hostIPC on (the default policy): the Pod Security level must be known.
+        let review = create(serde_json::json!({"gpu-share": "mps-50"}), containers());
+        let started = Instant::now();
+        let decision = decide_within(&state, &review, "ml", SHORT).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "waited too long"
+        );
+        let Decision::Deny(d) = decision else {
+            panic!("expected a denial, got {decision:?}")
+        };
+        assert_eq!(d.reason, plan::DenialReason::NamespaceUnavailable);
+        assert!(
+            d.message.contains("did not answer within 100 ms"),
+            "{}",
+            d.message
+        );
+
+        // Time-slicing under a policy without selector rules: the labels are not needed, and
+        // the RuntimeClass lookup gives up with a warning instead of hanging.
+        let review = create(
+            serde_json::json!({"gpu-share": "timeslice-50"}),
+            containers(),
+        );
+        let decision = decide_within(&state, &review, "ml", SHORT).await;
+        let Decision::Mutate(m) = decision else {
+            panic!("expected a mutation, got {decision:?}")
+        };
+        assert!(
+            m.warnings
+                .iter()
+                .any(|w| w.contains("could not check RuntimeClass")),
+            "{:?}",
+            m.warnings
+        );
+    }
+
+    #[tokio::test]
+    async fn no_lookup_when_the_pod_names_its_runtime_class() {
+        let (state, mut handle) = hanging_cluster();
+        let mut spec = containers();
+        spec["runtimeClassName"] = serde_json::json!("custom");
+        let review = create(serde_json::json!({"gpu-share": "exclusive"}), spec);
+        let decision = decide_within(&state, &review, "ml", SHORT).await;
+        assert!(matches!(decision, Decision::Mutate(_)), "{decision:?}");
+        let asked = tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await;
+        assert!(
+            asked.is_err(),
+            "the API server was asked: {:?}",
+            asked.ok().flatten().map(|(r, _)| r.uri().clone())
         );
     }
 

@@ -81,6 +81,8 @@ pub struct Readiness {
     pub policy: AtomicBool,
     /// The API server answered (webhook) or the caches synced (extender); true in `--dev`.
     pub cluster: AtomicBool,
+    /// Shutdown has begun: still serving, but no longer ready, so that the endpoints move on.
+    pub draining: AtomicBool,
 }
 
 impl Readiness {
@@ -89,6 +91,7 @@ impl Readiness {
             certificate: AtomicBool::new(true),
             policy: AtomicBool::new(true),
             cluster: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -103,6 +106,9 @@ impl Readiness {
         }
         if !self.cluster.load(Ordering::Acquire) {
             m.push("Kubernetes API not reached or caches not synced");
+        }
+        if self.draining.load(Ordering::Acquire) {
+            m.push("shutting down");
         }
         m
     }
@@ -221,19 +227,36 @@ pub async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// Serves HTTPS on `listener` until `shutdown` turns true, then drains in-flight requests for at
-/// most `grace`.
+/// How long the listener keeps accepting after SIGTERM while reporting not ready, so that the
+/// Service's endpoints drop the pod before it stops answering (taken from the shutdown grace).
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// Serves HTTPS on `listener`. When `shutdown` turns true it keeps accepting for `drain` (the
+/// caller reports not ready meanwhile), then stops accepting and lets in-flight requests finish
+/// for at most `grace`.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<tls::ReloadingTls>,
     app: Router,
     mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
     grace: Duration,
 ) {
     let graceful = GracefulShutdown::new();
+    let drained = async {
+        stopped(&mut shutdown).await;
+        if !drain.is_zero() {
+            tracing::info!(
+                ?drain,
+                "shutting down: still serving while the endpoints catch up"
+            );
+            tokio::time::sleep(drain).await;
+        }
+    };
+    tokio::pin!(drained);
     loop {
         let (stream, peer) = tokio::select! {
-            _ = stopped(&mut shutdown) => break,
+            _ = &mut drained => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -294,27 +317,41 @@ pub async fn serve_admin(listener: TcpListener, app: Router, mut shutdown: watch
 
 /// Reads and validates a policy file.
 pub fn load_policy(path: &PathBuf) -> Result<Policy> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Policy {
+    load_policy_bytes(path).map(|(policy, _)| policy)
+}
+
+/// Reads and validates a policy file, returning the bytes it was read from as well (the
+/// reloader compares against exactly those).
+pub fn load_policy_bytes(path: &PathBuf) -> Result<(Policy, Vec<u8>)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Policy {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    Policy::from_yaml(&text).map_err(|e| Error::Policy {
+    let text = String::from_utf8(bytes).map_err(|e| Error::Policy {
+        path: path.display().to_string(),
+        reason: format!("not UTF-8 text: {e}"),
+    })?;
+    let policy = Policy::from_yaml(&text).map_err(|e| Error::Policy {
         path: path.display().to_string(),
         reason: e.to_string(),
-    })
+    })?;
+    Ok((policy, text.into_bytes()))
 }
 
 /// Re-reads the policy file every `every`; a valid change replaces the policy, an invalid one
 /// keeps the last good policy and logs why. Works with ConfigMap symlink swaps (content compare).
+/// `loaded` is the content the store's policy was read from, so that a change made between that
+/// read and this task's start is not mistaken for the loaded policy.
 pub fn spawn_policy_reloader(
     path: PathBuf,
+    loaded: Vec<u8>,
     store: Arc<PolicyStore>,
     metrics: Arc<Metrics>,
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut last = tokio::fs::read(&path).await.ok();
+        let mut last = Some(loaded);
         loop {
             tokio::select! {
                 _ = stopped(&mut shutdown) => return,
@@ -343,7 +380,7 @@ pub fn spawn_policy_reloader(
                 }
             }
         }
-    });
+    })
 }
 
 /// Reads a NodeList (YAML or JSON; a single Node or a YAML stream of Nodes also works).
@@ -376,9 +413,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
 
     // Policy.
-    let policy = match &args.policy {
-        Some(path) => load_policy(path)?,
-        None => Policy::default_policy(),
+    let (policy, policy_bytes) = match &args.policy {
+        Some(path) => load_policy_bytes(path)?,
+        None => (Policy::default_policy(), Vec::new()),
     };
     tracing::info!(source = %args.policy.as_ref().map_or("embedded default".to_string(), |p| p.display().to_string()), "policy loaded");
     let store = Arc::new(PolicyStore::new(policy));
@@ -502,6 +539,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if let Some(path) = &args.policy {
         spawn_policy_reloader(
             path.clone(),
+            policy_bytes,
             store.clone(),
             metrics.clone(),
             Duration::from_secs(args.policy_reload_seconds.max(1)),
@@ -531,20 +569,93 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let admin = bind(admin_listen).await?;
     tracing::info!(%listen, %admin_listen, role = ?args.role, dev = args.dev, "gpu-share serving");
 
+    // On the first signal: report not ready at once, keep serving for the drain, then stop
+    // accepting and finish in-flight requests; the drain comes out of the shutdown grace.
+    {
+        let ready = state.ready.clone();
+        let mut rx = shutdown_rx.clone();
+        tokio::spawn(async move {
+            stopped(&mut rx).await;
+            ready.draining.store(true, Ordering::Release);
+        });
+    }
+    let total = Duration::from_secs(args.shutdown_grace_seconds);
+    let drain = SHUTDOWN_DRAIN.min(total);
+    // The admin listener (/readyz says "shutting down") stays up until the HTTPS one is done.
+    let (admin_stop, admin_stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(serve_admin(
         admin,
         admin_router(state.clone()),
-        shutdown_rx.clone(),
+        admin_stop_rx,
     ));
     serve_tls(
         listener,
         tls,
         router(state),
         shutdown_rx,
-        Duration::from_secs(args.shutdown_grace_seconds),
+        drain,
+        total.saturating_sub(drain),
     )
     .await;
+    let _ = admin_stop.send(true);
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draining_is_not_ready() {
+        let r = Readiness::all_ready();
+        assert!(r.missing().is_empty());
+        r.draining.store(true, Ordering::Release);
+        assert_eq!(r.missing(), vec!["shutting down"]);
+    }
+
+    #[tokio::test]
+    async fn a_change_made_before_the_reloader_starts_is_picked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, crate::policy::DEFAULT_POLICY_YAML).unwrap();
+        let (policy, bytes) = load_policy_bytes(&path).unwrap();
+        assert_eq!(bytes, crate::policy::DEFAULT_POLICY_YAML.as_bytes());
+        let store = Arc::new(PolicyStore::new(policy));
+        // The ConfigMap changes between the first read and the reloader's start.
+        let changed = crate::policy::DEFAULT_POLICY_YAML.replace(
+            "schedulerName: gpu-share-scheduler",
+            "schedulerName: other-scheduler",
+        );
+        assert_ne!(changed, crate::policy::DEFAULT_POLICY_YAML);
+        std::fs::write(&path, &changed).unwrap();
+        let (_stop, rx) = watch::channel(false);
+        let task = spawn_policy_reloader(
+            path,
+            bytes,
+            store.clone(),
+            Arc::new(Metrics::new()),
+            Duration::from_millis(20),
+            rx,
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while store.current().policy.scheduler_name != "other-scheduler" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the change was never loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        task.abort();
+    }
+
+    #[test]
+    fn a_policy_file_that_is_not_utf8_is_refused_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, b"\xff\xfe").unwrap();
+        let e = load_policy_bytes(&path).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8"), "{e}");
+    }
 }
