@@ -108,8 +108,8 @@ pub struct CertsArgs {
     /// Directory to write ca.crt, tls.crt and tls.key into (created if missing).
     #[arg(long)]
     pub out: PathBuf,
-    /// Validity of the serving certificate, in days.
-    #[arg(long, default_value_t = 365)]
+    /// Validity of the certificates, in days (1 to 3650).
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(i64).range(1..=crate::certs::MAX_DAYS))]
     pub days: i64,
 }
 

@@ -264,6 +264,14 @@ fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
     ]);
     assert!(text.contains("caBundle:"), "{text}");
     assert!(text.contains("gpu-share.gpu-share.svc"), "{text}");
+    let e = run_err([
+        "certs",
+        "--out",
+        dir.path().to_str().unwrap(),
+        "--days",
+        "999999",
+    ]);
+    assert!(e.contains("999999") && e.contains("1..=3650"), "{e}");
     for f in ["ca.crt", "tls.crt", "tls.key"] {
         assert!(dir.path().join(f).exists(), "{f}");
     }

@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::partition::ClusterNode;
 use super::trace::TracePod;
-use crate::inventory::{self, GpuNode, LABEL_COUNT, LABEL_PRODUCT, RESOURCE_GPU};
+use crate::inventory::{
+    self, GpuNode, LABEL_COUNT, LABEL_PRODUCT, MAX_GPUS_PER_NODE, RESOURCE_GPU,
+};
 use crate::ledger;
 use crate::packing::{Demand, GPU_MILLI, GpuDemand};
 use crate::{documents, request};
@@ -31,7 +33,7 @@ fn memory_mib(q: &str) -> Option<u64> {
 }
 
 /// Physical GPUs: GFD's `nvidia.com/gpu.count`, else the full GPUs plus the GPUs the MIG
-/// devices fill (by compute slices, sevenths).
+/// devices fill (by compute share); at most [`MAX_GPUS_PER_NODE`].
 fn physical_gpus(node: &Node, g: &GpuNode) -> u32 {
     let label = node
         .metadata
@@ -43,6 +45,7 @@ fn physical_gpus(node: &Node, g: &GpuNode) -> u32 {
     label
         .unwrap_or(0)
         .max(u32::try_from(capacity).unwrap_or(u32::MAX))
+        .min(MAX_GPUS_PER_NODE)
 }
 
 /// Reads the GPU nodes of a NodeList.

@@ -8,7 +8,7 @@
 
 use thiserror::Error;
 
-use crate::inventory::{GpuNode, MigLayout, RESOURCE_GPU, Sharing};
+use crate::inventory::{GpuNode, MAX_GPUS_PER_NODE, MigLayout, RESOURCE_GPU, Sharing};
 use crate::packing::{self, Demand, GPU_MILLI, GpuDemand};
 
 /// One pod of a trace.
@@ -134,10 +134,12 @@ pub fn parse_nodes_csv(text: &str) -> Result<Vec<GpuNode>, TraceError> {
             });
         }
         let gpus: u32 = field(&rec, c[3], "gpu", line)?;
-        if gpus > 64 {
+        if gpus > MAX_GPUS_PER_NODE {
             return Err(TraceError::Row {
                 line,
-                message: format!("{gpus} GPUs on one node is more than the simulator models (64)"),
+                message: format!(
+                    "{gpus} GPUs on one node is more than gpu-share models ({MAX_GPUS_PER_NODE})"
+                ),
             });
         }
         out.push(trace_node(
