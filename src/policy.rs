@@ -9,6 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::inventory::RESOURCE_GPU;
 use crate::mig::{MigModel, MigTable};
 use crate::request::{ClassKind, GpuClass, GpuRequest};
 
@@ -419,21 +420,18 @@ impl Policy {
         match &request.class {
             GpuClass::Mig { profile } => match self.mig.strategy {
                 MigStrategy::Mixed => (crate::mig::resource_name(profile), request.count),
-                MigStrategy::Single => ("nvidia.com/gpu".to_string(), request.count),
+                MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
             GpuClass::Mps { .. } | GpuClass::Timeslice { .. } => {
                 (self.resources.shared.to_string(), 1)
             }
-            GpuClass::Exclusive { count } => ("nvidia.com/gpu".to_string(), *count),
+            GpuClass::Exclusive { count } => (RESOURCE_GPU.to_string(), *count),
         }
     }
 
     /// Every resource name this policy can inject (for the scheduler's `managedResources`).
     pub fn managed_resources(&self) -> Vec<String> {
-        let mut names = vec![
-            "nvidia.com/gpu".to_string(),
-            self.resources.shared.to_string(),
-        ];
+        let mut names = vec![RESOURCE_GPU.to_string(), self.resources.shared.to_string()];
         if self.mig.strategy == MigStrategy::Mixed {
             names.extend(
                 self.mig_table()

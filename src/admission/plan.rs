@@ -18,10 +18,10 @@ use crate::request::{self, ANNOTATION_REQUEST, GpuClass, GpuRequest};
 /// Pod Security Admission label on namespaces.
 pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
-/// Node labels the webhook's affinity uses (GPU Feature Discovery).
-pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
-pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
-pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
+/// Node labels the webhook's affinity uses (GPU Feature Discovery): the inventory's.
+use crate::inventory::{
+    LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY, LABEL_SHARING as LABEL_SHARING_STRATEGY,
+};
 
 /// Whether the policy's RuntimeClass exists in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -139,17 +139,15 @@ pub fn simulate(
         })
         .collect();
     bar.finish_and_clear();
+    // Moved, not copied, into one group per policy (jobs are policy-major).
+    let mut groups: Vec<Vec<RunOutcome>> = vec![Vec::new(); policies.len()];
+    for ((pi, _), r) in outcomes {
+        groups[pi].push(r);
+    }
     let policies_out = policies
         .iter()
-        .enumerate()
-        .map(|(pi, p)| {
-            let runs: Vec<RunOutcome> = outcomes
-                .iter()
-                .filter(|((i, _), _)| *i == pi)
-                .map(|(_, r)| r.clone())
-                .collect();
-            report::policy_report(p.name(), &runs)
-        })
+        .zip(&groups)
+        .map(|(p, runs)| report::policy_report(p.name(), runs))
         .collect();
     Report {
         gpus_total: capacity / u64::from(GPU_MILLI),
@@ -217,15 +215,15 @@ pub fn what_if(
             ((ci, pi), out)
         })
         .collect();
+    let mut groups: Vec<Vec<RunOutcome>> = vec![Vec::new(); prepared.len() * policies.len()];
+    for ((ci, pi), r) in runs {
+        groups[ci * policies.len() + pi].push(r);
+    }
     let mut rows = Vec::new();
     for (ci, (prep, _)) in prepared.iter().enumerate() {
         for (pi, policy) in policies.iter().enumerate() {
-            let mine: Vec<RunOutcome> = runs
-                .iter()
-                .filter(|(k, _)| *k == (ci, pi))
-                .map(|(_, r)| r.clone())
-                .collect();
-            rows.push(partition::choice_report(prep, policy.name(), &mine));
+            let mine = &groups[ci * policies.len() + pi];
+            rows.push(partition::choice_report(prep, policy.name(), mine));
         }
     }
     rows
