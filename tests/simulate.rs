@@ -16,6 +16,12 @@ use gpu_share::simulate::partition::Choice;
 use gpu_share::simulate::replay::{self, Trace, WorkloadSource};
 use gpu_share::simulate::{default_policies, driver};
 
+/// The extender's example NodeList and the annotated pods written for it.
+fn example_cluster() -> (PathBuf, PathBuf) {
+    let nodes = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/extender/nodes.yaml");
+    (nodes, fixture("cluster-pods.yaml"))
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/simulate")
@@ -246,12 +252,8 @@ fn baselines_reproduce_the_published_numbers_on_the_full_trace() {
 /// time-slicing and MPS pods all fit; the exclusive ones compete for the 4 plain GPUs.
 #[test]
 fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let inputs = driver::load(
-        &root.join("tests/fixtures/extender/nodes.yaml"),
-        &fixture("cluster-pods.yaml"),
-    )
-    .unwrap();
+    let (nodes, pods) = example_cluster();
+    let inputs = driver::load(&nodes, &pods).unwrap();
     assert_eq!(inputs.nodes.len(), 4, "the CPU-only node is not a GPU node");
     assert_eq!(inputs.pods.len(), 48);
     let capacity: u64 = inputs
@@ -290,12 +292,8 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
 /// exclusive-2. The expected counts follow from the geometry, not from a previous run.
 #[test]
 fn partition_what_ifs_report_how_many_pods_fit_and_why_not() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let inputs = driver::load(
-        &root.join("tests/fixtures/extender/nodes.yaml"),
-        &fixture("cluster-pods.yaml"),
-    )
-    .unwrap();
+    let (nodes, pods) = example_cluster();
+    let inputs = driver::load(&nodes, &pods).unwrap();
     assert_eq!(inputs.physical_gpus, vec![8, 8, 8, 4]);
     let table = gpu_share::mig::MigTable::default();
     let choices: Vec<Choice> = [
@@ -373,11 +371,9 @@ fn partition_what_ifs_report_how_many_pods_fit_and_why_not() {
 
 #[test]
 fn cli_partition_prints_the_what_if_table_and_json() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("what-if.json");
-    let nodes = root.join("tests/fixtures/extender/nodes.yaml");
-    let pods = fixture("cluster-pods.yaml");
+    let (nodes, pods) = example_cluster();
     let os = |p: &'static str| std::ffi::OsStr::new(p);
     let text = run_ok([
         os("simulate"),

@@ -32,14 +32,11 @@ impl Shape {
     /// The shape of a demand on a per-GPU node; `None` for demands the measure does not model
     /// (MIG devices and device-plugin units).
     pub fn of(demand: &Demand) -> Option<Shape> {
-        let (gpus, gpu_milli) = match &demand.gpu {
-            GpuDemand::None => (0, 0),
-            GpuDemand::Whole { count } => (*count, GPU_MILLI),
-            GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
-                (1, (*milli).min(GPU_MILLI))
-            }
-            GpuDemand::Mig { .. } | GpuDemand::Units { .. } => return None,
-        };
+        // MIG devices and device-plugin units are not shapes of the per-GPU model.
+        if matches!(demand.gpu, GpuDemand::Mig { .. } | GpuDemand::Units { .. }) {
+            return None;
+        }
+        let (gpu_milli, gpus) = demand.gpu.per_gpu();
         Some(Shape {
             cpu_milli: demand.cpu_milli,
             gpus,

@@ -91,6 +91,20 @@ impl GpuDemand {
         }
     }
 
+    /// The per-GPU view: (thousandths on each GPU, GPUs). A share is (milli, 1); whole GPUs,
+    /// MIG devices and device-plugin units count as whole GPUs each; no GPU is (0, 0).
+    pub fn per_gpu(&self) -> (u32, u32) {
+        match self {
+            GpuDemand::None => (0, 0),
+            GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
+                ((*milli).min(GPU_MILLI), 1)
+            }
+            GpuDemand::Whole { count }
+            | GpuDemand::Mig { count, .. }
+            | GpuDemand::Units { count, .. } => (GPU_MILLI, *count),
+        }
+    }
+
     /// Size in GPUs (model), for reports.
     pub fn gpus(&self) -> f64 {
         match self {

@@ -430,22 +430,10 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The demand's (per-GPU share, GPU count); (0, 0) for CPU-only.
-fn gpu_shape(demand: &Demand) -> (u32, u32) {
-    match &demand.gpu {
-        GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
-            ((*milli).min(GPU_MILLI), 1)
-        }
-        GpuDemand::Whole { count } => (GPU_MILLI, *count),
-        GpuDemand::Mig { count, .. } | GpuDemand::Units { count, .. } => (GPU_MILLI, *count),
-        GpuDemand::None => (0, 0),
-    }
-}
-
 /// `dotprod`: 100 x (1 - (free . request) / 2), the vectors (CPU, GPU) normalised by the
 /// largest node; truncated to an integer.
 pub fn dot_product_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, count) = gpu_shape(demand);
+    let (milli, count) = demand.gpu.per_gpu();
     let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
     let node_v = [
         cpu_left(node, usage) as f64 / MAX_SPEC_CPU_MILLI,
@@ -462,7 +450,7 @@ pub fn dot_product_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 
 /// `bestfit`: 100 x (1 - 0.5 (CPU left after)/128 vCPU - 0.5 (GPU left after)/8 GPUs),
 /// truncated to an integer.
 pub fn best_fit_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, count) = gpu_shape(demand);
+    let (milli, count) = demand.gpu.per_gpu();
     let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
     let cpu_after = cpu_left(node, usage) as f64 - demand.cpu_milli as f64;
     let gpu_after = free_gpu as f64 - f64::from(milli) * f64::from(count);
@@ -493,7 +481,7 @@ pub fn gpu_clustering_score(usage: &Usage, demand: &Demand) -> f64 {
 /// them the better), one that needs free GPUs of a used node 33-50, an empty node 0-33.
 /// CPU-only pods score 0 everywhere.
 pub fn gpu_packing_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, mut need) = gpu_shape(demand);
+    let (milli, mut need) = demand.gpu.per_gpu();
     if milli == 0 {
         return 0.0;
     }

@@ -22,7 +22,9 @@ use serde::Serialize;
 
 use super::replay::RunOutcome;
 use super::trace::TracePod;
-use crate::inventory::{GpuNode, MigLayout, RESOURCE_GPU, Sharing};
+use crate::inventory::{
+    GpuNode, MAX_REPLICAS_PER_GPU as MAX_REPLICAS, MigLayout, RESOURCE_GPU, Sharing,
+};
 use crate::mig::{MigModel, MigProfile, MigTable};
 use crate::packing::{Demand, GpuDemand, mig_share_milli};
 
@@ -55,9 +57,6 @@ impl fmt::Display for Choice {
         }
     }
 }
-
-/// Replicas per GPU the device plugin's sharing configs allow in a what-if.
-const MAX_REPLICAS: u32 = 48;
 
 /// The names `--partition` accepts, for messages.
 pub const CHOICE_NAMES: &str = "as-is, exclusive (or all-disabled), timeslice-N, mps-N (N replicas per GPU, 2 to 48), \

@@ -18,9 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use super::trace::{TracePod, gpu_request_milli};
 use crate::inventory::GpuNode;
 use crate::packing::frag::TargetWorkload;
-use crate::packing::{
-    self, Demand, GPU_MILLI, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
-};
+use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage};
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
 /// index) and the node order.
@@ -70,12 +68,7 @@ pub fn order(pods: &[TracePod], nodes: usize, capacity_milli: u64, seed: u64, tu
 }
 
 fn per_gpu_milli(d: &Demand) -> u64 {
-    match &d.gpu {
-        crate::packing::GpuDemand::None => 0,
-        crate::packing::GpuDemand::Timeslice { milli, .. }
-        | crate::packing::GpuDemand::Mps { milli, .. } => u64::from(*milli),
-        _ => u64::from(GPU_MILLI),
-    }
+    u64::from(d.gpu.per_gpu().0)
 }
 
 /// The state after one pod.

@@ -32,24 +32,23 @@ pub fn gpu_request_milli(d: &Demand) -> u64 {
         GpuDemand::None => 0,
         GpuDemand::Whole { count } => u64::from(*count) * u64::from(GPU_MILLI),
         GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => u64::from(*milli),
-        GpuDemand::Mig { profile, count } => u64::from(*count) * mig_milli(profile),
+        GpuDemand::Mig { profile, count } => {
+            u64::from(*count) * u64::from(packing::mig_profile_milli(profile))
+        }
         GpuDemand::Units { count, .. } => u64::from(*count) * u64::from(GPU_MILLI),
     }
-}
-
-/// A MIG device's share of a GPU in thousandths ([`packing::mig_profile_milli`]).
-pub fn mig_milli(profile: &str) -> u64 {
-    u64::from(packing::mig_profile_milli(profile))
 }
 
 /// A node's GPU capacity in thousandths: its full GPUs plus its MIG devices by compute share.
 pub fn node_capacity_milli(n: &GpuNode) -> u64 {
     let mig: u64 = match &n.mig {
         MigLayout::None => 0,
-        MigLayout::Single { profile } => u64::from(n.slots) * mig_milli(profile),
+        MigLayout::Single { profile } => {
+            u64::from(n.slots) * u64::from(packing::mig_profile_milli(profile))
+        }
         MigLayout::Mixed { instances } => instances
             .iter()
-            .map(|(p, c)| u64::from(*c) * mig_milli(p))
+            .map(|(p, c)| u64::from(*c) * u64::from(packing::mig_profile_milli(p)))
             .sum(),
     };
     u64::from(n.gpus) * u64::from(GPU_MILLI) + mig
@@ -92,10 +91,16 @@ fn field<T: std::str::FromStr>(
     })
 }
 
-fn reader(text: &str) -> csv::Reader<&[u8]> {
-    csv::ReaderBuilder::new()
+/// A CSV reader over `text` and its header row.
+fn open(text: &str) -> Result<(csv::Reader<&[u8]>, csv::StringRecord), TraceError> {
+    let mut r = csv::ReaderBuilder::new()
         .flexible(true)
-        .from_reader(text.as_bytes())
+        .from_reader(text.as_bytes());
+    let headers = r
+        .headers()
+        .map_err(|e| TraceError::Csv(e.to_string()))?
+        .clone();
+    Ok((r, headers))
 }
 
 /// A trace node: `gpus` GPUs of `model`, placed per GPU, with CPU and memory accounted.
@@ -116,11 +121,7 @@ pub fn trace_node(name: &str, cpu_milli: u64, memory_mib: u64, gpus: u32, model:
 
 /// Parses an openb node CSV.
 pub fn parse_nodes_csv(text: &str) -> Result<Vec<GpuNode>, TraceError> {
-    let mut r = reader(text);
-    let headers = r
-        .headers()
-        .map_err(|e| TraceError::Csv(e.to_string()))?
-        .clone();
+    let (mut r, headers) = open(text)?;
     let c = columns(&headers, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?;
     let mut out = Vec::new();
     for rec in r.records() {
@@ -158,11 +159,7 @@ pub fn parse_nodes_csv(text: &str) -> Result<Vec<GpuNode>, TraceError> {
 
 /// Parses an openb pod CSV (the `gpu_spec` column is optional).
 pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
-    let mut r = reader(text);
-    let headers = r
-        .headers()
-        .map_err(|e| TraceError::Csv(e.to_string()))?
-        .clone();
+    let (mut r, headers) = open(text)?;
     let c = columns(
         &headers,
         &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"],
