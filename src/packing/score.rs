@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::frag::{Shape, TargetWorkload};
+use super::frag::{Measure, Shape, TargetWorkload};
 use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
@@ -217,8 +217,8 @@ impl Scorer {
     /// The six baselines follow the FGD paper's simulator: integer scores 0..=100 (so equal
     /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
     /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
-    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's measure against
-    /// the workload seen so far: see [`gpu_share_score`].
+    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's rule with a
+    /// CPU-aware measure against the workload seen so far: see [`gpu_share_score`].
     pub fn evaluate(
         &self,
         node: &GpuNode,
@@ -254,7 +254,7 @@ impl Scorer {
                 Some(w) => {
                     let before = w.node_frag(node, usage);
                     first_max(cands.into_iter().map(|p| {
-                        let after = frag_after(w, node, usage, &p);
+                        let after = frag_after(w, Measure::Fgd, node, usage, &p);
                         let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
                         (p, s)
                     }))
@@ -263,7 +263,7 @@ impl Scorer {
             },
             PackingPolicy::GpuShare => match &self.workload {
                 Some(w) if Shape::of(demand).is_some() => {
-                    let before = w.node_frag(node, usage);
+                    let before = w.node_frag_by(Measure::CpuCapped, node, usage);
                     first_max(cands.into_iter().map(|p| {
                         let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)
@@ -336,8 +336,14 @@ fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
         .map_or(0, |c| c.saturating_sub(usage.cpu_milli))
 }
 
-/// The fragmentation of the node after a placement.
-pub fn frag_after(w: &TargetWorkload, node: &GpuNode, usage: &Usage, p: &Placement) -> f64 {
+/// The fragmentation of the node after a placement, under `measure`.
+pub fn frag_after(
+    w: &TargetWorkload,
+    measure: Measure,
+    node: &GpuNode,
+    usage: &Usage,
+    p: &Placement,
+) -> f64 {
     let mut free = [0u32; 64];
     let n = usage.gpu_milli.len().min(free.len());
     for (f, l) in free.iter_mut().zip(gpu_left(usage)) {
@@ -351,13 +357,16 @@ pub fn frag_after(w: &TargetWorkload, node: &GpuNode, usage: &Usage, p: &Placeme
     let cpu = node
         .cpu_milli
         .map(|c| c.saturating_sub(usage.cpu_milli + p.cpu_milli));
-    w.frag_of(node.product.as_deref(), cpu, &free[..n])
+    w.frag_by(measure, node.product.as_deref(), cpu, &free[..n])
 }
 
-/// gpu-share's score of one placement: FGD's measure (how much the node's fragmentation grows,
-/// squashed by a sigmoid into 100 integer steps, so near-equal nodes tie and the caller's
-/// stable tie-break packs them first-fit), against the workload *seen so far* rather than one
-/// fixed up front; within a step, nodes already in use first.
+/// gpu-share's score of one placement: how much the node's fragmentation grows, squashed by a
+/// sigmoid into 100 integer steps as FGD does (near-equal nodes tie, and the caller's stable
+/// tie-break packs them first-fit), but
+/// - measured against the workload *seen so far* rather than one fixed up front, and
+/// - with [`Measure::CpuCapped`]: a shape can use only as many free GPUs as the node's free CPU
+///   has room for copies of it, so a pod that eats the CPU of a node with free GPUs is charged
+///   for the GPUs it strands.
 pub fn gpu_share_score(
     w: &TargetWorkload,
     node: &GpuNode,
@@ -365,10 +374,8 @@ pub fn gpu_share_score(
     p: &Placement,
     before: f64,
 ) -> f64 {
-    let growth = frag_after(w, node, usage, p) - before;
-    let step = (sigmoid(-growth / 1000.0) * 100.0).trunc();
-    // Within one step, a node already in use wins over an empty one (whole nodes stay free).
-    step + if usage.pods > 0 { 1e-4 } else { 0.0 }
+    let growth = frag_after(w, Measure::CpuCapped, node, usage, p) - before;
+    (sigmoid(-growth / 1000.0) * 100.0).trunc()
 }
 
 /// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
@@ -581,6 +588,7 @@ fn replica_waste(node: &GpuNode, demand: &Demand) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packing::frag::CPU_CAPPED_WEIGHT;
     use crate::packing::{apply, place};
 
     /// A trace node (per-GPU, CPU accounted) with the given per-GPU use.
@@ -714,6 +722,42 @@ mod tests {
         // gpu-share with the same workload scores like FGD.
         let gs = Scorer::with_workload(PackingPolicy::GpuShare, w);
         assert_eq!(gs.evaluate(&n, &u, &share(1000, 500)).unwrap().1, s_fill);
+    }
+
+    #[test]
+    fn gpu_share_charges_a_pod_for_the_gpus_its_cpu_strands() {
+        // The workload: 10-CPU, 1-GPU pods.
+        let w = Arc::new(TargetWorkload {
+            shapes: vec![(
+                Shape {
+                    cpu_milli: 10_000,
+                    gpus: 1,
+                    gpu_milli: 1000,
+                    models: vec![],
+                },
+                1.0,
+            )],
+        });
+        let cpu_only = Demand {
+            cpu_milli: 10_000,
+            ..Demand::gpu(GpuDemand::None)
+        };
+        // An 8-GPU node with 30 CPUs left feeds three such pods; a CPU-only pod there leaves
+        // CPU for two. A 2-GPU node with 100 CPUs feeds both its GPUs either way.
+        let (starved, su) = trace_node(8, 30_000, &[]);
+        let (rich, ru) = trace_node(2, 100_000, &[]);
+        let fgd = Scorer::with_workload(PackingPolicy::Fgd, w.clone());
+        let gs = Scorer::with_workload(PackingPolicy::GpuShare, w);
+        // FGD sees no difference (the pod still fits once on both).
+        let f_starved = fgd.evaluate(&starved, &su, &cpu_only).unwrap().1;
+        let f_rich = fgd.evaluate(&rich, &ru, &cpu_only).unwrap().1;
+        assert_eq!((f_starved, f_rich), (50.0, 50.0));
+        // gpu-share charges the stranded GPU: 750 more fragment, sigmoid(-0.75) -> 32.
+        let g_starved = gs.evaluate(&starved, &su, &cpu_only).unwrap().1;
+        let g_rich = gs.evaluate(&rich, &ru, &cpu_only).unwrap().1;
+        assert_eq!(g_rich, 50.0);
+        assert_eq!(g_starved, (sigmoid(-CPU_CAPPED_WEIGHT) * 100.0).trunc());
+        assert!(g_starved < g_rich);
     }
 
     #[test]
