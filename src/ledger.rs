@@ -66,9 +66,55 @@ pub enum DemandError {
     Mixed(String, String),
 }
 
+/// The demand of a pod: its GPU demand ([`gpu_demand_of_pod`]) and its CPU request
+/// ([`pod_cpu_milli`]), which the `gpu-share` policy's fragmentation measure reads. `Ok(None)`:
+/// no GPU.
+pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
+    let Some(gpu) = gpu_demand_of_pod(pod)? else {
+        return Ok(None);
+    };
+    Ok(Some(Demand {
+        cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
+        ..Demand::gpu(gpu)
+    }))
+}
+
+/// A pod's CPU request in thousandths, as kube-scheduler counts it: the larger of the sum over
+/// its containers and the largest init container, plus the pod overhead. A container without a
+/// CPU request but with a limit requests its limit (the API server's defaulting).
+pub fn pod_cpu_milli(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
+    let cpu = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
+        let r = c.resources.as_ref();
+        r.and_then(|r| r.requests.as_ref())
+            .and_then(|q| q.get("cpu"))
+            .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|l| l.get("cpu")))
+            .and_then(|q| inventory::quantity_milli(&q.0))
+            .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
+    };
+    let main = spec
+        .containers
+        .iter()
+        .map(cpu)
+        .fold(0u64, u64::saturating_add);
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(cpu)
+        .max()
+        .unwrap_or(0);
+    let overhead = spec
+        .overhead
+        .as_ref()
+        .and_then(|o| o.get("cpu"))
+        .and_then(|q| inventory::quantity_milli(&q.0))
+        .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX));
+    main.max(init).saturating_add(overhead)
+}
+
 /// The GPU demand of a pod: its `gpu-share.io/request` annotation, or else its `nvidia.com/*`
 /// limits (summed over containers; an init container's, if larger). `Ok(None)`: no GPU.
-pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
+pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
     let id = pod_key(pod);
     if let Some(value) = pod
         .metadata
@@ -78,7 +124,7 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     {
         let request = GpuRequest::parse_normalized(value)
             .map_err(|e| DemandError::BadRequestAnnotation(id.clone(), e.to_string()))?;
-        return Ok(Some(Demand::gpu(demand_of_request(&request))));
+        return Ok(Some(demand_of_request(&request)));
     }
     let Some(spec) = &pod.spec else {
         return Ok(None);
@@ -136,7 +182,7 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
         },
         None => GpuDemand::Units { resource, count },
     };
-    Ok(Some(Demand::gpu(gpu)))
+    Ok(Some(gpu))
 }
 
 /// `namespace/name` of a pod.
@@ -745,6 +791,39 @@ mod tests {
                 "nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}}}]}
         }));
         assert!(matches!(demand_of_pod(&p), Err(DemandError::Mixed(..))));
+    }
+
+    #[test]
+    fn cpu_request_counts_as_kube_scheduler_does() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ml",
+                "annotations": {"gpu-share.io/request": "timeslice-50"}},
+            "spec": {
+                "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": "1500m"}}},
+                    // No request: the limit is the request.
+                    {"name": "d", "resources": {"limits": {"cpu": "2"}}},
+                    {"name": "e"}
+                ],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "3"}}}],
+                "overhead": {"cpu": "250m"}
+            }
+        }));
+        // max(1.5 + 2, 3) + 0.25.
+        assert_eq!(demand_of_pod(&p).unwrap().unwrap().cpu_milli, 3750);
+        let mut spec = p.spec.clone().unwrap();
+        spec.init_containers = None;
+        spec.overhead = None;
+        assert_eq!(pod_cpu_milli(&spec), 3500);
+        // A larger init container wins.
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "b", "namespace": "ml"},
+            "spec": {
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "4"}}}]
+            }
+        }));
+        assert_eq!(demand_of_pod(&p).unwrap().unwrap().cpu_milli, 4000);
     }
 
     #[test]

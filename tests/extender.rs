@@ -399,3 +399,73 @@ async fn pods_without_gpu_demand_pass_every_node() {
     .await;
     assert_eq!(names(&r["NodeNames"]), vec!["cpu-1", "h100-ts"]);
 }
+
+/// gpu-share's policy reads the pods' CPU requests: a node whose CPU a running pod has mostly
+/// taken cannot feed its free GPUs, so the next pod scores higher where the CPU is.
+#[tokio::test]
+async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
+    let node = |name: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+                "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81559",
+                "nvidia.com/gpu.replicas": "4",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+            "status": {"allocatable": {"cpu": "96", "memory": "1024Gi", "pods": "110",
+                                       "nvidia.com/gpu": "32"}}
+        })
+    };
+    let list =
+        json!({"apiVersion": "v1", "kind": "NodeList", "items": [node("ts-a"), node("ts-b")]});
+    let state = AppState::dev(Role::All, Policy::default_policy());
+    let nodes = parse_nodes(&serde_json::to_string(&list).unwrap()).unwrap();
+    assert_eq!(
+        state
+            .extender
+            .as_ref()
+            .unwrap()
+            .learn_nodes(&nodes, "nvidia.com/gpu"),
+        2
+    );
+    let s = Arc::new(state);
+    let with_cpu = |uid: &str, cpu: &str| {
+        let mut p = ts_pod(uid, 50);
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(cpu);
+        p
+    };
+    // An 80-CPU pod takes half a GPU and most of ts-a's CPU.
+    assert_eq!(
+        filter_and_bind(&s, &with_cpu("big", "80"), "ts-a").await,
+        ""
+    );
+    let small = with_cpu("small", "10");
+    let hosts = json!(["ts-a", "ts-b"]);
+    let (_, f) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&json!({"Pod": small, "Nodes": null, "NodeNames": hosts})),
+    )
+    .await;
+    assert_eq!(names(&f["NodeNames"]), vec!["ts-a", "ts-b"], "{f}");
+    let (status, r) = post(
+        s,
+        "/scheduler/prioritize",
+        body(&json!({"Pod": small, "Nodes": null, "NodeNames": hosts})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let score = |host: &str| {
+        r.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["Host"] == host)
+            .and_then(|e| e["Score"].as_i64())
+            .unwrap()
+    };
+    // ts-a has a half-free GPU the pod would fill, but 16 CPUs for 7.5 free GPUs; ts-b has the
+    // CPU for all of its GPUs.
+    assert!(score("ts-b") > score("ts-a"), "{r}");
+}

@@ -24,10 +24,6 @@ use crate::packing::{Demand, GPU_MILLI, GpuDemand};
 use crate::{documents, request};
 
 /// Milli-CPU and MiB from quantities.
-fn cpu_milli(q: &str) -> Option<u64> {
-    inventory::quantity_milli(q).and_then(|m| u64::try_from(m).ok())
-}
-
 fn memory_mib(q: &str) -> Option<u64> {
     inventory::quantity_milli(q).and_then(|m| u64::try_from(m / 1000 / (1 << 20)).ok())
 }
@@ -116,18 +112,19 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
             .map_err(|e| format!("pod {what}: {e}"))?
         {
             Some(a) => ledger::demand_of_request(&a.request),
-            None => ledger::demand_of_pod(&pod)
+            None => ledger::gpu_demand_of_pod(&pod)
                 .map_err(|e| format!("pod {what}: {e}"))?
-                .map_or(GpuDemand::None, |d| d.gpu),
+                .unwrap_or(GpuDemand::None),
         };
-        let (mut cpu, mut mem) = (0u64, 0u64);
+        // CPU as kube-scheduler counts it (the extender's demands read the same function).
+        let cpu = pod.spec.as_ref().map_or(0, ledger::pod_cpu_milli);
+        let mut mem = 0u64;
         for c in pod.spec.iter().flat_map(|s| &s.containers) {
             let req: BTreeMap<_, _> = c
                 .resources
                 .as_ref()
                 .and_then(|r| r.requests.clone())
                 .unwrap_or_default();
-            cpu = cpu.saturating_add(req.get("cpu").and_then(|q| cpu_milli(&q.0)).unwrap_or(0));
             mem = mem.saturating_add(
                 req.get("memory")
                     .and_then(|q| memory_mib(&q.0))
