@@ -36,7 +36,18 @@ use rand_chacha::ChaCha8Rng;
 
 const NODES: usize = 5000;
 
+/// Node `i`, with its allocatable CPU (the `gpu-share` measure reads it).
 fn node(i: usize) -> GpuNode {
+    let mut n = gpu_node(i);
+    n.cpu_milli = Some(if i % 10 >= 7 && i % 10 <= 8 {
+        64_000
+    } else {
+        192_000
+    });
+    n
+}
+
+fn gpu_node(i: usize) -> GpuNode {
     let name = format!("node-{i:05}");
     match i % 10 {
         0..=3 => GpuNode::shared(
@@ -59,16 +70,20 @@ fn node(i: usize) -> GpuNode {
     }
 }
 
-fn request(text: &str) -> Demand {
+fn request(text: &str, cpu_milli: u64) -> Demand {
     let r = gpu_share::request::GpuRequest::parse_normalized(text).expect("a valid request");
-    Demand::gpu(gpu_share::ledger::demand_of_request(&r))
+    Demand {
+        cpu_milli,
+        ..Demand::gpu(gpu_share::ledger::demand_of_request(&r))
+    }
 }
 
 fn pod(uid: &str, request: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": uid, "namespace": "bench", "uid": uid,
                      "annotations": {"gpu-share.io/request": request}},
-        "spec": {"containers": [{"name": "c"}], "schedulerName": "gpu-share-scheduler"}
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "8"}}}],
+                 "schedulerName": "gpu-share-scheduler"}
     }))
     .expect("pod literal")
 }
@@ -80,7 +95,7 @@ struct Cluster {
 }
 
 /// 5,000 nodes, partly filled through the extender's own bind path: 60,000 binds of random
-/// classes to random nodes, of which those that fit are kept (about 15,500).
+/// classes and CPU requests (2-16 CPUs) to random nodes, of which those that fit are kept.
 fn cluster() -> Cluster {
     let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(3600));
     let names: Vec<String> = (0..NODES).map(|i| node(i).name.clone()).collect();
@@ -103,7 +118,7 @@ fn cluster() -> Cluster {
     let mut placed = 0;
     for k in 0..60_000 {
         let req = kinds[rng.random_range(0..kinds.len())];
-        let demand = request(req);
+        let demand = request(req, [2000, 4000, 8000, 16_000][rng.random_range(0..4)]);
         ext.observe_demand(&demand);
         let target = &names[rng.random_range(0..NODES)];
         let pref = PodRef {
@@ -168,10 +183,10 @@ fn extender(cr: &mut Criterion) {
                 name: "bind-probe".into(),
                 priority: 0,
             };
-            let r = c
-                .ext
-                .ledgers
-                .reserve(&scorer, &c.names[0], pref, request("timeslice-10"));
+            let r =
+                c.ext
+                    .ledgers
+                    .reserve(&scorer, &c.names[0], pref, request("timeslice-10", 2000));
             c.ext.ledgers.release("bind-probe");
             black_box(r.is_ok())
         })

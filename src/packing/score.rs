@@ -253,7 +253,7 @@ impl Scorer {
             PackingPolicy::Fgd => match &self.workload {
                 Some(w) => {
                     let before = w.node_frag(node, usage);
-                    first_max(cands.into_iter().map(|p| {
+                    first_max(distinct_gpu_levels(usage, cands).map(|p| {
                         let after = frag_after(w, Measure::Fgd, node, usage, &p);
                         let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
                         (p, s)
@@ -264,7 +264,7 @@ impl Scorer {
             PackingPolicy::GpuShare => match &self.workload {
                 Some(w) if Shape::of(demand).is_some() => {
                     let before = w.node_frag_by(Measure::CpuCapped, node, usage);
-                    first_max(cands.into_iter().map(|p| {
+                    first_max(distinct_gpu_levels(usage, cands).map(|p| {
                         let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)
                     }))
@@ -312,6 +312,23 @@ impl Scorer {
             _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
         }
     }
+}
+
+/// The candidates minus those on a GPU as used as an earlier candidate's (the fragmentation
+/// after either is the same, and the first of equals wins anyway).
+fn distinct_gpu_levels(usage: &Usage, cands: Vec<Placement>) -> impl Iterator<Item = Placement> {
+    let mut seen: Vec<u32> = Vec::new();
+    cands.into_iter().filter(move |p| match p.gpus.as_slice() {
+        [(i, _)] => match usage.gpu_milli.get(*i as usize) {
+            Some(used) if seen.contains(used) => false,
+            Some(used) => {
+                seen.push(*used);
+                true
+            }
+            None => true,
+        },
+        _ => true,
+    })
 }
 
 /// The first of the highest-scoring items.
