@@ -83,13 +83,18 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
 /// its containers and the largest init container, plus the pod overhead. A container without a
 /// CPU request but with a limit requests its limit (the API server's defaulting).
 pub fn pod_cpu_milli(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let milli = |q: Option<&Quantity>| {
+        q.and_then(|q| inventory::quantity_milli(&q.0))
+            .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
+    };
     let cpu = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
         let r = c.resources.as_ref();
-        r.and_then(|r| r.requests.as_ref())
-            .and_then(|q| q.get("cpu"))
-            .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|l| l.get("cpu")))
-            .and_then(|q| inventory::quantity_milli(&q.0))
-            .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
+        milli(
+            r.and_then(|r| r.requests.as_ref())
+                .and_then(|q| q.get("cpu"))
+                .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|l| l.get("cpu"))),
+        )
     };
     let main = spec
         .containers
@@ -103,12 +108,7 @@ pub fn pod_cpu_milli(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
         .map(cpu)
         .max()
         .unwrap_or(0);
-    let overhead = spec
-        .overhead
-        .as_ref()
-        .and_then(|o| o.get("cpu"))
-        .and_then(|q| inventory::quantity_milli(&q.0))
-        .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX));
+    let overhead = milli(spec.overhead.as_ref().and_then(|o| o.get("cpu")));
     main.max(init).saturating_add(overhead)
 }
 

@@ -133,13 +133,8 @@ impl TargetWorkload {
         self.shapes.is_empty()
     }
 
-    /// The node's fragmentation (the paper's measure), thousandths of a GPU, for CPU left
-    /// `cpu_free` and the free share of each GPU.
-    pub fn frag_of(&self, product: Option<&str>, cpu_free: Option<u64>, gpu_free: &[u32]) -> f64 {
-        self.frag_by(Measure::Fgd, product, cpu_free, gpu_free)
-    }
-
-    /// The node's fragmentation under `measure`, thousandths of a GPU.
+    /// The node's fragmentation under `measure`, thousandths of a GPU, for CPU left `cpu_free`
+    /// and the free share of each GPU.
     pub fn frag_by(
         &self,
         measure: Measure,
@@ -258,13 +253,13 @@ mod tests {
         };
         // GPUs free: 300, 1000. A 500 pod fits GPU 1 only: GPU 0's 300 is lost. A 2-GPU pod
         // cannot run: all 1300 are lost.
-        let f = w.frag_of(None, Some(8000), &[300, 1000]);
+        let f = w.frag_by(Measure::Fgd, None, Some(8000), &[300, 1000]);
         assert!((f - (0.5 * 300.0 + 0.5 * 1300.0)).abs() < 1e-9);
         // Without the CPU for either shape, everything idle is fragment.
-        let f = w.frag_of(None, Some(500), &[300, 1000]);
+        let f = w.frag_by(Measure::Fgd, None, Some(500), &[300, 1000]);
         assert!((f - 1300.0).abs() < 1e-9);
         // A full node has no fragmentation.
-        assert_eq!(w.frag_of(None, Some(8000), &[0, 0]), 0.0);
+        assert_eq!(w.frag_by(Measure::Fgd, None, Some(8000), &[0, 0]), 0.0);
     }
 
     #[test]
@@ -317,8 +312,8 @@ mod tests {
         let w = TargetWorkload {
             shapes: vec![(shape(1000, 0, 0), 0.25), (g, 0.75)],
         };
-        assert!((w.frag_of(Some("T4"), None, &[1000]) - 250.0).abs() < 1e-9);
-        assert!((w.frag_of(Some("V100"), None, &[1000]) - 1000.0).abs() < 1e-9);
+        assert!((w.frag_by(Measure::Fgd, Some("T4"), None, &[1000]) - 250.0).abs() < 1e-9);
+        assert!((w.frag_by(Measure::Fgd, Some("V100"), None, &[1000]) - 1000.0).abs() < 1e-9);
     }
 
     #[test]

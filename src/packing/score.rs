@@ -253,7 +253,7 @@ impl Scorer {
             PackingPolicy::Fgd => match &self.workload {
                 Some(w) => {
                     let before = w.node_frag(node, usage);
-                    first_max(distinct_gpu_levels(usage, cands).map(|p| {
+                    first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
                         let after = frag_after(w, Measure::Fgd, node, usage, &p);
                         let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
                         (p, s)
@@ -264,7 +264,7 @@ impl Scorer {
             PackingPolicy::GpuShare => match &self.workload {
                 Some(w) if Shape::of(demand).is_some() => {
                     let before = w.node_frag_by(Measure::CpuCapped, node, usage);
-                    first_max(distinct_gpu_levels(usage, cands).map(|p| {
+                    first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
                         let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)
                     }))
@@ -316,19 +316,22 @@ impl Scorer {
 
 /// The candidates minus those on a GPU as used as an earlier candidate's (the fragmentation
 /// after either is the same, and the first of equals wins anyway).
-fn distinct_gpu_levels(usage: &Usage, cands: Vec<Placement>) -> impl Iterator<Item = Placement> {
-    let mut seen: Vec<u32> = Vec::new();
-    cands.into_iter().filter(move |p| match p.gpus.as_slice() {
+fn distinct_gpu_levels(usage: &Usage, mut cands: Vec<Placement>) -> Vec<Placement> {
+    let mut seen = [0u32; 64];
+    let mut n = 0;
+    cands.retain(|p| match p.gpus.as_slice() {
         [(i, _)] => match usage.gpu_milli.get(*i as usize) {
-            Some(used) if seen.contains(used) => false,
-            Some(used) => {
-                seen.push(*used);
+            Some(used) if seen[..n].contains(used) => false,
+            Some(used) if n < seen.len() => {
+                seen[n] = *used;
+                n += 1;
                 true
             }
-            None => true,
+            _ => true,
         },
         _ => true,
-    })
+    });
+    cands
 }
 
 /// The first of the highest-scoring items.
