@@ -268,6 +268,9 @@ pub struct NodeLedger {
     pub node: GpuNode,
     pub usage: Usage,
     pub holdings: BTreeMap<String, Holding>,
+    /// The node's fragmentation as the last decision on it measured it (a cache).
+    #[serde(skip)]
+    pub memo: packing::FragMemo,
 }
 
 impl NodeLedger {
@@ -276,6 +279,7 @@ impl NodeLedger {
             usage: Usage::empty(&node),
             node,
             holdings: BTreeMap::new(),
+            memo: packing::FragMemo::default(),
         }
     }
 
@@ -290,7 +294,8 @@ impl NodeLedger {
         if let Some(h) = self.holdings.get(&pod.uid) {
             return Ok(h.placement.clone());
         }
-        let (placement, _) = packing::place(scorer, &self.node, &self.usage, &demand)?;
+        let (placement, _) =
+            packing::place_memo(scorer, &self.node, &self.usage, &demand, &mut self.memo)?;
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             pod.uid.clone(),
@@ -487,7 +492,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
 #[derive(Default)]
 pub struct Ledger {
-    nodes: RwLock<BTreeMap<String, Arc<Mutex<NodeLedger>>>>,
+    /// By name; a fast hash (names come from the API server), as prioritize looks up every
+    /// candidate node of a decision.
+    nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::fast::RandomState>>,
     /// uid -> node for every placed holding.
     index: Mutex<HashMap<String, String>>,
     /// Pods bound to nodes not (yet) in the inventory.
@@ -525,13 +532,17 @@ impl Ledger {
             .cloned()
     }
 
+    /// Every node's name, sorted.
     pub fn node_names(&self) -> Vec<String> {
-        self.nodes
+        let mut names: Vec<String> = self
+            .nodes
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .keys()
             .cloned()
-            .collect()
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// Runs `f` on one node's ledger under its lock.

@@ -239,7 +239,7 @@ pub fn prioritize(
     let raw: Vec<Option<f64>> = ext
         .ledgers
         .with_nodes(&names, |nl| {
-            packing::place(&scorer, &nl.node, &nl.usage, &demand)
+            packing::place_memo(&scorer, &nl.node, &nl.usage, &demand, &mut nl.memo)
                 .ok()
                 .map(|(_, s)| s)
         })

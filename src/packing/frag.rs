@@ -15,6 +15,7 @@
 //! CPU on a node whose GPUs are free, which the paper's measure does not see.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -213,6 +214,92 @@ impl TargetWorkload {
     }
 }
 
+/// A node's fragmentation before a decision, remembered between decisions: it depends on the
+/// node's free CPU and GPU shares and the target workload, not on the pod being placed, so a
+/// node that did not change since the last decision needs only the "after" half of a score.
+///
+/// Keyed by what the measure reads (the workload, held so its address stays its own, the
+/// measure, the node's GPU product and CPU, and the usage), so a stale value is never returned
+/// whoever changed the node.
+#[derive(Debug, Clone, Default)]
+pub struct FragMemo {
+    key: Option<MemoKey>,
+    value: f64,
+}
+
+#[derive(Debug, Clone)]
+struct MemoKey {
+    workload: Arc<TargetWorkload>,
+    measure: Measure,
+    product: Option<String>,
+    cpu: (Option<u64>, u64),
+    gpu_milli: [u32; MEMO_GPUS],
+    gpus: usize,
+}
+
+/// Nodes with more GPUs than this are not memoised.
+const MEMO_GPUS: usize = 16;
+
+impl MemoKey {
+    fn matches(
+        &self,
+        w: &Arc<TargetWorkload>,
+        measure: Measure,
+        node: &GpuNode,
+        usage: &Usage,
+    ) -> bool {
+        Arc::ptr_eq(&self.workload, w)
+            && self.measure == measure
+            && self.cpu == (node.cpu_milli, usage.cpu_milli)
+            && self.gpu_milli[..self.gpus] == usage.gpu_milli[..]
+            && self.product.as_deref() == node.product.as_deref()
+    }
+}
+
+impl FragMemo {
+    /// `w.node_frag_by(measure, node, usage)`, from the memo when nothing it reads changed.
+    pub fn node_frag(
+        &mut self,
+        w: &Arc<TargetWorkload>,
+        measure: Measure,
+        node: &GpuNode,
+        usage: &Usage,
+    ) -> f64 {
+        if let Some(k) = &self.key
+            && k.matches(w, measure, node, usage)
+        {
+            return self.value;
+        }
+        let value = w.node_frag_by(measure, node, usage);
+        let n = usage.gpu_milli.len();
+        if n <= MEMO_GPUS {
+            let mut gpu_milli = [0u32; MEMO_GPUS];
+            gpu_milli[..n].copy_from_slice(&usage.gpu_milli);
+            self.key = Some(MemoKey {
+                workload: w.clone(),
+                measure,
+                product: node.product.clone(),
+                cpu: (node.cpu_milli, usage.cpu_milli),
+                gpu_milli,
+                gpus: n,
+            });
+            self.value = value;
+        } else {
+            self.key = None;
+        }
+        value
+    }
+}
+
+/// A memo is a cache: two ledgers holding the same pods are equal whatever their memos hold.
+impl PartialEq for FragMemo {
+    fn eq(&self, _: &FragMemo) -> bool {
+        true
+    }
+}
+
+impl Eq for FragMemo {}
+
 /// The summed free share of the `k` GPUs with the most free share among those with at least
 /// `need` free.
 fn top_free(gpu_free: &[u32], need: u32, k: usize) -> u64 {
@@ -303,6 +390,45 @@ mod tests {
             let c = w.frag_by(Measure::CpuCapped, None, Some(cpu), &free);
             assert!(c >= f, "cpu {cpu}: {c} < {f}");
         }
+    }
+
+    #[test]
+    fn memo_returns_the_measure_and_never_a_stale_one() {
+        let w = Arc::new(TargetWorkload {
+            shapes: vec![(shape(10_000, 1, 500), 0.5), (shape(4000, 2, 1000), 0.5)],
+        });
+        let mut node = GpuNode::whole("n", "NVIDIA-A100-SXM4-80GB", 4, 81920);
+        node.cpu_milli = Some(32_000);
+        let mut usage = Usage::empty(&node);
+        let mut memo = FragMemo::default();
+        let check = |memo: &mut FragMemo, w: &Arc<TargetWorkload>, n: &GpuNode, u: &Usage| {
+            for m in [Measure::CpuCapped, Measure::Fgd] {
+                let want = w.node_frag_by(m, n, u);
+                assert_eq!(memo.node_frag(w, m, n, u), want, "{m:?} {u:?}");
+                // Twice: the second comes from the memo.
+                assert_eq!(memo.node_frag(w, m, n, u), want, "{m:?} {u:?}");
+            }
+        };
+        check(&mut memo, &w, &node, &usage);
+        // Every input the measure reads, changed in turn.
+        usage.gpu_milli[1] = 700;
+        check(&mut memo, &w, &node, &usage);
+        usage.cpu_milli = 25_000;
+        check(&mut memo, &w, &node, &usage);
+        node.cpu_milli = Some(64_000);
+        check(&mut memo, &w, &node, &usage);
+        node.product = Some("NVIDIA-H100-80GB-HBM3".into());
+        let mut only_a100 = shape(1000, 1, 300);
+        only_a100.models = vec!["NVIDIA-A100-SXM4-80GB".into()];
+        let w2 = Arc::new(TargetWorkload {
+            shapes: vec![(only_a100, 1.0)],
+        });
+        check(&mut memo, &w2, &node, &usage);
+        node.product = Some("NVIDIA-A100-SXM4-80GB".into());
+        check(&mut memo, &w2, &node, &usage);
+        // An equal workload in a new allocation is a new key too (its address is its own).
+        let w3 = Arc::new((*w).clone());
+        check(&mut memo, &w3, &node, &usage);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 use crate::mig::{MigModel, MigProfile, MigTable};
 
+pub use frag::FragMemo;
 pub use score::{OnlineWorkload, PackingPolicy, Scorer, Workload};
 
 /// One GPU, in thousandths.
@@ -759,9 +760,20 @@ pub fn place(
     usage: &Usage,
     demand: &Demand,
 ) -> Result<(Placement, f64), Reason> {
+    place_memo(scorer, node, usage, demand, &mut FragMemo::default())
+}
+
+/// [`place`], with the node's own [`FragMemo`] (kept between decisions on the node).
+pub fn place_memo(
+    scorer: &Scorer,
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    memo: &mut FragMemo,
+) -> Result<(Placement, f64), Reason> {
     fit(node, usage, demand)?;
     scorer
-        .evaluate(node, usage, demand)
+        .evaluate_memo(node, usage, demand, memo)
         .ok_or(Reason::NoGpuWithRoom)
 }
 

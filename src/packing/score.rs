@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::frag::{Measure, Shape, TargetWorkload};
+use super::frag::{FragMemo, Measure, Shape, TargetWorkload};
 use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
@@ -225,6 +225,18 @@ impl Scorer {
         usage: &Usage,
         demand: &Demand,
     ) -> Option<(Placement, f64)> {
+        self.evaluate_memo(node, usage, demand, &mut FragMemo::default())
+    }
+
+    /// [`Scorer::evaluate`], with the node's fragmentation before the placement read from (and
+    /// kept in) `memo`: the node's own, kept between decisions. Same result.
+    pub fn evaluate_memo(
+        &self,
+        node: &GpuNode,
+        usage: &Usage,
+        demand: &Demand,
+        memo: &mut FragMemo,
+    ) -> Option<(Placement, f64)> {
         let cands = candidates(node, usage, demand);
         if cands.is_empty() {
             return None;
@@ -252,7 +264,7 @@ impl Scorer {
             }),
             PackingPolicy::Fgd => match &self.workload {
                 Some(w) => {
-                    let before = w.node_frag(node, usage);
+                    let before = memo.node_frag(w, Measure::Fgd, node, usage);
                     first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
                         let after = frag_after(w, Measure::Fgd, node, usage, &p);
                         let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
@@ -263,7 +275,7 @@ impl Scorer {
             },
             PackingPolicy::GpuShare => match &self.workload {
                 Some(w) if Shape::of(demand).is_some() => {
-                    let before = w.node_frag_by(Measure::CpuCapped, node, usage);
+                    let before = memo.node_frag(w, Measure::CpuCapped, node, usage);
                     first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
                         let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)

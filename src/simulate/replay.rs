@@ -18,7 +18,9 @@ use rand_chacha::ChaCha8Rng;
 use super::trace::{TracePod, gpu_request_milli};
 use crate::inventory::GpuNode;
 use crate::packing::frag::TargetWorkload;
-use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage};
+use crate::packing::{
+    self, Demand, FragMemo, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
+};
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
 /// index) and the node order.
@@ -185,6 +187,8 @@ pub fn run(
         index: Default::default(),
     };
     let mut cache: Vec<Vec<Slot>> = vec![Vec::new(); nodes.len()];
+    // Each node's fragmentation before a placement, shared by the shapes scored on it.
+    let mut memos: Vec<FragMemo> = vec![FragMemo::default(); nodes.len()];
     // Tie-breaking draws from their own stream, so every policy sees the same arrival order.
     let mut ties = ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6573_5f67_7075);
 
@@ -236,12 +240,12 @@ pub fn run(
                 }
                 let slot = &mut row[sid];
                 if slot.version != versions[ni] {
-                    slot.score = evaluate(&scorer, node, &usages[ni], demand);
+                    slot.score = evaluate(&scorer, node, &usages[ni], demand, &mut memos[ni]);
                     slot.version = versions[ni];
                 }
                 slot.score
             } else {
-                evaluate(&scorer, node, &usages[ni], demand)
+                evaluate(&scorer, node, &usages[ni], demand, &mut memos[ni])
             };
             let Some(s) = score else { continue };
             match best {
@@ -314,8 +318,14 @@ fn why_nowhere(nodes: &[GpuNode], usages: &[Usage], demand: &Demand) -> Reason {
         .unwrap_or(Reason::UnknownNode)
 }
 
-fn evaluate(scorer: &Scorer, node: &GpuNode, usage: &Usage, demand: &Demand) -> Option<f64> {
-    packing::place(scorer, node, usage, demand)
+fn evaluate(
+    scorer: &Scorer,
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    memo: &mut FragMemo,
+) -> Option<f64> {
+    packing::place_memo(scorer, node, usage, demand, memo)
         .ok()
         .map(|(_, s)| s)
 }
