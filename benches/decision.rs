@@ -9,7 +9,9 @@
 //!   ../shared/data is absent).
 //!
 //! Before criterion's groups it times 2,000 single prioritize decisions and prints their p50 and
-//! p99 (the extender's budget: 2 ms p99 at 5,000 nodes).
+//! p99 (the extender's budget: 2 ms p99 at 5,000 nodes), twice: for a stream of pods of mixed
+//! classes, each bound before the next (the steady state), and with every node's fragmentation
+//! memo emptied before each decision (the worst case).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -26,7 +28,7 @@ use gpu_share::ledger::PodRef;
 use gpu_share::metrics::Metrics;
 use gpu_share::packing::frag::TargetWorkload;
 use gpu_share::packing::score::TYPICAL_COVERAGE;
-use gpu_share::packing::{Demand, PackingPolicy};
+use gpu_share::packing::{Demand, FragMemo, PackingPolicy};
 use gpu_share::policy::Policy;
 use gpu_share::server::LoadedPolicy;
 use gpu_share::simulate::{driver, replay};
@@ -79,14 +81,40 @@ fn request(text: &str, cpu_milli: u64) -> Demand {
 }
 
 fn pod(uid: &str, request: &str) -> Pod {
+    pod_with_cpu(uid, request, 8000)
+}
+
+fn pod_with_cpu(uid: &str, request: &str, cpu_milli: u64) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": uid, "namespace": "bench", "uid": uid,
                      "annotations": {"gpu-share.io/request": request}},
-        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "8"}}}],
+        "spec": {"containers": [{"name": "c",
+                                 "resources": {"requests": {"cpu": format!("{cpu_milli}m")}}}],
                  "schedulerName": "gpu-share-scheduler"}
     }))
     .expect("pod literal")
 }
+
+fn pod_ref(uid: &str) -> PodRef {
+    PodRef {
+        uid: uid.into(),
+        namespace: "bench".into(),
+        name: uid.into(),
+        priority: 0,
+    }
+}
+
+/// The requests the bench's pods carry.
+const KINDS: [&str; 8] = [
+    "timeslice-30",
+    "timeslice-50",
+    "timeslice-20",
+    "exclusive-1",
+    "exclusive-4",
+    "mps-25",
+    "mig-1g.10gb",
+    "mig-3g.40gb",
+];
 
 struct Cluster {
     ext: ExtenderState,
@@ -103,31 +131,19 @@ fn cluster() -> Cluster {
         ext.ledgers.upsert_node(node(i));
     }
     let policy = LoadedPolicy::new(Policy::default_policy());
-    let kinds = [
-        "timeslice-30",
-        "timeslice-50",
-        "timeslice-20",
-        "exclusive-1",
-        "exclusive-4",
-        "mps-25",
-        "mig-1g.10gb",
-        "mig-3g.40gb",
-    ];
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let scorer = ext.scorer(PackingPolicy::GpuShare);
     let mut placed = 0;
     for k in 0..60_000 {
-        let req = kinds[rng.random_range(0..kinds.len())];
+        let req = KINDS[rng.random_range(0..KINDS.len())];
         let demand = request(req, [2000, 4000, 8000, 16_000][rng.random_range(0..4)]);
         ext.observe_demand(&demand);
         let target = &names[rng.random_range(0..NODES)];
-        let pref = PodRef {
-            uid: format!("fill-{k}"),
-            namespace: "bench".into(),
-            name: format!("fill-{k}"),
-            priority: 0,
-        };
-        if ext.ledgers.reserve(&scorer, target, pref, demand).is_ok() {
+        if ext
+            .ledgers
+            .reserve(&scorer, target, pod_ref(&format!("fill-{k}")), demand)
+            .is_ok()
+        {
             placed += 1;
         }
     }
@@ -143,28 +159,78 @@ fn args(c: &Cluster, p: &Pod) -> ExtenderArgs {
     }
 }
 
-fn percentiles(c: &Cluster) {
-    let p = pod("probe", "timeslice-30");
-    let mut times: Vec<Duration> = (0..2000)
-        .map(|_| {
-            let a = args(c, &p);
-            let t = Instant::now();
-            black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
-            t.elapsed()
-        })
-        .collect();
+fn report(label: &str, mut times: Vec<Duration>) {
     times.sort();
     eprintln!(
-        "prioritize over {NODES} nodes (gpu-share policy, 2,000 decisions): p50 {:?}, p99 {:?}, max {:?}",
+        "prioritize over {NODES} nodes (gpu-share policy, {} decisions, {label}): p50 {:?}, p99 {:?}, max {:?}",
+        times.len(),
         times[times.len() / 2],
         times[times.len() * 99 / 100],
         times[times.len() - 1]
     );
 }
 
+/// The steady state: a stream of 2,000 pods of random classes and CPU requests, each observed
+/// (as filter does), prioritized (timed) and bound to its best node; once 500 are held, each
+/// new bind releases the oldest. Every bind and release changes a node, whose memo then misses.
+fn percentiles_stream(c: &Cluster) {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut held = std::collections::VecDeque::new();
+    let mut times = Vec::with_capacity(2000);
+    for k in 0..2000 {
+        let req = KINDS[rng.random_range(0..KINDS.len())];
+        let cpu = [2000, 4000, 8000, 16_000][rng.random_range(0..4)];
+        let uid = format!("stream-{k}");
+        let p = pod_with_cpu(&uid, req, cpu);
+        let demand = request(req, cpu);
+        c.ext.observe_demand(&demand);
+        let a = args(c, &p);
+        let t = Instant::now();
+        let scores = black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
+        times.push(t.elapsed());
+        let best = scores
+            .iter()
+            .max_by_key(|h| (h.score, std::cmp::Reverse(&h.host)));
+        let scorer = c.ext.scorer(PackingPolicy::GpuShare);
+        if let Some(h) = best
+            && c.ext
+                .ledgers
+                .reserve(&scorer, &h.host, pod_ref(&uid), demand)
+                .is_ok()
+        {
+            held.push_back(uid);
+            if held.len() > 500
+                && let Some(old) = held.pop_front()
+            {
+                c.ext.ledgers.release(&old);
+            }
+        }
+    }
+    report("a stream of binds and releases", times);
+}
+
+/// The worst case: every node's fragmentation memo emptied before each decision (as right
+/// after a workload refresh, when none holds).
+fn percentiles_cold(c: &Cluster) {
+    let p = pod("probe", "timeslice-30");
+    let times = (0..2000)
+        .map(|_| {
+            c.ext
+                .ledgers
+                .with_nodes(&c.names, |nl| nl.memo = FragMemo::default());
+            let a = args(c, &p);
+            let t = Instant::now();
+            black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
+            t.elapsed()
+        })
+        .collect();
+    report("memos emptied", times);
+}
+
 fn extender(cr: &mut Criterion) {
     let c = cluster();
-    percentiles(&c);
+    percentiles_stream(&c);
+    percentiles_cold(&c);
     let metrics = Metrics::new();
     let p = pod("probe", "timeslice-30");
     let mut g = cr.benchmark_group("extender");
@@ -177,16 +243,12 @@ fn extender(cr: &mut Criterion) {
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     g.bench_function("bind_reserve", |b| {
         b.iter(|| {
-            let pref = PodRef {
-                uid: "bind-probe".into(),
-                namespace: "bench".into(),
-                name: "bind-probe".into(),
-                priority: 0,
-            };
-            let r =
-                c.ext
-                    .ledgers
-                    .reserve(&scorer, &c.names[0], pref, request("timeslice-10", 2000));
+            let r = c.ext.ledgers.reserve(
+                &scorer,
+                &c.names[0],
+                pod_ref("bind-probe"),
+                request("timeslice-10", 2000),
+            );
             c.ext.ledgers.release("bind-probe");
             black_box(r.is_ok())
         })

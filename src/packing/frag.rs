@@ -143,7 +143,25 @@ impl TargetWorkload {
         cpu_free: Option<u64>,
         gpu_free: &[u32],
     ) -> f64 {
-        let idle: u64 = gpu_free.iter().map(|f| u64::from(*f)).sum();
+        // The free shares, most first, and their prefix sums: the GPUs a shape fits are a
+        // prefix, and so are the ones its CPU-capped copies use.
+        const STACK: usize = 32;
+        let n = gpu_free.len();
+        let (mut sorted_buf, mut prefix_buf) = ([0u32; STACK], [0u64; STACK + 1]);
+        let (mut sorted_heap, mut prefix_heap) = (Vec::new(), Vec::new());
+        let (sorted, prefix): (&mut [u32], &mut [u64]) = if n <= STACK {
+            (&mut sorted_buf[..n], &mut prefix_buf[..=n])
+        } else {
+            sorted_heap.resize(n, 0);
+            prefix_heap.resize(n + 1, 0);
+            (&mut sorted_heap, &mut prefix_heap)
+        };
+        sorted.copy_from_slice(gpu_free);
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        for (i, f) in sorted.iter().enumerate() {
+            prefix[i + 1] = prefix[i] + u64::from(*f);
+        }
+        let idle = prefix[n];
         if idle == 0 {
             return 0.0;
         }
@@ -156,26 +174,25 @@ impl TargetWorkload {
             {
                 idle as f64
             } else {
-                let mut fitting = 0u32;
-                let mut small = 0u64;
-                for f in gpu_free {
-                    if *f >= s.gpu_milli {
-                        fitting += 1;
-                    } else {
-                        small += u64::from(*f);
-                    }
-                }
-                if fitting < s.gpus {
+                let fitting = sorted.partition_point(|f| *f >= s.gpu_milli);
+                let small = idle - prefix[fitting];
+                if fitting < s.gpus as usize {
                     idle as f64
                 } else {
                     match (measure, cpu_free) {
                         (Measure::CpuCapped, Some(cpu)) if s.cpu_milli > 0 => {
-                            let copies = (cpu / s.cpu_milli).min(u64::from(fitting / s.gpus));
-                            let usable = copies * u64::from(s.gpus);
-                            let capped = if usable >= u64::from(fitting) {
+                            // Copies of the shape the free GPUs hold, then the CPU.
+                            let by_gpu = fitting as u64 / u64::from(s.gpus);
+                            let copies = if cpu >= by_gpu * s.cpu_milli {
+                                by_gpu
+                            } else {
+                                cpu / s.cpu_milli
+                            };
+                            let usable = (copies * u64::from(s.gpus)) as usize;
+                            let capped = if usable >= fitting {
                                 small
                             } else {
-                                idle - top_free(gpu_free, s.gpu_milli, usable as usize)
+                                idle - prefix[usable]
                             };
                             small as f64 + CPU_CAPPED_WEIGHT * (capped - small) as f64
                         }
@@ -299,26 +316,6 @@ impl PartialEq for FragMemo {
 }
 
 impl Eq for FragMemo {}
-
-/// The summed free share of the `k` GPUs with the most free share among those with at least
-/// `need` free.
-fn top_free(gpu_free: &[u32], need: u32, k: usize) -> u64 {
-    let mut buf = [0u32; 64];
-    let mut heap: Vec<u32>;
-    let fit: &mut [u32] = if gpu_free.len() <= buf.len() {
-        let mut n = 0;
-        for f in gpu_free.iter().filter(|f| **f >= need) {
-            buf[n] = *f;
-            n += 1;
-        }
-        &mut buf[..n]
-    } else {
-        heap = gpu_free.iter().copied().filter(|f| *f >= need).collect();
-        &mut heap
-    };
-    fit.sort_unstable_by(|a, b| b.cmp(a));
-    fit.iter().take(k).map(|f| u64::from(*f)).sum()
-}
 
 #[cfg(test)]
 mod tests {

@@ -684,35 +684,34 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
             .collect()
     };
     // One candidate per distinct free amount (GPUs with equal load are interchangeable).
-    let per_gpu = |milli: u32, strict: bool| -> Vec<(u32, u32)> {
-        let mut seen = Vec::new();
-        let mut out = Vec::new();
+    let one_gpu_each = |milli: u32, strict: bool| -> Vec<Placement> {
+        let mut seen = [0u32; 64];
+        let mut n_seen = 0;
+        let mut out: Vec<Placement> = Vec::with_capacity(usage.gpu_milli.len().min(8));
         for (i, m) in usage.gpu_milli.iter().enumerate() {
-            if m.saturating_add(milli) > GPU_MILLI {
+            if m.saturating_add(milli) > GPU_MILLI || seen[..n_seen].contains(m) {
                 continue;
             }
-            if seen.contains(m) {
-                continue;
+            if n_seen < seen.len() {
+                seen[n_seen] = *m;
+                n_seen += 1;
             }
-            seen.push(*m);
-            out.push((i as u32, milli));
+            out.push(Placement {
+                gpus: vec![(i as u32, milli)],
+                ..base.clone()
+            });
         }
         if out.is_empty() && !strict {
             // The model is full; the device plugin still has a replica: model it on the
             // least-loaded GPU.
             if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {
-                out.push((i as u32, milli));
+                out.push(Placement {
+                    gpus: vec![(i as u32, milli)],
+                    ..base.clone()
+                });
             }
         }
         out
-    };
-    let one_gpu_each = |gpus: Vec<(u32, u32)>| -> Vec<Placement> {
-        gpus.into_iter()
-            .map(|g| Placement {
-                gpus: vec![g],
-                ..base.clone()
-            })
-            .collect()
     };
     match &demand.gpu {
         GpuDemand::None | GpuDemand::Mig { .. } => vec![base],
@@ -720,10 +719,8 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
             gpus: free_indexes(*count),
             ..base
         }],
-        GpuDemand::Mps { .. } => one_gpu_each(per_gpu(replica_milli(node), false)),
-        GpuDemand::Timeslice { milli, .. } => {
-            one_gpu_each(per_gpu(*milli, node.sharing == Sharing::PerGpu))
-        }
+        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false),
+        GpuDemand::Timeslice { milli, .. } => one_gpu_each(*milli, node.sharing == Sharing::PerGpu),
         GpuDemand::Units { count, .. } => {
             let gpus = match node.sharing {
                 Sharing::None | Sharing::PerGpu => free_indexes(*count),

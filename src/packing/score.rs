@@ -265,7 +265,7 @@ impl Scorer {
             PackingPolicy::Fgd => match &self.workload {
                 Some(w) => {
                     let before = memo.node_frag(w, Measure::Fgd, node, usage);
-                    first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
+                    first_max(cands.into_iter().map(|p| {
                         let after = frag_after(w, Measure::Fgd, node, usage, &p);
                         let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
                         (p, s)
@@ -276,7 +276,7 @@ impl Scorer {
             PackingPolicy::GpuShare => match &self.workload {
                 Some(w) if Shape::of(demand).is_some() => {
                     let before = memo.node_frag(w, Measure::CpuCapped, node, usage);
-                    first_max(distinct_gpu_levels(usage, cands).into_iter().map(|p| {
+                    first_max(cands.into_iter().map(|p| {
                         let s = gpu_share_score(w, node, usage, &p, before);
                         (p, s)
                     }))
@@ -324,26 +324,6 @@ impl Scorer {
             _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
         }
     }
-}
-
-/// The candidates minus those on a GPU as used as an earlier candidate's (the fragmentation
-/// after either is the same, and the first of equals wins anyway).
-fn distinct_gpu_levels(usage: &Usage, mut cands: Vec<Placement>) -> Vec<Placement> {
-    let mut seen = [0u32; 64];
-    let mut n = 0;
-    cands.retain(|p| match p.gpus.as_slice() {
-        [(i, _)] => match usage.gpu_milli.get(*i as usize) {
-            Some(used) if seen[..n].contains(used) => false,
-            Some(used) if n < seen.len() => {
-                seen[n] = *used;
-                n += 1;
-                true
-            }
-            _ => true,
-        },
-        _ => true,
-    });
-    cands
 }
 
 /// The first of the highest-scoring items.
