@@ -1,13 +1,13 @@
 //! Property tests: random sequences of bind / delete / restart never overcommit a node's MIG
 //! devices, replicas, budgets or whole GPUs, and the ledger rebuilt from the API (the pods with
 //! their node and bind annotation) equals the live one; concurrent binds from many threads never
-//! overcommit either.
+//! overcommit either; the fragmentation memo a node ledger keeps never changes a score.
 
 use std::sync::Arc;
 
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
-use gpu_share::packing::{self, Demand, GpuDemand, PackingPolicy, Scorer};
+use gpu_share::packing::{self, Demand, GpuDemand, OnlineWorkload, PackingPolicy, Scorer};
 use proptest::prelude::*;
 
 fn nodes() -> Vec<GpuNode> {
@@ -169,6 +169,57 @@ proptest! {
         prop_assert_eq!(ledger.uids(), ok);
         for nl in ledger.snapshot().values() {
             prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// The fragmentation memo each node ledger keeps between decisions never changes a
+    /// decision: after any sequence of binds, deletes and workload refreshes, scoring a probe
+    /// with the node's memo gives what scoring it afresh gives.
+    #[test]
+    fn memoised_scores_equal_fresh_ones(
+        ops in proptest::collection::vec(op(), 1..80),
+        cpus in proptest::collection::vec(0u64..=16, 80),
+        probes in proptest::collection::vec((demand(), 0u64..=16), 1..6),
+    ) {
+        let nodes: Vec<GpuNode> = nodes()
+            .into_iter()
+            .map(|mut n| {
+                n.cpu_milli = Some(48_000);
+                n
+            })
+            .collect();
+        let live = Ledger::rebuild(nodes.clone(), &[]);
+        let mut seen = OnlineWorkload::default();
+        let mut scorer = Scorer::new(PackingPolicy::GpuShare);
+        for (k, op) in ops.into_iter().enumerate() {
+            if let Op::Bind { pod, node, demand } = op {
+                let demand = Demand { cpu_milli: cpus[k] * 1000, ..Demand::gpu(demand) };
+                if let Some(t) = seen.observe(&demand) {
+                    scorer = Scorer::with_workload(PackingPolicy::GpuShare, Arc::new(t));
+                }
+                let uid = format!("p{pod}");
+                let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
+                let _ = live.reserve(&scorer, &nodes[node as usize].name, pref, demand);
+            } else if let Op::Delete { pod } = op {
+                live.release(&format!("p{pod}"));
+            }
+            for (gpu, cpu) in &probes {
+                let probe = Demand { cpu_milli: cpu * 1000, ..Demand::gpu(gpu.clone()) };
+                for n in &nodes {
+                    let (memo, fresh) = live
+                        .with_node(&n.name, |nl| {
+                            let fresh = packing::place(&scorer, &nl.node, &nl.usage, &probe);
+                            let memo = packing::place_memo(&scorer, &nl.node, &nl.usage, &probe, &mut nl.memo);
+                            (memo, fresh)
+                        })
+                        .expect("node");
+                    prop_assert_eq!(memo, fresh);
+                }
+            }
         }
     }
 }

@@ -15,7 +15,7 @@
 //! CPU on a node whose GPUs are free, which the paper's measure does not see.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use serde::Serialize;
 
@@ -235,9 +235,10 @@ impl TargetWorkload {
 /// node's free CPU and GPU shares and the target workload, not on the pod being placed, so a
 /// node that did not change since the last decision needs only the "after" half of a score.
 ///
-/// Keyed by what the measure reads (the workload, held so its address stays its own, the
-/// measure, the node's GPU product and CPU, and the usage), so a stale value is never returned
-/// whoever changed the node.
+/// Keyed by what the measure reads (the workload, the measure, the node's GPU product and CPU,
+/// and the usage), so a stale value is never returned whoever changed the node. The workload is
+/// held weakly: its shapes go when the extender moves on to a newer one, while its address
+/// stays reserved, so no later workload is mistaken for it.
 #[derive(Debug, Clone, Default)]
 pub struct FragMemo {
     key: Option<MemoKey>,
@@ -246,7 +247,7 @@ pub struct FragMemo {
 
 #[derive(Debug, Clone)]
 struct MemoKey {
-    workload: Arc<TargetWorkload>,
+    workload: Weak<TargetWorkload>,
     measure: Measure,
     product: Option<String>,
     cpu: (Option<u64>, u64),
@@ -265,7 +266,7 @@ impl MemoKey {
         node: &GpuNode,
         usage: &Usage,
     ) -> bool {
-        Arc::ptr_eq(&self.workload, w)
+        std::ptr::eq(self.workload.as_ptr(), Arc::as_ptr(w))
             && self.measure == measure
             && self.cpu == (node.cpu_milli, usage.cpu_milli)
             && self.gpu_milli[..self.gpus] == usage.gpu_milli[..]
@@ -293,7 +294,7 @@ impl FragMemo {
             let mut gpu_milli = [0u32; MEMO_GPUS];
             gpu_milli[..n].copy_from_slice(&usage.gpu_milli);
             self.key = Some(MemoKey {
-                workload: w.clone(),
+                workload: Arc::downgrade(w),
                 measure,
                 product: node.product.clone(),
                 cpu: (node.cpu_milli, usage.cpu_milli),
@@ -391,41 +392,49 @@ mod tests {
 
     #[test]
     fn memo_returns_the_measure_and_never_a_stale_one() {
-        let w = Arc::new(TargetWorkload {
-            shapes: vec![(shape(10_000, 1, 500), 0.5), (shape(4000, 2, 1000), 0.5)],
-        });
-        let mut node = GpuNode::whole("n", "NVIDIA-A100-SXM4-80GB", 4, 81920);
-        node.cpu_milli = Some(32_000);
-        let mut usage = Usage::empty(&node);
-        let mut memo = FragMemo::default();
-        let check = |memo: &mut FragMemo, w: &Arc<TargetWorkload>, n: &GpuNode, u: &Usage| {
-            for m in [Measure::CpuCapped, Measure::Fgd] {
+        // Each step changes one input the measure reads, and the value with it: a memo that
+        // missed that input in its key would return the step before's value.
+        for m in [Measure::CpuCapped, Measure::Fgd] {
+            let w = Arc::new(TargetWorkload {
+                shapes: vec![(shape(10_000, 1, 500), 0.5), (shape(4000, 2, 1000), 0.5)],
+            });
+            let mut node = GpuNode::whole("n", "NVIDIA-A100-SXM4-80GB", 4, 81920);
+            node.cpu_milli = Some(32_000);
+            let mut usage = Usage::empty(&node);
+            let mut memo = FragMemo::default();
+            let mut last = None;
+            let mut check = |w: &Arc<TargetWorkload>, n: &GpuNode, u: &Usage| {
                 let want = w.node_frag_by(m, n, u);
+                assert_ne!(last, Some(want), "{m:?}: the step must change the value");
+                last = Some(want);
                 assert_eq!(memo.node_frag(w, m, n, u), want, "{m:?} {u:?}");
                 // Twice: the second comes from the memo.
                 assert_eq!(memo.node_frag(w, m, n, u), want, "{m:?} {u:?}");
+            };
+            check(&w, &node, &usage);
+            usage.gpu_milli[1] = 700;
+            check(&w, &node, &usage);
+            usage.cpu_milli = 25_000;
+            check(&w, &node, &usage);
+            node.cpu_milli = Some(64_000);
+            check(&w, &node, &usage);
+            let mut only_a100 = shape(1000, 1, 300);
+            only_a100.models = vec!["NVIDIA-A100-SXM4-80GB".into()];
+            let w2 = Arc::new(TargetWorkload {
+                shapes: vec![(only_a100, 1.0)],
+            });
+            check(&w2, &node, &usage);
+            node.product = Some("NVIDIA-H100-80GB-HBM3".into());
+            check(&w2, &node, &usage);
+            // Workloads dropped while a memo names them: a new one never takes their address.
+            drop(w2);
+            for milli in [1000, 200, 500] {
+                let w3 = Arc::new(TargetWorkload {
+                    shapes: vec![(shape(1000, 1, milli), 1.0)],
+                });
+                check(&w3, &node, &usage);
             }
-        };
-        check(&mut memo, &w, &node, &usage);
-        // Every input the measure reads, changed in turn.
-        usage.gpu_milli[1] = 700;
-        check(&mut memo, &w, &node, &usage);
-        usage.cpu_milli = 25_000;
-        check(&mut memo, &w, &node, &usage);
-        node.cpu_milli = Some(64_000);
-        check(&mut memo, &w, &node, &usage);
-        node.product = Some("NVIDIA-H100-80GB-HBM3".into());
-        let mut only_a100 = shape(1000, 1, 300);
-        only_a100.models = vec!["NVIDIA-A100-SXM4-80GB".into()];
-        let w2 = Arc::new(TargetWorkload {
-            shapes: vec![(only_a100, 1.0)],
-        });
-        check(&mut memo, &w2, &node, &usage);
-        node.product = Some("NVIDIA-A100-SXM4-80GB".into());
-        check(&mut memo, &w2, &node, &usage);
-        // An equal workload in a new allocation is a new key too (its address is its own).
-        let w3 = Arc::new((*w).clone());
-        check(&mut memo, &w3, &node, &usage);
+        }
     }
 
     #[test]
