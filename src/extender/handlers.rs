@@ -35,10 +35,11 @@ enum NodeSet {
 }
 
 impl NodeSet {
-    fn from_args(args: &ExtenderArgs) -> Result<NodeSet, String> {
-        match (&args.node_names, &args.nodes) {
-            (Some(names), _) => Ok(NodeSet::Names(names.clone())),
-            (None, Some(list)) => Ok(NodeSet::Full(list.items.clone())),
+    /// Takes the nodes out of the request (thousands of names or Node objects: not copied).
+    fn take(args: &mut ExtenderArgs) -> Result<NodeSet, String> {
+        match (args.node_names.take(), args.nodes.take()) {
+            (Some(names), _) => Ok(NodeSet::Names(names)),
+            (None, Some(list)) => Ok(NodeSet::Full(list.items)),
             (None, None) => Err("request has neither Nodes nor NodeNames".to_string()),
         }
     }
@@ -103,7 +104,7 @@ pub fn filter(
     let Some(pod) = args.pod.take().map(Arc::new) else {
         return error("request has no Pod".to_string());
     };
-    let set = match NodeSet::from_args(&args) {
+    let set = match NodeSet::take(&mut args) {
         Ok(s) => s,
         Err(e) => return error(e),
     };
@@ -218,7 +219,7 @@ pub fn prioritize(
         return Err(NOT_SYNCED.to_string());
     }
     let pod = args.pod.take().map(Arc::new).ok_or("request has no Pod")?;
-    let set = NodeSet::from_args(&args)?;
+    let set = NodeSet::take(&mut args)?;
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
         NodeSet::Full(items) => {

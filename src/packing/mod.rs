@@ -672,6 +672,19 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
 /// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
 /// GPU state, after [`fit`] said yes. Whole-GPU demands take the lowest-index free GPUs.
 pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for_each_candidate(node, usage, demand, |p| out.push(p.clone()));
+    out
+}
+
+/// Visits [`candidates`] in order without keeping them (a scorer clones only the best): the
+/// single-GPU candidates are one placement whose GPU changes between visits.
+pub fn for_each_candidate(
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    mut visit: impl FnMut(&Placement),
+) {
     let base = node_level(node, demand);
     let free_indexes = |n: u32| -> Vec<(u32, u32)> {
         usage
@@ -684,10 +697,13 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
             .collect()
     };
     // One candidate per distinct free amount (GPUs with equal load are interchangeable).
-    let one_gpu_each = |milli: u32, strict: bool| -> Vec<Placement> {
+    let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
         let mut seen = [0u32; 64];
         let mut n_seen = 0;
-        let mut out: Vec<Placement> = Vec::with_capacity(usage.gpu_milli.len().min(8));
+        let mut cand = Placement {
+            gpus: vec![(0, milli)],
+            ..base
+        };
         for (i, m) in usage.gpu_milli.iter().enumerate() {
             if m.saturating_add(milli) > GPU_MILLI || seen[..n_seen].contains(m) {
                 continue;
@@ -696,31 +712,28 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
                 seen[n_seen] = *m;
                 n_seen += 1;
             }
-            out.push(Placement {
-                gpus: vec![(i as u32, milli)],
-                ..base.clone()
-            });
+            cand.gpus[0].0 = i as u32;
+            visit(&cand);
         }
-        if out.is_empty() && !strict {
+        if n_seen == 0 && !strict {
             // The model is full; the device plugin still has a replica: model it on the
             // least-loaded GPU.
             if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {
-                out.push(Placement {
-                    gpus: vec![(i as u32, milli)],
-                    ..base.clone()
-                });
+                cand.gpus[0].0 = i as u32;
+                visit(&cand);
             }
         }
-        out
     };
     match &demand.gpu {
-        GpuDemand::None | GpuDemand::Mig { .. } => vec![base],
-        GpuDemand::Whole { count } => vec![Placement {
+        GpuDemand::None | GpuDemand::Mig { .. } => visit(&base),
+        GpuDemand::Whole { count } => visit(&Placement {
             gpus: free_indexes(*count),
             ..base
-        }],
-        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false),
-        GpuDemand::Timeslice { milli, .. } => one_gpu_each(*milli, node.sharing == Sharing::PerGpu),
+        }),
+        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false, base),
+        GpuDemand::Timeslice { milli, .. } => {
+            one_gpu_each(*milli, node.sharing == Sharing::PerGpu, base)
+        }
         GpuDemand::Units { count, .. } => {
             let gpus = match node.sharing {
                 Sharing::None | Sharing::PerGpu => free_indexes(*count),
@@ -745,7 +758,7 @@ pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placeme
                     out
                 }
             };
-            vec![Placement { gpus, ..base }]
+            visit(&Placement { gpus, ..base })
         }
     }
 }

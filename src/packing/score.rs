@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::frag::{FragMemo, Measure, Shape, TargetWorkload};
-use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates};
+use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates, for_each_candidate};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
 /// Packing policies by name (the policy file's `packing.policy` takes `binpack`, `spread` and
@@ -237,6 +237,23 @@ impl Scorer {
         demand: &Demand,
         memo: &mut FragMemo,
     ) -> Option<(Placement, f64)> {
+        // The fragmentation policies score every candidate and keep only the best.
+        match (self.policy, &self.workload) {
+            (PackingPolicy::Fgd, Some(w)) => {
+                let before = memo.node_frag(w, Measure::Fgd, node, usage);
+                return best_candidate(node, usage, demand, |p| {
+                    let after = frag_after(w, Measure::Fgd, node, usage, p);
+                    (sigmoid((before - after) / 1000.0) * 100.0).trunc()
+                });
+            }
+            (PackingPolicy::GpuShare, Some(w)) if Shape::of(demand).is_some() => {
+                let before = memo.node_frag(w, Measure::CpuCapped, node, usage);
+                return best_candidate(node, usage, demand, |p| {
+                    gpu_share_score(w, node, usage, p, before)
+                });
+            }
+            _ => {}
+        }
         let cands = candidates(node, usage, demand);
         if cands.is_empty() {
             return None;
@@ -262,30 +279,12 @@ impl Scorer {
                 let s = best_fit_score(node, usage, demand);
                 (p, s)
             }),
-            PackingPolicy::Fgd => match &self.workload {
-                Some(w) => {
-                    let before = memo.node_frag(w, Measure::Fgd, node, usage);
-                    first_max(cands.into_iter().map(|p| {
-                        let after = frag_after(w, Measure::Fgd, node, usage, &p);
-                        let s = (sigmoid((before - after) / 1000.0) * 100.0).trunc();
-                        (p, s)
-                    }))
-                }
-                None => self.max_score(node, usage, demand, cands),
-            },
-            PackingPolicy::GpuShare => match &self.workload {
-                Some(w) if Shape::of(demand).is_some() => {
-                    let before = memo.node_frag(w, Measure::CpuCapped, node, usage);
-                    first_max(cands.into_iter().map(|p| {
-                        let s = gpu_share_score(w, node, usage, &p, before);
-                        (p, s)
-                    }))
-                }
-                _ => self.max_score(node, usage, demand, cands),
-            },
-            PackingPolicy::Binpack | PackingPolicy::Spread => {
-                self.max_score(node, usage, demand, cands)
-            }
+            // Without a workload (or for a demand the measure does not model) `fgd` and
+            // `gpu-share` fall back to their binpack form.
+            PackingPolicy::Fgd
+            | PackingPolicy::GpuShare
+            | PackingPolicy::Binpack
+            | PackingPolicy::Spread => self.max_score(node, usage, demand, cands),
         }
     }
 
@@ -324,6 +323,23 @@ impl Scorer {
             _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
         }
     }
+}
+
+/// The first of the highest-scoring candidates, cloning a candidate only when it leads.
+fn best_candidate(
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    mut score: impl FnMut(&Placement) -> f64,
+) -> Option<(Placement, f64)> {
+    let mut best: Option<(Placement, f64)> = None;
+    for_each_candidate(node, usage, demand, |p| {
+        let s = score(p);
+        if best.as_ref().is_none_or(|(_, b)| s > *b) {
+            best = Some((p.clone(), s));
+        }
+    });
+    best
 }
 
 /// The first of the highest-scoring items.
