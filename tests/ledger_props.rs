@@ -221,5 +221,8 @@ proptest! {
                 }
             }
         }
+        // A ledger's value is its pods, not its memos: rebuilt (no memo filled) it is equal.
+        let rebuilt = Ledger::rebuild(nodes, &api_view(&live));
+        prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
     }
 }

@@ -309,15 +309,6 @@ impl FragMemo {
     }
 }
 
-/// A memo is a cache: two ledgers holding the same pods are equal whatever their memos hold.
-impl PartialEq for FragMemo {
-    fn eq(&self, _: &FragMemo) -> bool {
-        true
-    }
-}
-
-impl Eq for FragMemo {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
