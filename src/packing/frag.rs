@@ -183,10 +183,9 @@ impl TargetWorkload {
                         (Measure::CpuCapped, Some(cpu)) if s.cpu_milli > 0 => {
                             // Copies of the shape the free GPUs hold, then the CPU.
                             let by_gpu = fitting as u64 / u64::from(s.gpus);
-                            let copies = if cpu >= by_gpu * s.cpu_milli {
-                                by_gpu
-                            } else {
-                                cpu / s.cpu_milli
+                            let copies = match by_gpu.checked_mul(s.cpu_milli) {
+                                Some(need) if cpu >= need => by_gpu,
+                                _ => cpu / s.cpu_milli,
                             };
                             let usable = (copies * u64::from(s.gpus)) as usize;
                             let capped = if usable >= fitting {

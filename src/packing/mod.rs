@@ -698,24 +698,21 @@ pub fn for_each_candidate(
     };
     // One candidate per distinct free amount (GPUs with equal load are interchangeable).
     let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
-        let mut seen = [0u32; 64];
-        let mut n_seen = 0;
         let mut cand = Placement {
             gpus: vec![(0, milli)],
             ..base
         };
+        let mut visited = false;
         for (i, m) in usage.gpu_milli.iter().enumerate() {
-            if m.saturating_add(milli) > GPU_MILLI || seen[..n_seen].contains(m) {
+            // An earlier GPU as used as this one fit as well and was visited.
+            if m.saturating_add(milli) > GPU_MILLI || usage.gpu_milli[..i].contains(m) {
                 continue;
-            }
-            if n_seen < seen.len() {
-                seen[n_seen] = *m;
-                n_seen += 1;
             }
             cand.gpus[0].0 = i as u32;
             visit(&cand);
+            visited = true;
         }
-        if n_seen == 0 && !strict {
+        if !visited && !strict {
             // The model is full; the device plugin still has a replica: model it on the
             // least-loaded GPU.
             if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {

@@ -372,8 +372,15 @@ pub fn frag_after(
     usage: &Usage,
     p: &Placement,
 ) -> f64 {
-    let mut free = [0u32; 64];
-    let n = usage.gpu_milli.len().min(free.len());
+    let n = usage.gpu_milli.len();
+    let mut buf = [0u32; 64];
+    let mut heap = Vec::new();
+    let free: &mut [u32] = if n <= buf.len() {
+        &mut buf[..n]
+    } else {
+        heap.resize(n, 0);
+        &mut heap
+    };
     for (f, l) in free.iter_mut().zip(gpu_left(usage)) {
         *f = l;
     }
@@ -384,8 +391,8 @@ pub fn frag_after(
     }
     let cpu = node
         .cpu_milli
-        .map(|c| c.saturating_sub(usage.cpu_milli + p.cpu_milli));
-    w.frag_by(measure, node.product.as_deref(), cpu, &free[..n])
+        .map(|c| c.saturating_sub(usage.cpu_milli.saturating_add(p.cpu_milli)));
+    w.frag_by(measure, node.product.as_deref(), cpu, free)
 }
 
 /// gpu-share's score of one placement: how much the node's fragmentation grows, squashed by a
@@ -618,6 +625,38 @@ mod tests {
     use super::*;
     use crate::packing::frag::CPU_CAPPED_WEIGHT;
     use crate::packing::{apply, place};
+
+    #[test]
+    fn frag_after_reads_every_gpu_of_a_large_node() {
+        let w = TargetWorkload {
+            shapes: vec![(
+                Shape {
+                    cpu_milli: 1000,
+                    gpus: 1,
+                    gpu_milli: 500,
+                    models: vec![],
+                },
+                1.0,
+            )],
+        };
+        let mut n = GpuNode::whole("big", "X", 80, 81920);
+        n.cpu_milli = Some(1_000_000);
+        let mut u = Usage::empty(&n);
+        for g in u.gpu_milli.iter_mut().skip(60) {
+            *g = 300;
+        }
+        // GPU 70 is left with 100 free, too little for the shape: lost.
+        let p = Placement {
+            gpus: vec![(70, 600)],
+            cpu_milli: 1000,
+            ..Placement::default()
+        };
+        let mut after = u.clone();
+        apply(&mut after, &p);
+        for m in [Measure::Fgd, Measure::CpuCapped] {
+            assert_eq!(frag_after(&w, m, &n, &u, &p), w.node_frag_by(m, &n, &after));
+        }
+    }
 
     /// A trace node (per-GPU, CPU accounted) with the given per-GPU use.
     fn trace_node(gpus: u32, cpu: u64, used: &[u32]) -> (GpuNode, Usage) {
