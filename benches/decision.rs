@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpu_share::extender::handlers;
 use gpu_share::extender::state::{ExtenderState, Mode};
-use gpu_share::extender::wire::ExtenderArgs;
+use gpu_share::extender::wire::{ExtenderArgs, HostPriority};
+use gpu_share::extender::{handlers, wire};
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
 use gpu_share::ledger::PodRef;
 use gpu_share::metrics::Metrics;
@@ -159,20 +159,44 @@ fn args(c: &Cluster, p: &Pod) -> ExtenderArgs {
     }
 }
 
-fn report(label: &str, mut times: Vec<Duration>) {
-    times.sort();
+fn report(label: &str, times: &[(Duration, Duration)]) {
+    let pct = |f: fn(&(Duration, Duration)) -> Duration| {
+        let mut t: Vec<Duration> = times.iter().map(f).collect();
+        t.sort();
+        (t[t.len() / 2], t[t.len() * 99 / 100], t[t.len() - 1])
+    };
+    let (s50, s99, smax) = pct(|t| t.0);
+    let (w50, w99, wmax) = pct(|t| t.1);
     eprintln!(
-        "prioritize over {NODES} nodes (gpu-share policy, {} decisions, {label}): p50 {:?}, p99 {:?}, max {:?}",
-        times.len(),
-        times[times.len() / 2],
-        times[times.len() * 99 / 100],
-        times[times.len() - 1]
+        "prioritize over {NODES} nodes (gpu-share policy, {} decisions, {label}): \
+         scoring p50 {s50:?} p99 {s99:?} max {smax:?}; as served (parse, score, reply) \
+         p50 {w50:?} p99 {w99:?} max {wmax:?}",
+        times.len()
     );
+}
+
+/// One prioritize as the server runs it: the body kube-scheduler sends parsed, scored, the reply
+/// serialized. Returns the scores, the scoring time and the whole time.
+fn served(c: &Cluster, body: &[u8]) -> (Vec<HostPriority>, Duration, Duration) {
+    let t0 = Instant::now();
+    let a = wire::parse_args(black_box(body)).expect("well-formed");
+    let t1 = Instant::now();
+    let scores = handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize");
+    let t2 = Instant::now();
+    black_box(serde_json::to_vec(&scores).expect("reply"));
+    (scores, t2 - t1, t0.elapsed())
+}
+
+/// The body kube-scheduler sends (Go field names, `Nodes` null).
+fn body(c: &Cluster, p: &Pod) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"Pod": p, "Nodes": null, "NodeNames": c.names}))
+        .expect("body")
 }
 
 /// The steady state: a stream of 2,000 pods of random classes and CPU requests, each observed
 /// (as filter does), prioritized (timed) and bound to its best node; once 500 are held, each
-/// new bind releases the oldest. Every bind and release changes a node, whose memo then misses.
+/// new bind releases the oldest. Every bind and release changes a node, whose memo then misses;
+/// the learnt workload is refreshed once in the stream (at 61,440 observations).
 fn percentiles_stream(c: &Cluster) {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut held = std::collections::VecDeque::new();
@@ -181,13 +205,11 @@ fn percentiles_stream(c: &Cluster) {
         let req = KINDS[rng.random_range(0..KINDS.len())];
         let cpu = [2000, 4000, 8000, 16_000][rng.random_range(0..4)];
         let uid = format!("stream-{k}");
-        let p = pod_with_cpu(&uid, req, cpu);
+        let b = body(c, &pod_with_cpu(&uid, req, cpu));
         let demand = request(req, cpu);
         c.ext.observe_demand(&demand);
-        let a = args(c, &p);
-        let t = Instant::now();
-        let scores = black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
-        times.push(t.elapsed());
+        let (scores, scoring, whole) = served(c, &b);
+        times.push((scoring, whole));
         let best = scores
             .iter()
             .max_by_key(|h| (h.score, std::cmp::Reverse(&h.host)));
@@ -206,25 +228,23 @@ fn percentiles_stream(c: &Cluster) {
             }
         }
     }
-    report("a stream of binds and releases", times);
+    report("a stream of binds and releases", &times);
 }
 
 /// The worst case: every node's fragmentation memo emptied before each decision (as right
 /// after a workload refresh, when none holds).
 fn percentiles_cold(c: &Cluster) {
-    let p = pod("probe", "timeslice-30");
-    let times = (0..2000)
+    let b = body(c, &pod("probe", "timeslice-30"));
+    let times: Vec<(Duration, Duration)> = (0..2000)
         .map(|_| {
             c.ext
                 .ledgers
                 .with_nodes(&c.names, |nl| nl.memo = FragMemo::default());
-            let a = args(c, &p);
-            let t = Instant::now();
-            black_box(handlers::prioritize(&c.ext, &c.policy, a).expect("prioritize"));
-            t.elapsed()
+            let (_, scoring, whole) = served(c, &b);
+            (scoring, whole)
         })
         .collect();
-    report("memos emptied", times);
+    report("memos emptied", &times);
 }
 
 fn extender(cr: &mut Criterion) {
@@ -239,6 +259,18 @@ fn extender(cr: &mut Criterion) {
     });
     g.bench_function("prioritize_5000", |b| {
         b.iter(|| black_box(handlers::prioritize(&c.ext, &c.policy, args(&c, &p))))
+    });
+    // The whole verb as the server runs it (parse, score, reply).
+    let b = body(&c, &p);
+    g.bench_function("prioritize_5000_served", |bn| {
+        bn.iter(|| black_box(served(&c, &b).2))
+    });
+    g.bench_function("parse_5000", |bn| {
+        bn.iter(|| black_box(wire::parse_args(black_box(&b)).expect("well-formed")))
+    });
+    let reply = handlers::prioritize(&c.ext, &c.policy, args(&c, &p)).expect("prioritize");
+    g.bench_function("reply_5000", |bn| {
+        bn.iter(|| black_box(serde_json::to_vec(black_box(&reply)).expect("reply")))
     });
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     g.bench_function("bind_reserve", |b| {

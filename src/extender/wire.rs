@@ -174,6 +174,15 @@ fn shape<T: serde::de::DeserializeOwned>(v: Value, what: &'static str) -> Result
 
 /// Reads a filter/prioritize body.
 pub fn parse_args(body: &[u8]) -> Result<ExtenderArgs, WireError> {
+    // Fast path: kube-scheduler's own body (exact Go field names) straight into the struct,
+    // without the intermediate tree. Anything else, or a body where that finds no pod or no
+    // nodes (another spelling of the keys), takes the case-insensitive path below.
+    if let Ok(a) = serde_json::from_slice::<ExtenderArgs>(body)
+        && a.pod.is_some()
+        && (a.nodes.is_some() || a.node_names.is_some())
+    {
+        return Ok(a);
+    }
     let mut v = parse_value(body)?;
     canonicalize(&mut v, &["Pod", "Nodes", "NodeNames"]);
     shape(v, "ExtenderArgs")
@@ -220,6 +229,11 @@ mod tests {
         let body = br#"{"pod":{"metadata":{"name":"p"}},"nodes":{"items":[{"metadata":{"name":"a"}}]},"nodenames":null}"#;
         let a = parse_args(body).unwrap();
         assert_eq!(a.nodes.unwrap().items.len(), 1);
+        // Exact and other spellings mixed: the exact key wins, the others are still read.
+        let body = br#"{"Pod":{"metadata":{"name":"exact"}},"pod":{"metadata":{"name":"other"}},"Nodes":null,"nodeNames":["a"]}"#;
+        let a = parse_args(body).unwrap();
+        assert_eq!(a.pod.unwrap().metadata.name.as_deref(), Some("exact"));
+        assert_eq!(a.node_names.unwrap(), vec!["a"]);
         let b = parse_binding(br#"{"podName":"p","podNamespace":"ml","podUID":"u","node":"a"}"#)
             .unwrap();
         assert_eq!(b.pod_uid, "u");
