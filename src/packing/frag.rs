@@ -19,7 +19,7 @@ use std::sync::{Arc, Weak};
 
 use serde::Serialize;
 
-use super::{Demand, GPU_MILLI, GpuDemand, Usage};
+use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage};
 use crate::inventory::GpuNode;
 
 /// One pod shape of a target workload (memory is ignored, as in the paper).
@@ -211,22 +211,51 @@ impl TargetWorkload {
 
     /// The fragmentation of a node with this usage under `measure`.
     pub fn node_frag_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> f64 {
-        let mut free = [0u32; 16];
+        self.frag_with(measure, node, usage, &[], 0)
+    }
+
+    /// The fragmentation of the node after a placement, under `measure`.
+    pub fn frag_after(
+        &self,
+        measure: Measure,
+        node: &GpuNode,
+        usage: &Usage,
+        p: &Placement,
+    ) -> f64 {
+        self.frag_with(measure, node, usage, &p.gpus, p.cpu_milli)
+    }
+
+    /// The fragmentation of a node with this usage plus `gpus` (index, thousandths) and
+    /// `cpu_milli` more.
+    fn frag_with(
+        &self,
+        measure: Measure,
+        node: &GpuNode,
+        usage: &Usage,
+        gpus: &[(u32, u32)],
+        cpu_milli: u64,
+    ) -> f64 {
         let n = usage.gpu_milli.len();
-        let cpu_free = node.cpu_milli.map(|c| c.saturating_sub(usage.cpu_milli));
-        if n <= free.len() {
-            for (f, u) in free.iter_mut().zip(&usage.gpu_milli) {
-                *f = GPU_MILLI.saturating_sub(*u);
-            }
-            self.frag_by(measure, node.product.as_deref(), cpu_free, &free[..n])
+        let mut buf = [0u32; 64];
+        let mut heap = Vec::new();
+        let free: &mut [u32] = if n <= buf.len() {
+            &mut buf[..n]
         } else {
-            let free: Vec<u32> = usage
-                .gpu_milli
-                .iter()
-                .map(|u| GPU_MILLI.saturating_sub(*u))
-                .collect();
-            self.frag_by(measure, node.product.as_deref(), cpu_free, &free)
+            heap.resize(n, 0);
+            &mut heap
+        };
+        for (f, u) in free.iter_mut().zip(&usage.gpu_milli) {
+            *f = GPU_MILLI.saturating_sub(*u);
         }
+        for (i, m) in gpus {
+            if let Some(f) = free.get_mut(*i as usize) {
+                *f = f.saturating_sub(*m);
+            }
+        }
+        let cpu_free = node
+            .cpu_milli
+            .map(|c| c.saturating_sub(usage.cpu_milli.saturating_add(cpu_milli)));
+        self.frag_by(measure, node.product.as_deref(), cpu_free, free)
     }
 }
 

@@ -106,19 +106,24 @@ impl GpuDemand {
         }
     }
 
+    /// Size in thousandths of a GPU (model): a MIG device counts by its compute slices
+    /// (`3g.40gb` is 3/7 of a GPU), a device-plugin unit as a whole GPU.
+    pub fn milli(&self) -> u64 {
+        match self {
+            GpuDemand::None => 0,
+            GpuDemand::Whole { count } | GpuDemand::Units { count, .. } => {
+                u64::from(*count) * u64::from(GPU_MILLI)
+            }
+            GpuDemand::Mps { milli, .. } | GpuDemand::Timeslice { milli, .. } => u64::from(*milli),
+            GpuDemand::Mig { profile, count } => {
+                u64::from(*count) * u64::from(mig_profile_milli(profile))
+            }
+        }
+    }
+
     /// Size in GPUs (model), for reports.
     pub fn gpus(&self) -> f64 {
-        match self {
-            GpuDemand::None => 0.0,
-            GpuDemand::Whole { count } => f64::from(*count),
-            GpuDemand::Mps { milli, .. } | GpuDemand::Timeslice { milli, .. } => {
-                f64::from(*milli) / f64::from(GPU_MILLI)
-            }
-            GpuDemand::Mig { profile, count } => {
-                f64::from(*count) * f64::from(mig_profile_milli(profile)) / f64::from(GPU_MILLI)
-            }
-            GpuDemand::Units { count, .. } => f64::from(*count),
-        }
+        self.milli() as f64 / f64::from(GPU_MILLI)
     }
 }
 

@@ -218,7 +218,7 @@ impl Scorer {
     /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
     /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
     /// whose use grows the node's fragmentation least). `gpu-share` is FGD's rule with a
-    /// CPU-aware measure against the workload seen so far: see [`gpu_share_score`].
+    /// CPU-aware measure against the workload seen so far: see [`frag_step_score`].
     pub fn evaluate(
         &self,
         node: &GpuNode,
@@ -238,21 +238,18 @@ impl Scorer {
         memo: &mut FragMemo,
     ) -> Option<(Placement, f64)> {
         // The fragmentation policies score every candidate and keep only the best.
-        match (self.policy, &self.workload) {
-            (PackingPolicy::Fgd, Some(w)) => {
-                let before = memo.node_frag(w, Measure::Fgd, node, usage);
-                return best_candidate(node, usage, demand, |p| {
-                    let after = frag_after(w, Measure::Fgd, node, usage, p);
-                    (sigmoid((before - after) / 1000.0) * 100.0).trunc()
-                });
-            }
+        let measure = match (self.policy, &self.workload) {
+            (PackingPolicy::Fgd, Some(w)) => Some((w, Measure::Fgd)),
             (PackingPolicy::GpuShare, Some(w)) if Shape::of(demand).is_some() => {
-                let before = memo.node_frag(w, Measure::CpuCapped, node, usage);
-                return best_candidate(node, usage, demand, |p| {
-                    gpu_share_score(w, node, usage, p, before)
-                });
+                Some((w, Measure::CpuCapped))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some((w, m)) = measure {
+            let before = memo.node_frag(w, m, node, usage);
+            return best_candidate(node, usage, demand, |p| {
+                frag_step_score(w, m, node, usage, p, before)
+            });
         }
         let cands = candidates(node, usage, demand);
         if cands.is_empty() {
@@ -364,52 +361,22 @@ fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
         .map_or(0, |c| c.saturating_sub(usage.cpu_milli))
 }
 
-/// The fragmentation of the node after a placement, under `measure`.
-pub fn frag_after(
+/// The score of one placement under `fgd` (the paper's measure) and `gpu-share`
+/// ([`Measure::CpuCapped`]): how much the node's fragmentation grows, squashed by a sigmoid into
+/// 100 integer steps as FGD does (near-equal nodes tie, and the caller's stable tie-break packs
+/// them first-fit). `gpu-share` measures against the workload *seen so far* rather than one
+/// fixed up front, and with the CPU-capped count: a shape can use only as many free GPUs as the
+/// node's free CPU has room for copies of it, so a pod that eats the CPU of a node with free
+/// GPUs is charged for the GPUs it strands.
+pub fn frag_step_score(
     w: &TargetWorkload,
     measure: Measure,
     node: &GpuNode,
     usage: &Usage,
     p: &Placement,
-) -> f64 {
-    let n = usage.gpu_milli.len();
-    let mut buf = [0u32; 64];
-    let mut heap = Vec::new();
-    let free: &mut [u32] = if n <= buf.len() {
-        &mut buf[..n]
-    } else {
-        heap.resize(n, 0);
-        &mut heap
-    };
-    for (f, l) in free.iter_mut().zip(gpu_left(usage)) {
-        *f = l;
-    }
-    for (i, m) in &p.gpus {
-        if let Some(f) = free.get_mut(*i as usize) {
-            *f = f.saturating_sub(*m);
-        }
-    }
-    let cpu = node
-        .cpu_milli
-        .map(|c| c.saturating_sub(usage.cpu_milli.saturating_add(p.cpu_milli)));
-    w.frag_by(measure, node.product.as_deref(), cpu, free)
-}
-
-/// gpu-share's score of one placement: how much the node's fragmentation grows, squashed by a
-/// sigmoid into 100 integer steps as FGD does (near-equal nodes tie, and the caller's stable
-/// tie-break packs them first-fit), but
-/// - measured against the workload *seen so far* rather than one fixed up front, and
-/// - with [`Measure::CpuCapped`]: a shape can use only as many free GPUs as the node's free CPU
-///   has room for copies of it, so a pod that eats the CPU of a node with free GPUs is charged
-///   for the GPUs it strands.
-pub fn gpu_share_score(
-    w: &TargetWorkload,
-    node: &GpuNode,
-    usage: &Usage,
-    p: &Placement,
     before: f64,
 ) -> f64 {
-    let growth = frag_after(w, Measure::CpuCapped, node, usage, p) - before;
+    let growth = w.frag_after(measure, node, usage, p) - before;
     (sigmoid(-growth / 1000.0) * 100.0).trunc()
 }
 
@@ -654,7 +621,7 @@ mod tests {
         let mut after = u.clone();
         apply(&mut after, &p);
         for m in [Measure::Fgd, Measure::CpuCapped] {
-            assert_eq!(frag_after(&w, m, &n, &u, &p), w.node_frag_by(m, &n, &after));
+            assert_eq!(w.frag_after(m, &n, &u, &p), w.node_frag_by(m, &n, &after));
         }
     }
 

@@ -5,7 +5,7 @@
 //! dropped, nothing ever deleted. After every pod it records the arrived and allocated GPU and
 //! the cluster's fragmentation.
 //!
-//! Placement goes through [`packing::fit`] and [`Scorer::evaluate`]: the code the extender's
+//! Placement goes through [`packing::fit`] and [`Scorer::evaluate_memo`]: the code the extender's
 //! filter, prioritize and bind run.
 
 use std::collections::HashMap;
@@ -263,7 +263,8 @@ pub fn run(
             }
         }
         if let Some((ni, _)) = best
-            && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand)
+            && let Some((p, _)) =
+                scorer.evaluate_memo(&nodes[ni], &usages[ni], demand, &mut memos[ni])
         {
             packing::apply(&mut usages[ni], &p);
             versions[ni] = versions[ni].wrapping_add(1);
