@@ -116,15 +116,16 @@ pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, Stri
         let mut f = opts
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        std::io::Write::write_all(&mut f, text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // `mode` applies only when the file is created: tighten one that was already there.
+        // `mode` applies only when the file is created: tighten one that was already there
+        // before the key goes in.
         #[cfg(unix)]
         if private {
             use std::os::unix::fs::PermissionsExt;
             f.set_permissions(std::fs::Permissions::from_mode(0o600))
                 .map_err(|e| format!("{}: cannot make it private: {e}", path.display()))?;
         }
+        std::io::Write::write_all(&mut f, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(())
     };
     write("ca.crt", &bundle.ca.cert_pem, false)?;

@@ -374,10 +374,11 @@ fn clamp_pool(node: &str, resource: &str, slots: u32, replicas: u32) -> (u32, u3
     if gpus <= MAX_GPUS_PER_NODE && slots <= max_slots {
         return (gpus, slots);
     }
-    let clamped_gpus = gpus.min(MAX_GPUS_PER_NODE);
+    // Units first, then the GPUs they make, so the two always agree.
     let clamped_slots = slots
-        .min(clamped_gpus.saturating_mul(replicas.max(1)))
+        .min(MAX_GPUS_PER_NODE.saturating_mul(replicas.max(1)))
         .min(max_slots);
+    let clamped_gpus = clamped_slots / replicas.max(1);
     tracing::warn!(
         node,
         resource,
@@ -470,6 +471,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!((n.gpus, n.slots), (64, 640));
+        // More replicas per GPU than accounted: the units are capped, and the GPUs are the ones
+        // those units make (3,072 units of 100 replicas: 30 GPUs), never more.
+        let labels = map(&[
+            ("nvidia.com/gpu.replicas", "100"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+        ]);
+        let n = from_parts(
+            "many-replicas",
+            &labels,
+            &map(&[("nvidia.com/gpu", "4000")]),
+            "nvidia.com/gpu",
+        )
+        .unwrap();
+        assert_eq!(
+            (n.gpus, n.slots),
+            (30, MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU)
+        );
         // A replica count that does not fit in u32 is not truncated (2^32 + 4 is not 4).
         let labels = map(&[
             ("nvidia.com/gpu.replicas", "4294967300"),

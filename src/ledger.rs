@@ -79,36 +79,45 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     }))
 }
 
-/// A pod's CPU request in thousandths, as kube-scheduler counts it: the larger of the sum over
-/// its containers and the largest init container, plus the pod overhead. A container without a
-/// CPU request but with a limit requests its limit (the API server's defaulting).
+/// A pod's CPU request in thousandths, as kube-scheduler counts it: see [`pod_request_milli`].
 pub fn pod_cpu_milli(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
+    pod_request_milli(spec, "cpu")
+}
+
+/// A pod's request of `resource` in thousandths of its unit, as kube-scheduler counts it: the
+/// larger of the sum over its containers and the largest init container, plus the pod overhead.
+/// A container without a request but with a limit requests its limit (the API server's
+/// defaulting).
+pub fn pod_request_milli(spec: &k8s_openapi::api::core::v1::PodSpec, resource: &str) -> u64 {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let milli = |q: Option<&Quantity>| {
         q.and_then(|q| inventory::quantity_milli(&q.0))
             .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
     };
-    let cpu = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
+    let request = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
         let r = c.resources.as_ref();
         milli(
             r.and_then(|r| r.requests.as_ref())
-                .and_then(|q| q.get("cpu"))
-                .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|l| l.get("cpu"))),
+                .and_then(|q| q.get(resource))
+                .or_else(|| {
+                    r.and_then(|r| r.limits.as_ref())
+                        .and_then(|l| l.get(resource))
+                }),
         )
     };
     let main = spec
         .containers
         .iter()
-        .map(cpu)
+        .map(request)
         .fold(0u64, u64::saturating_add);
     let init = spec
         .init_containers
         .iter()
         .flatten()
-        .map(cpu)
+        .map(request)
         .max()
         .unwrap_or(0);
-    let overhead = milli(spec.overhead.as_ref().and_then(|o| o.get("cpu")));
+    let overhead = milli(spec.overhead.as_ref().and_then(|o| o.get(resource)));
     main.max(init).saturating_add(overhead)
 }
 

@@ -209,16 +209,11 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
             pod.spec.and_then(|s| s.node_name).is_none(),
             "pod expected unschedulable was bound",
         )?;
-        // The webhook's node affinity turns most nodes away first; the rest carry the
-        // extender's own reasons.
-        let explained = [
-            "affinity",
-            "pod asks",
-            "node has no NVIDIA GPUs",
-            "time-slicing",
-        ]
-        .iter()
-        .any(|r| message.contains(r));
+        // The webhook's node affinity turns most nodes away first (kube-scheduler's words);
+        // the rest must carry the extender's own reasons.
+        let explained = ["pod asks", "node has no NVIDIA GPUs", "time-slicing"]
+            .iter()
+            .any(|r| message.contains(r));
         return ensure(
             message.contains("nodes are available") && explained,
             format!("FailedScheduling without gpu-share's reasons: {message}"),

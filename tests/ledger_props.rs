@@ -106,10 +106,11 @@ proptest! {
                     // A pod not yet held binds exactly when the packing core places it.
                     let expected = live.node_of(&uid).is_none().then(|| {
                         live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand).is_ok())
+                            .expect("node")
                     });
                     let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
                     let got = live.reserve(&scorer, node, pref, demand).is_ok();
-                    if let Some(Some(expected)) = expected {
+                    if let Some(expected) = expected {
                         prop_assert_eq!(got, expected);
                     }
                 }

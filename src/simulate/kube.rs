@@ -6,11 +6,9 @@
 //! GPUs; allocatable CPU and memory are accounted. Nodes without NVIDIA GPUs are skipped.
 //!
 //! Pods: pod manifests (a `List`, a YAML stream or a JSON array) with the `gpu-share`
-//! annotation (as the webhook reads it), or plain `nvidia.com/*` limits; CPU and memory from the
-//! containers' requests; a required node affinity `nvidia.com/gpu.product In [...]` (the
-//! `-SHARED` suffix dropped) restricts the GPU model.
-
-use std::collections::BTreeMap;
+//! annotation (as the webhook reads it), or plain `nvidia.com/*` limits; CPU and memory
+//! requested as kube-scheduler counts them; a required node affinity
+//! `nvidia.com/gpu.product In [...]` (the `-SHARED` suffix dropped) restricts the GPU model.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
@@ -22,11 +20,6 @@ use crate::inventory::{
 use crate::ledger;
 use crate::packing::{Demand, GPU_MILLI, GpuDemand};
 use crate::{documents, request};
-
-/// Milli-CPU and MiB from quantities.
-fn memory_mib(q: &str) -> Option<u64> {
-    inventory::quantity_milli(q).and_then(|m| u64::try_from(m / 1000 / (1 << 20)).ok())
-}
 
 /// Physical GPUs: GFD's `nvidia.com/gpu.count`, else the full GPUs plus the GPUs the MIG
 /// devices fill (by compute share); at most [`MAX_GPUS_PER_NODE`].
@@ -118,19 +111,13 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
         };
         // CPU as kube-scheduler counts it (the extender's demands read the same function).
         let cpu = pod.spec.as_ref().map_or(0, ledger::pod_cpu_milli);
-        let mut mem = 0u64;
-        for c in pod.spec.iter().flat_map(|s| &s.containers) {
-            let req: BTreeMap<_, _> = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.requests.clone())
-                .unwrap_or_default();
-            mem = mem.saturating_add(
-                req.get("memory")
-                    .and_then(|q| memory_mib(&q.0))
-                    .unwrap_or(0),
-            );
-        }
+        // Memory by the same rule, in MiB.
+        let mem = pod
+            .spec
+            .as_ref()
+            .map_or(0, |s| ledger::pod_request_milli(s, "memory"))
+            / 1000
+            / (1 << 20);
         out.push(TracePod {
             name: pod
                 .metadata

@@ -28,15 +28,7 @@ impl TracePod {
 /// Thousandths of GPU a demand asks for in total. A MIG device counts by its compute slices
 /// (`3g.40gb` is 3/7 of a GPU).
 pub fn gpu_request_milli(d: &Demand) -> u64 {
-    match &d.gpu {
-        GpuDemand::None => 0,
-        GpuDemand::Whole { count } => u64::from(*count) * u64::from(GPU_MILLI),
-        GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => u64::from(*milli),
-        GpuDemand::Mig { profile, count } => {
-            u64::from(*count) * u64::from(packing::mig_profile_milli(profile))
-        }
-        GpuDemand::Units { count, .. } => u64::from(*count) * u64::from(GPU_MILLI),
-    }
+    d.gpu.milli()
 }
 
 /// A node's GPU capacity in thousandths: its full GPUs plus its MIG devices by compute share.
