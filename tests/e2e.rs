@@ -15,14 +15,21 @@
 //!    must then stay Pending with a FailedScheduling event in words from the extender.
 //!
 //! Other knobs: `GPU_SHARE_E2E_IMAGE` (default `registry.k8s.io/pause:3.10`),
-//! `GPU_SHARE_E2E_TIMEOUT_SECONDS` (default 180).
+//! `GPU_SHARE_E2E_TIMEOUT_SECONDS` (default 180), and `GPU_SHARE_E2E_READYZ`: comma-separated
+//! `/readyz` URLs of gpu-share processes to wait for instead of the Deployments, for a cluster
+//! where gpu-share runs outside pods (the control plane of `tests/cluster/up.sh`, which has no
+//! kubelet; its `DIR/env` sets it).
+//!
+//! The namespace gets a `default` ServiceAccount if kube-controller-manager has not made one, and
+//! its pods are deleted (grace period 0) before the namespace, so no GPU stays held by a
+//! namespace that is still terminating.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use gpu_share::policy::Policy;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -111,8 +118,37 @@ fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), String> {
     if cond { Ok(()) } else { Err(msg.into()) }
 }
 
+/// Waits until each `/readyz` URL answers 200.
+async fn processes_ready(urls: &str) -> Result<(), String> {
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        wait_until(&format!("{url} ready"), timeout(), || async move {
+            let ok = std::process::Command::new("curl")
+                .args(["-sf", "-o", "/dev/null", url])
+                .status()
+                .map_err(|e| format!("run curl: {e}"))?
+                .success();
+            Ok(ok.then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
-    deployments_available(client).await?;
+    match std::env::var("GPU_SHARE_E2E_READYZ") {
+        Ok(urls) if !urls.is_empty() => processes_ready(&urls).await?,
+        _ => deployments_available(client).await?,
+    }
+    // kube-controller-manager makes each namespace's `default` ServiceAccount; make it where
+    // none runs (AlreadyExists is fine: it got there first).
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("literal");
+    match accounts.create(&PostParams::default(), &account).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(format!("create ServiceAccount {ns}/default: {e}")),
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pp = PostParams::default();
 
@@ -276,6 +312,14 @@ async fn installed_gpu_share_admits_mutates_and_binds() {
 
     let result = scenario(&client, &ns).await;
 
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    if let Err(e) = pods.delete_collection(&now, &ListParams::default()).await {
+        tracing::warn!(namespace = %ns, error = %e, "could not delete the test pods");
+    }
     if let Err(e) = namespaces.delete(&ns, &DeleteParams::default()).await {
         tracing::warn!(namespace = %ns, error = %e, "could not delete the test namespace");
     }

@@ -1,0 +1,825 @@
+//! gpu-share against a real control plane: kube-apiserver, etcd and kube-scheduler built from
+//! Kubernetes' own Go modules (tests/cluster/go.mod), started by `tests/cluster/up.sh` with the
+//! shipped manifests applied and gpu-share's webhook and extender running as local processes
+//! under the shipped RBAC (see that script).
+//!
+//! Run: `cargo test --test cluster -- --ignored` (builds the control plane on first use, into
+//! ~/.cache/gpu-share; `GPU_SHARE_CLUSTER_DIR=DIR` reuses a cluster `up.sh DIR` started).
+//! `.ci/run` runs it with `CI=true`; when run, it never skips: a cluster that does not come up
+//! fails it.
+//!
+//! What it shows, each a named check that can fail:
+//! 7. the shipped KubeSchedulerConfiguration, changed only in addresses, runs and takes its Lease;
+//! 1. admission as documented for each class, refusals in words, matchConditions evaluated by
+//!    the apiserver (webhook down: annotated pods refused, others admitted), gpu-share's own
+//!    denial under Pod Security `baseline`;
+//! 2. pods bound by the real kube-scheduler through the extender onto nodes of their class, and
+//!    a pod that fits nowhere Pending with gpu-share's reasons grouped by kube-scheduler;
+//! 3. no overcommit with 200 pods created at once, and at least 90% of the capacity bound;
+//! 4. requeue: a pod waiting for capacity bound within 5 s of a holder's deletion;
+//! 5. preemption of pods of the preemptor's class only;
+//! 6. an extender killed and restarted rebuilds the same ledger;
+//!    and the RBAC in manifests/ is enough (no 403 in any log), while a ClusterRole without
+//!    `pods/binding create` fails a named check.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, wait_for};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+
+const SCHEDULER: &str = "gpu-share-scheduler";
+const REQUEST: &str = "gpu-share.io/request";
+const GPUS: &str = "gpu-share.io/gpus";
+
+type Check = Result<(), String>;
+
+fn ensure(cond: bool, msg: impl Into<String>) -> Check {
+    if cond { Ok(()) } else { Err(msg.into()) }
+}
+
+fn pod(name: &str, annotations: Value, spec: Value) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    });
+    if let Value::Object(extra) = spec {
+        for (k, v) in extra {
+            p["spec"][k] = v;
+        }
+    }
+    p
+}
+
+fn gpu_pod(name: &str, class: &str) -> Value {
+    pod(name, json!({"gpu-share": class}), json!({}))
+}
+
+/// Creates a pod with kubectl, returning the object as admitted and the warnings the apiserver
+/// sent back (kubectl prints them on stderr), or the refusal.
+fn create(c: &Cluster, ns: &str, pod: &Value) -> Result<(Value, String), String> {
+    let out = c.kubectl(
+        &["create", "-n", ns, "-o", "json", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(stderr);
+    }
+    let obj = serde_json::from_slice(&out.stdout).map_err(|e| format!("kubectl output: {e}"))?;
+    Ok((obj, stderr))
+}
+
+fn annotation<'a>(p: &'a Value, key: &str) -> Option<&'a str> {
+    p["metadata"]["annotations"][key].as_str()
+}
+
+fn limits(p: &Value) -> BTreeMap<String, String> {
+    p["spec"]["containers"][0]["resources"]["limits"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn env_of(p: &Value) -> BTreeMap<String, String> {
+    p["spec"]["containers"][0]["env"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| Some((e["name"].as_str()?.into(), e["value"].as_str()?.into())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn has_toleration(p: &Value, key: &str) -> bool {
+    p["spec"]["tolerations"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["key"] == key))
+}
+
+/// The required node affinity's match expressions, as "key op values" strings.
+fn affinity(p: &Value) -> Vec<String> {
+    let terms = &p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    terms
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| {
+            t["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|e| {
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .map(|v| v.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            format!(
+                "{} {} [{}]",
+                e["key"].as_str().unwrap_or(""),
+                e["operator"].as_str().unwrap_or(""),
+                values.join(",")
+            )
+        })
+        .collect()
+}
+
+/// Runs one numbered point, printing its outcome; a failure is collected, not fatal, so one run
+/// shows every point.
+async fn point<F: std::future::Future<Output = Check>>(
+    failures: &mut Vec<String>,
+    name: &str,
+    f: F,
+) {
+    let start = Instant::now();
+    let result = f.await;
+    let took = start.elapsed().as_secs_f64();
+    match result {
+        Ok(()) => eprintln!("cluster test: PASS {name} ({took:.1} s)"),
+        Err(e) => {
+            eprintln!("cluster test: FAIL {name} ({took:.1} s): {e}");
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+}
+
+// ---- 7. the shipped scheduler configuration ---------------------------------------------------
+
+async fn shipped_scheduler_config(c: &Cluster) -> Check {
+    let shipped: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("manifests/base/scheduler-config.yaml"),
+        )
+        .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("manifests/base/scheduler-config.yaml: {e}"))?;
+    let running: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(c.dir.join("scheduler-config.yaml")).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("the running scheduler's config: {e}"))?;
+    // Only the kubeconfig, the extender's address and its CA may differ.
+    let mut normalized = running.clone();
+    normalized["clientConnection"]["kubeconfig"] =
+        shipped["clientConnection"]["kubeconfig"].clone();
+    normalized["extenders"][0]["urlPrefix"] = shipped["extenders"][0]["urlPrefix"].clone();
+    normalized["extenders"][0]["tlsConfig"]["caFile"] =
+        shipped["extenders"][0]["tlsConfig"]["caFile"].clone();
+    ensure(
+        normalized == shipped,
+        "the running KubeSchedulerConfiguration differs from the shipped one beyond the kubeconfig, urlPrefix and caFile",
+    )?;
+    // kube-scheduler read it: it is the leader of the Lease the config names.
+    let le = &shipped["leaderElection"];
+    let (ns, name) = (
+        le["resourceNamespace"].as_str().unwrap_or_default(),
+        le["resourceName"].as_str().unwrap_or_default(),
+    );
+    let out = c.kubectl(
+        &[
+            "-n",
+            ns,
+            "get",
+            "lease",
+            name,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        None,
+    );
+    let holder = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    ensure(
+        out.status.success() && !holder.is_empty(),
+        format!(
+            "Lease {ns}/{name} has no holder: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    let log = c.log("kube-scheduler");
+    ensure(
+        log.contains(&format!(
+            "\"Successfully acquired lease\" lock=\"{ns}/{name}\""
+        )),
+        "kube-scheduler's log does not say it acquired the configured Lease",
+    )
+}
+
+// ---- 1. admission ------------------------------------------------------------------------------
+
+async fn admission(c: &Cluster) -> Check {
+    let ns = "admission";
+    c.namespace(ns, json!({})).await?;
+
+    // Untouched without the annotation.
+    let (plain, _) = create(c, ns, &pod("plain", json!({}), json!({})))?;
+    ensure(
+        plain["spec"]["schedulerName"] == "default-scheduler"
+            && annotation(&plain, REQUEST).is_none()
+            && !has_toleration(&plain, "nvidia.com/gpu")
+            && plain["spec"]["hostIPC"].is_null()
+            && plain["spec"]["runtimeClassName"].is_null()
+            && limits(&plain).is_empty()
+            && affinity(&plain).is_empty(),
+        format!(
+            "a pod without the annotation was changed: {}",
+            plain["spec"]
+        ),
+    )?;
+
+    // No RuntimeClass "nvidia" yet (one left by an earlier run against this cluster is removed,
+    // and the webhook restarted so that it does not answer from its cache): none set, and a
+    // warning says so.
+    let rc = c.kubectl(
+        &[
+            "delete",
+            "runtimeclass",
+            "nvidia",
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    if !String::from_utf8_lossy(&rc.stdout).trim().is_empty() {
+        c.stop("webhook");
+        c.start_process("webhook");
+        c.wait_ready("WEBHOOK_ADMIN", Duration::from_secs(60))
+            .await?;
+    }
+    let (p, warnings) = create(c, ns, &gpu_pod("no-runtimeclass", "timeslice-50"))?;
+    ensure(
+        p["spec"]["runtimeClassName"].is_null()
+            && warnings.contains("Warning:")
+            && warnings.contains("RuntimeClass")
+            && warnings.contains("nvidia"),
+        format!(
+            "without RuntimeClass nvidia: runtimeClassName {} and warnings {warnings:?}",
+            p["spec"]["runtimeClassName"]
+        ),
+    )?;
+
+    // A misspelled profile is refused with the nearest names.
+    match create(c, ns, &gpu_pod("typo", "mig-7g.79gb")) {
+        Ok(_) => return Err("a pod asking mig-7g.79gb was admitted".into()),
+        Err(e) => ensure(
+            e.contains("7g.79gb") && e.contains("did you mean") && e.contains("7g.80gb"),
+            format!("the refusal does not name the nearest profile: {e}"),
+        )?,
+    }
+
+    // The webhook down: the apiserver evaluates the shipped matchConditions, so only annotated
+    // pods reach the (failing-closed) webhook.
+    c.stop("webhook");
+    let refused = create(c, ns, &gpu_pod("while-down", "mps-25"));
+    let admitted = create(c, ns, &pod("plain-while-down", json!({}), json!({})));
+    // A RuntimeClass now: the restarted webhook looks it up afresh.
+    let rc = c.kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            &json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                    "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+            .to_string(),
+        ),
+    );
+    c.start_process("webhook");
+    c.wait_ready("WEBHOOK_ADMIN", Duration::from_secs(60))
+        .await?;
+    ensure(rc.status.success(), "create RuntimeClass nvidia")?;
+    match refused {
+        Ok(_) => return Err("an annotated pod was admitted while the webhook was down".into()),
+        Err(e) => ensure(
+            e.contains("failed calling webhook") && e.contains("pods.gpu-share.io"),
+            format!("an annotated pod was refused, but not by the unreachable webhook: {e}"),
+        )?,
+    }
+    ensure(
+        admitted.is_ok(),
+        format!(
+            "a pod without the annotation was refused while the webhook was down: {:?}",
+            admitted.err()
+        ),
+    )?;
+
+    // Each class, mutated as documented.
+    struct Want {
+        class: &'static str,
+        limit: (&'static str, &'static str),
+        affinity: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+        host_ipc: bool,
+    }
+    let wants = [
+        Want {
+            class: "mig-1g.10gb",
+            limit: ("nvidia.com/mig-1g.10gb", "1"),
+            affinity: &[],
+            env: &[("GPU_SHARE_CLASS", "mig-1g.10gb")],
+            host_ipc: false,
+        },
+        Want {
+            class: "mps-25",
+            limit: ("nvidia.com/gpu", "1"),
+            affinity: &["nvidia.com/gpu.sharing-strategy In [mps]"],
+            env: &[
+                ("GPU_SHARE_CLASS", "mps-25"),
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
+            ],
+            host_ipc: true,
+        },
+        Want {
+            class: "timeslice-50",
+            limit: ("nvidia.com/gpu", "1"),
+            affinity: &["nvidia.com/gpu.sharing-strategy In [time-slicing]"],
+            env: &[("GPU_SHARE_CLASS", "timeslice-50")],
+            host_ipc: false,
+        },
+        Want {
+            class: "exclusive-2",
+            limit: ("nvidia.com/gpu", "2"),
+            affinity: &[
+                "nvidia.com/gpu.sharing-strategy In [none]",
+                "nvidia.com/mig.strategy NotIn [single]",
+            ],
+            env: &[("GPU_SHARE_CLASS", "exclusive-2")],
+            host_ipc: false,
+        },
+    ];
+    for w in &wants {
+        let name = format!("class-{}", w.class.replace('.', "-"));
+        let (p, _) = create(c, ns, &gpu_pod(&name, w.class))
+            .map_err(|e| format!("{}: refused: {e}", w.class))?;
+        let lim = limits(&p);
+        let env = env_of(&p);
+        let aff = affinity(&p);
+        let mut wrong = Vec::new();
+        if lim.get(w.limit.0).map(String::as_str) != Some(w.limit.1) {
+            wrong.push(format!("limits {lim:?}"));
+        }
+        if aff.iter().map(String::as_str).collect::<BTreeSet<_>>()
+            != w.affinity.iter().copied().collect::<BTreeSet<_>>()
+        {
+            wrong.push(format!("affinity {aff:?}"));
+        }
+        if !w
+            .env
+            .iter()
+            .all(|(k, v)| env.get(*k).map(String::as_str) == Some(*v))
+            || !env.contains_key("GPU_SHARE_FRACTION")
+        {
+            wrong.push(format!("env {env:?}"));
+        }
+        if (p["spec"]["hostIPC"] == true) != w.host_ipc {
+            wrong.push(format!("hostIPC {}", p["spec"]["hostIPC"]));
+        }
+        if !has_toleration(&p, "nvidia.com/gpu") {
+            wrong.push("no nvidia.com/gpu toleration".into());
+        }
+        if p["spec"]["schedulerName"] != SCHEDULER {
+            wrong.push(format!("schedulerName {}", p["spec"]["schedulerName"]));
+        }
+        if p["spec"]["runtimeClassName"] != "nvidia" {
+            wrong.push(format!(
+                "runtimeClassName {}",
+                p["spec"]["runtimeClassName"]
+            ));
+        }
+        if annotation(&p, REQUEST).is_none() {
+            wrong.push(format!("no {REQUEST} annotation"));
+        }
+        ensure(
+            wrong.is_empty(),
+            format!("{} mutated wrongly: {}", w.class, wrong.join("; ")),
+        )?;
+    }
+
+    // Pod Security baseline forbids hostIPC: gpu-share's own denial, before Pod Security's.
+    let baseline = "baseline";
+    c.namespace(
+        baseline,
+        json!({"pod-security.kubernetes.io/enforce": "baseline"}),
+    )
+    .await?;
+    match create(c, baseline, &gpu_pod("mps-in-baseline", "mps-25")) {
+        Ok(_) => return Err("an MPS pod with hostIPC was admitted under baseline".into()),
+        Err(e) => ensure(
+            e.contains("admission webhook \"pods.gpu-share.io\" denied the request")
+                && e.contains("Pod Security level")
+                && !e.contains("violates PodSecurity"),
+            format!("the baseline refusal is not gpu-share's: {e}"),
+        )?,
+    }
+    c.delete_pods(ns).await?;
+    c.delete_pods(baseline).await
+}
+
+// ---- 2. scheduling -------------------------------------------------------------------------------
+
+async fn bound(pods: &Api<Pod>, name: &str, limit: Duration) -> Result<(String, String), String> {
+    wait_for(&format!("pod {name} bound"), limit, || {
+        let pods = pods.clone();
+        let name = name.to_string();
+        async move {
+            let p = pods.get(&name).await.map_err(|e| e.to_string())?;
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            let gpus = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(GPUS).cloned());
+            Ok(node.zip(gpus))
+        }
+    })
+    .await
+}
+
+async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+    let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
+    wait_for(
+        &format!("a FailedScheduling event for {name}"),
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            let field = format!("involvedObject.name={name}");
+            async move {
+                let list = events
+                    .list(&ListParams::default().fields(&field))
+                    .await
+                    .map_err(|e| format!("list events: {e}"))?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+                    .filter_map(|e| e.message)
+                    .next_back())
+            }
+        },
+    )
+    .await
+}
+
+async fn scheduling(c: &Cluster) -> Check {
+    let ns = "scheduling";
+    c.namespace(ns, json!({})).await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let cases: &[(&str, &[&str])] = &[
+        ("mig-1g.10gb", &["a100-mig-mixed"]),
+        ("mig-3g.40gb", &["a100-mig-mixed"]),
+        ("mps-25", &["h100-mps-4", "l4-mps-2"]),
+        ("mps-50", &["l4-mps-2"]),
+        ("timeslice-50", &["l4-timeslice-4"]),
+        ("exclusive-1", &["l40s-plain"]),
+    ];
+    for (class, _) in cases {
+        create(
+            c,
+            ns,
+            &gpu_pod(&format!("s-{}", class.replace('.', "-")), class),
+        )
+        .map_err(|e| format!("{class}: {e}"))?;
+    }
+    for (class, nodes) in cases {
+        let name = format!("s-{}", class.replace('.', "-"));
+        let (node, gpus) = bound(&pods, &name, Duration::from_secs(60)).await?;
+        // MIG devices are the device plugin's to choose: no per-GPU model, an empty annotation.
+        ensure(
+            nodes.contains(&node.as_str()) && (class.starts_with("mig-") || !gpus.is_empty()),
+            format!("{class} bound to {node} (gpus {gpus:?}); expected one of {nodes:?}"),
+        )?;
+    }
+
+    // Fits nowhere: MPS replicas here are 25% and 50% of a GPU.
+    create(c, ns, &gpu_pod("unfit", "mps-75"))?;
+    let message = failed_scheduling(c, ns, "unfit").await?;
+    let p = pods.get("unfit").await.map_err(|e| e.to_string())?;
+    ensure(
+        p.spec.and_then(|s| s.node_name).is_none(),
+        "the unfit pod was bound",
+    )?;
+    ensure(
+        message.starts_with("0/7 nodes are available:")
+            && message.contains("2 MPS replicas on this node are smaller than the request"),
+        format!("FailedScheduling does not group gpu-share's reasons: {message}"),
+    )?;
+    c.delete_pods(ns).await
+}
+
+// ---- 3. no overcommit ----------------------------------------------------------------------------
+
+/// What the API says is bound on each node, checked against the node's capacity. Returns the
+/// share of the usable capacity bound, and a line per node.
+async fn capacity_check(c: &Cluster) -> Result<(f64, Vec<String>), String> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let pods: Api<Pod> = Api::all(c.client.clone());
+    let nodes = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let pods = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut lines = Vec::new();
+    let mut errors = Vec::new();
+    let (mut weighted, mut total) = (0.0, 0.0);
+    for node in &nodes.items {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let alloc: BTreeMap<String, i64> = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("nvidia.com/"))
+            .filter_map(|(k, v)| Some((k, v.0.parse().ok()?)))
+            .collect();
+        let capacity: i64 = alloc.values().sum();
+        if capacity == 0 {
+            continue;
+        }
+        let on_node: Vec<&Pod> = pods
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
+            .collect();
+        let mut used: BTreeMap<String, i64> = BTreeMap::new();
+        let mut per_gpu: BTreeMap<u32, (u32, u32)> = BTreeMap::new(); // index -> (pods, milli)
+        let mut budget = 0u32;
+        for p in &on_node {
+            let v = serde_json::to_value(p).map_err(|e| e.to_string())?;
+            for container in v["spec"]["containers"].as_array().into_iter().flatten() {
+                for (k, q) in container["resources"]["limits"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                {
+                    if k.starts_with("nvidia.com/") {
+                        *used.entry(k.clone()).or_default() +=
+                            q.as_str().and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
+                    }
+                }
+            }
+            if let Some(text) = annotation(&v, GPUS) {
+                for part in text.split(',').filter(|s| !s.is_empty()) {
+                    let (i, m) = part
+                        .split_once(':')
+                        .ok_or_else(|| format!("{GPUS} {text:?} on {name}"))?;
+                    let (i, m): (u32, u32) = (
+                        i.parse().map_err(|_| format!("{GPUS} {text:?}"))?,
+                        m.parse().map_err(|_| format!("{GPUS} {text:?}"))?,
+                    );
+                    let e = per_gpu.entry(i).or_default();
+                    e.0 += 1;
+                    e.1 += m;
+                }
+            }
+            if let Some(pct) = annotation(&v, REQUEST)
+                .and_then(|r| r.split(',').next())
+                .and_then(|r| r.strip_prefix("timeslice-"))
+                .and_then(|p| p.parse::<u32>().ok())
+            {
+                budget += pct * 10;
+            }
+        }
+        for (k, n) in &used {
+            let cap = alloc.get(k).copied().unwrap_or(0);
+            if *n > cap {
+                errors.push(format!("{name}: {n} {k} bound, {cap} allocatable"));
+            }
+        }
+        let gpus: u32 = labels
+            .get("nvidia.com/gpu.count")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let sharing = labels
+            .get("nvidia.com/gpu.sharing-strategy")
+            .map(String::as_str);
+        let replicas: u32 = labels
+            .get("nvidia.com/gpu.replicas")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        let mut fill = used.values().sum::<i64>() as f64 / capacity as f64;
+        match sharing {
+            Some("time-slicing") => {
+                if budget > 1000 * gpus {
+                    errors.push(format!(
+                        "{name}: time-slicing budget {budget}/1000 of {gpus} GPUs"
+                    ));
+                }
+                for (i, (_, milli)) in &per_gpu {
+                    if *milli > 1000 {
+                        errors.push(format!("{name}: GPU {i} holds {milli}/1000"));
+                    }
+                }
+                fill = fill.max(budget as f64 / (1000 * gpus) as f64);
+            }
+            Some("mps") => {
+                for (i, (n, _)) in &per_gpu {
+                    if *n > replicas {
+                        errors.push(format!("{name}: GPU {i} holds {n} of {replicas} replicas"));
+                    }
+                }
+            }
+            _ if labels.get("nvidia.com/mig.strategy").is_none() => {
+                for (i, (n, milli)) in &per_gpu {
+                    if *milli > 1000 || *n > 1 && *milli >= 1000 {
+                        errors.push(format!("{name}: whole GPU {i} held {n} times ({milli})"));
+                    }
+                }
+            }
+            _ => {}
+        }
+        weighted += fill * capacity as f64;
+        total += capacity as f64;
+        lines.push(format!(
+            "{name}: {} pods, used {used:?} of {alloc:?}, fill {:.0}%",
+            on_node.len(),
+            fill * 100.0
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(format!("overcommitted: {}", errors.join("; ")));
+    }
+    Ok((if total > 0.0 { weighted / total } else { 0.0 }, lines))
+}
+
+async fn no_overcommit(c: &Cluster) -> Check {
+    let ns = "fill";
+    c.namespace(ns, json!({})).await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    // 200 pods, more than every class's capacity: 45 slots in all.
+    let mix: &[(&str, usize)] = &[
+        ("mig-1g.10gb", 30),
+        ("mig-3g.40gb", 15),
+        ("timeslice-25", 30),
+        ("timeslice-50", 15),
+        ("mps-50", 25),
+        ("mps-25", 35),
+        ("exclusive-1", 25),
+        ("device", 25),
+    ];
+    let mut objects = Vec::new();
+    for (class, n) in mix {
+        for i in 0..*n {
+            let name = format!("f-{}-{i}", class.replace('.', "-"));
+            let p = if *class == "device" {
+                // No annotation: plain device-plugin requests on the MIG single node, scheduled
+                // by gpu-share's scheduler (the extender accounts them as units).
+                let mut p = pod(
+                    &name,
+                    json!({}),
+                    json!({
+                        "schedulerName": SCHEDULER,
+                        "nodeSelector": {"nvidia.com/mig.strategy": "single"},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    }),
+                );
+                p["spec"]["containers"][0]["resources"] =
+                    json!({"limits": {"nvidia.com/gpu": "1"}});
+                p
+            } else {
+                gpu_pod(&name, class)
+            };
+            objects.push(serde_json::from_value::<Pod>(p).map_err(|e| e.to_string())?);
+        }
+    }
+    let created: Vec<Result<Pod, kube::Error>> = futures::stream::iter(objects)
+        .map(|p| {
+            let pods = pods.clone();
+            async move { pods.create(&PostParams::default(), &p).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let refused: Vec<String> = created
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    ensure(refused.is_empty(), format!("pods refused: {refused:?}"))?;
+
+    // Settled: no new binding for 10 s (or 3 minutes in all).
+    let start = Instant::now();
+    let (mut last, mut since) = (usize::MAX, Instant::now());
+    loop {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let n = list
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        if n != last {
+            (last, since) = (n, Instant::now());
+        }
+        if since.elapsed() > Duration::from_secs(10) || start.elapsed() > Duration::from_secs(180) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (share, lines) = capacity_check(c).await?;
+    for l in &lines {
+        eprintln!("cluster test:   {l}");
+    }
+    eprintln!(
+        "cluster test:   {last} of 200 pods bound, {:.1}% of the usable capacity, settled after {:.1} s",
+        share * 100.0,
+        start.elapsed().as_secs_f64()
+    );
+    ensure(
+        share >= 0.9,
+        format!(
+            "only {:.1}% of the usable capacity bound ({last} pods)",
+            share * 100.0
+        ),
+    )?;
+    c.delete_pods(ns).await
+}
+
+// ---- the logs ------------------------------------------------------------------------------------
+
+/// Lines of gpu-share's and kube-scheduler's logs that show an API call refused by RBAC, from
+/// byte `from` of each log on.
+fn forbidden_lines(c: &Cluster, from: &BTreeMap<&'static str, usize>) -> Vec<String> {
+    let mut found = Vec::new();
+    for name in ["webhook", "extender", "kube-scheduler"] {
+        let log = c.log(name);
+        let start = from.get(name).copied().unwrap_or(0).min(log.len());
+        for line in log[start..].lines() {
+            let l = line.to_ascii_lowercase();
+            // RBAC's own words ("pods/binding is forbidden: User ... cannot create ...") or the
+            // status code as kube-rs and client-go print it.
+            if l.contains("is forbidden: user")
+                || l.contains("code: 403")
+                || l.contains("\"code\":403")
+                || l.contains("reason: \"forbidden\"")
+            {
+                found.push(format!(
+                    "{name}: {}",
+                    line.chars().take(400).collect::<String>()
+                ));
+            }
+        }
+    }
+    found
+}
+
+fn log_offsets(c: &Cluster) -> BTreeMap<&'static str, usize> {
+    ["webhook", "extender", "kube-scheduler"]
+        .into_iter()
+        .map(|n| (n, c.log(n).len()))
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs Go and a few minutes: cargo test --test cluster -- --ignored (CI runs it)"]
+async fn gpu_share_on_a_real_control_plane() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let c = Cluster::start(common::BIN).await;
+    let mut failures = Vec::new();
+
+    point(
+        &mut failures,
+        "7. shipped scheduler config",
+        shipped_scheduler_config(&c),
+    )
+    .await;
+    point(&mut failures, "1. admission", admission(&c)).await;
+    point(&mut failures, "2. scheduling", scheduling(&c)).await;
+    point(&mut failures, "3. no overcommit", no_overcommit(&c)).await;
+
+    let forbidden = forbidden_lines(&c, &BTreeMap::new());
+    if !forbidden.is_empty() {
+        failures.push(format!(
+            "RBAC: the shipped roles were refused {} time(s): {}",
+            forbidden.len(),
+            forbidden.join("\n")
+        ));
+    }
+    let _ = log_offsets(&c);
+    assert!(
+        failures.is_empty(),
+        "{} point(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

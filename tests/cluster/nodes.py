@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Registers Node objects as a kubelet would, in the cluster tests/cluster/up.sh started.
+
+Usage: nodes.py DIR FILE   (FILE: a NodeList, a List or a YAML stream of Nodes, with labels and
+                            status.capacity / allocatable as the device plugin advertises them)
+
+For each node: create it (the apiserver's TaintNodesByCondition plugin adds the
+node.kubernetes.io/not-ready taint to a new node), write its status with a Ready condition, and
+remove that taint, which kube-controller-manager's node-lifecycle controller would do once the
+kubelet reports Ready. The admin client certificate of DIR/kubeconfig is used. Creates run on a
+pool of threads, so 5,000 nodes take seconds, not minutes.
+"""
+import concurrent.futures
+import datetime
+import json
+import ssl
+import sys
+import urllib.request
+
+import yaml
+
+NOT_READY = "node.kubernetes.io/not-ready"
+
+
+def load_nodes(path):
+    nodes = []
+    for doc in yaml.safe_load_all(open(path)):
+        if not doc:
+            continue
+        if doc.get("kind") in ("NodeList", "List"):
+            nodes.extend(doc.get("items") or [])
+        else:
+            nodes.append(doc)
+    for n in nodes:
+        if n.get("kind", "Node") != "Node":
+            raise SystemExit(f"{path}: not a Node: {n.get('kind')}")
+    return nodes
+
+
+class Api:
+    def __init__(self, kubeconfig):
+        cfg = yaml.safe_load(open(kubeconfig))
+        cluster = cfg["clusters"][0]["cluster"]
+        user = cfg["users"][0]["user"]
+        self.server = cluster["server"]
+        ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.ctx = ctx
+
+    def call(self, method, path, body=None, content_type="application/json"):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Content-Type", content_type)
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
+
+
+def register(api, node):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = node["metadata"]["name"]
+    status = dict(node.get("status") or {})
+    status["conditions"] = [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady",
+         "message": "registered by tests/cluster/nodes.py", "lastHeartbeatTime": now, "lastTransitionTime": now},
+    ]
+    status.setdefault("nodeInfo", {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.37.2"})
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"], "spec": node.get("spec") or {},
+            "status": status}
+    api.call("POST", "/api/v1/nodes", body)
+    api.call("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, "application/merge-patch+json")
+    got = api.call("GET", f"/api/v1/nodes/{name}")
+    taints = got.get("spec", {}).get("taints") or []
+    kept = [t for t in taints if t.get("key") != NOT_READY]
+    if len(kept) != len(taints):
+        api.call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
+                 "application/merge-patch+json")
+    return name
+
+
+def main():
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    directory, path = sys.argv[1:]
+    api = Api(f"{directory}/kubeconfig")
+    nodes = load_nodes(path)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        for _ in pool.map(lambda n: register(api, n), nodes):
+            pass
+    print(f"nodes.py: registered {len(nodes)} node(s) from {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# Starts a real Kubernetes control plane on 127.0.0.1 with gpu-share wired in, and returns once
+# everything is ready:
+#   - etcd, kube-apiserver (RBAC, throwaway certificates and service-account keys, every default
+#     admission plugin) and kube-scheduler with the shipped KubeSchedulerConfiguration;
+#   - the shipped manifests (overlays/self-signed, with certificates from `gpu-share certs`)
+#     applied, Deployments included (without a kubelet they create no pods);
+#   - `gpu-share serve --role webhook` and `--role extender` as local processes with the
+#     Deployments' own arguments, each under a TokenRequest token of its own ServiceAccount;
+#   - the GPU and CPU nodes of tests/cluster/nodes.yaml (or $GPU_SHARE_CLUSTER_NODES; "none" for
+#     none), Ready and untainted by the not-ready taint a kubelet's node controller would remove.
+# No kube-controller-manager runs: a namespace's `default` ServiceAccount is created by whoever
+# creates the namespace (the tests do), and deleted namespaces stay Terminating.
+#
+# Usage: tests/cluster/up.sh DIR      then   export KUBECONFIG=DIR/kubeconfig
+#        tests/cluster/down.sh DIR    stops everything this started, by PID
+# DIR/env holds the addresses, ports and paths (KEY=VALUE lines); DIR/logs/ every log;
+# DIR/start/NAME.sh starts one gpu-share or scheduler process again (the tests restart them).
+# Environment: GPU_SHARE_BIN (a built gpu-share; default: cargo build), GPU_SHARE_CLUSTER_NODES,
+# GPU_SHARE_CACHE (the control plane's build cache, default ~/.cache/gpu-share).
+set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 DIR" >&2
+  exit 2
+fi
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+mkdir -p "$1"
+dir="$(cd "$1" && pwd)"
+if [[ -e $dir/pids ]] && ls "$dir"/pids/*.pid >/dev/null 2>&1; then
+  echo "up.sh: $dir already holds a running cluster (run tests/cluster/down.sh $dir first)" >&2
+  exit 1
+fi
+mkdir -p "$dir"/{pids,logs,start,pki,kubeconfigs,policy}
+started=$SECONDS
+say() { echo "up.sh [$((SECONDS - started))s] $*" >&2; }
+fail() {
+  echo "up.sh: $*" >&2
+  for f in "$dir"/logs/*.log; do
+    [[ -s $f ]] || continue
+    echo "---- last lines of $f" >&2
+    tail -n 15 "$f" >&2
+  done
+  exit 1
+}
+
+# ---- binaries ----------------------------------------------------------------------------------
+bin="$("$here/build.sh")"
+kubectl="$bin/kubectl"
+if [[ -z ${GPU_SHARE_BIN:-} ]]; then
+  say "cargo build --bin gpu-share"
+  (cd "$repo" && cargo build --locked --quiet --bin gpu-share)
+  GPU_SHARE_BIN="$repo/target/debug/gpu-share"
+fi
+[[ -x $GPU_SHARE_BIN ]] || fail "GPU_SHARE_BIN=$GPU_SHARE_BIN is not an executable"
+
+# ---- free ports on loopback --------------------------------------------------------------------
+read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin < <(
+  python3 - <<'EOF'
+import socket
+socks = [socket.socket() for _ in range(8)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+)
+
+# ---- certificates and keys ---------------------------------------------------------------------
+pki="$dir/pki"
+say "certificates"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=gpu-share-test-cluster-ca" \
+  -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+issue() { # name subject san-or-empty extendedKeyUsage
+  local name="$1" subject="$2" san="$3" eku="$4"
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n $san ]] && echo "subjectAltName=$san"
+  } >"$pki/$name.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "$subject" -keyout "$pki/$name.key" -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 2 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
+}
+issue apiserver "/CN=kube-apiserver" \
+  "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
+issue admin "/O=system:masters/CN=gpu-share-test-admin" "" clientAuth
+openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+# gpu-share's own: the CA and serving certificate a user makes with `gpu-share certs`.
+"$GPU_SHARE_BIN" certs --namespace gpu-share --service gpu-share --out "$dir/gpu-share-certs" --days 2 \
+  >"$dir/logs/gpu-share-certs.out"
+
+# ---- process helpers ---------------------------------------------------------------------------
+# Each process gets DIR/start/NAME.sh, which starts it detached with its log in DIR/logs/NAME.log
+# and its PID in DIR/pids/NAME.pid; down.sh kills those PIDs.
+launcher() { # name command...
+  local name="$1"
+  shift
+  {
+    echo "#!/usr/bin/env bash"
+    echo "# Starts $name detached (written by tests/cluster/up.sh)."
+    printf 'cd %q\n' "$dir"
+    [[ -n ${launch_env:-} ]] && echo "export $launch_env"
+    printf 'setsid'
+    printf ' %q' "$@"
+    printf ' >>%q 2>&1 </dev/null &\n' "$dir/logs/$name.log"
+    printf 'echo $! >%q\n' "$dir/pids/$name.pid"
+  } >"$dir/start/$name.sh"
+  chmod +x "$dir/start/$name.sh"
+  "$dir/start/$name.sh"
+}
+wait_for() { # what seconds command...
+  local what="$1" limit="$2"
+  shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || fail "$what not ready after ${limit}s"
+    sleep 0.3
+  done
+}
+
+# ---- etcd ----------------------------------------------------------------------------------------
+say "etcd on 127.0.0.1:$etcd_port"
+launch_env="" launcher etcd "$bin/etcd" --name gpu-share-test --data-dir "$dir/etcd-data" \
+  --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-cluster "gpu-share-test=http://127.0.0.1:$etcd_peer_port" \
+  --quota-backend-bytes 4294967296 --unsafe-no-fsync --log-level warn
+wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_port/health"
+
+# ---- kube-apiserver ------------------------------------------------------------------------------
+say "kube-apiserver on 127.0.0.1:$api_port"
+launch_env="" launcher kube-apiserver "$bin/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$etcd_port" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/ca.crt" \
+  --authorization-mode Node,RBAC \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-cluster-ip-range 10.96.0.0/16 \
+  --endpoint-reconciler-type none \
+  --profiling=false --v 1
+
+admin_kubeconfig() { # file user-stanza-lines...
+  local file="$1"
+  shift
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: gpu-share-test
+    cluster:
+      server: https://127.0.0.1:$api_port
+      certificate-authority: $pki/ca.crt
+contexts:
+  - name: gpu-share-test
+    context: {cluster: gpu-share-test, user: user}
+current-context: gpu-share-test
+users:
+  - name: user
+    user:
+$(printf '      %s\n' "$@")
+EOF
+  chmod 600 "$file"
+}
+admin_kubeconfig "$dir/kubeconfig" "client-certificate: $pki/admin.crt" "client-key: $pki/admin.key"
+export KUBECONFIG="$dir/kubeconfig"
+wait_for kube-apiserver 120 "$kubectl" get --raw /readyz
+say "kube-apiserver ready"
+
+# ---- the manifests, as shipped -------------------------------------------------------------------
+# The self-signed overlay reads its certificates from its own certs/ directory: render a copy.
+rm -rf "$dir/manifests"
+cp -r "$repo/manifests" "$dir/manifests"
+mkdir -p "$dir/manifests/overlays/self-signed/certs"
+cp "$dir/gpu-share-certs"/{ca.crt,tls.crt,tls.key} "$dir/manifests/overlays/self-signed/certs/"
+"$kubectl" kustomize "$dir/manifests/overlays/self-signed" >"$dir/rendered.yaml"
+# The one change: the webhook calls the local process by URL, trusting the test CA (the
+# self-signed overlay already set caBundle to it).
+python3 - "$dir/rendered.yaml" "$dir/applied.yaml" "https://127.0.0.1:$webhook_port/mutate" <<'EOF'
+import sys, yaml
+src, dst, url = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(open(src)) if d]
+for d in docs:
+    if d["kind"] == "MutatingWebhookConfiguration":
+        for hook in d["webhooks"]:
+            cc = hook["clientConfig"]
+            cc.pop("service", None)
+            cc["url"] = url
+yaml.safe_dump_all(docs, open(dst, "w"), sort_keys=False)
+EOF
+say "kubectl apply (the self-signed overlay)"
+"$kubectl" apply -f "$dir/applied.yaml" >"$dir/logs/apply.out" 2>"$dir/logs/apply.err" ||
+  fail "kubectl apply of the manifests failed: $(cat "$dir/logs/apply.err")"
+
+# ---- gpu-share's processes under their own ServiceAccounts -------------------------------------
+token_kubeconfig() { # serviceaccount file
+  local token
+  token="$("$kubectl" -n gpu-share create token "$1" --duration 48h)"
+  admin_kubeconfig "$2" "token: $token"
+}
+token_kubeconfig gpu-share-webhook "$dir/kubeconfigs/webhook"
+token_kubeconfig gpu-share-scheduler "$dir/kubeconfigs/scheduler"
+
+# What the pods mount, as files: the Secret gpu-share-tls and the policy ConfigMap.
+mkdir -p "$dir/tls"
+for key in tls.crt tls.key ca.crt; do
+  "$kubectl" -n gpu-share get secret gpu-share-tls -o "jsonpath={.data.${key//./\\.}}" | base64 -d >"$dir/tls/$key"
+done
+chmod 600 "$dir/tls/tls.key"
+"$kubectl" -n gpu-share get configmap gpu-share-policy -o 'jsonpath={.data.policy\.yaml}' >"$dir/policy/policy.yaml"
+
+# A container's args from the applied Deployment, with the mount paths and listen addresses of
+# this machine: the ones the Deployment runs with, no others.
+deployment_args() { # deployment container listen admin-listen
+  "$kubectl" -n gpu-share get deployment "$1" -o json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+name, listen, admin, root = sys.argv[1:]
+c = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+args = list(c["args"])
+def put(flag, value):
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args.extend([flag, value])
+put("--listen", listen)
+put("--admin-listen", admin)
+print("\n".join(a.replace("/etc/gpu-share/", root + "/") for a in args))
+' "$2" "$3" "$4" "$dir"
+}
+mapfile -t webhook_args < <(deployment_args gpu-share-webhook webhook "127.0.0.1:$webhook_port" "127.0.0.1:$webhook_admin")
+mapfile -t extender_args < <(deployment_args gpu-share-scheduler extender "127.0.0.1:$extender_port" "127.0.0.1:$extender_admin")
+[[ ${webhook_args[0]:-} == serve && ${extender_args[0]:-} == serve ]] || fail "unexpected Deployment args"
+
+say "gpu-share webhook on 127.0.0.1:$webhook_port, extender on 127.0.0.1:$extender_port"
+launch_env="KUBECONFIG=$dir/kubeconfigs/webhook" launcher webhook "$GPU_SHARE_BIN" "${webhook_args[@]}"
+launch_env="KUBECONFIG=$dir/kubeconfigs/scheduler" launcher extender "$GPU_SHARE_BIN" "${extender_args[@]}"
+
+# ---- kube-scheduler with the shipped configuration -----------------------------------------------
+# Changed: the kubeconfig, the extender's address and its CA file. Nothing else.
+"$kubectl" -n gpu-share get configmap -l app.kubernetes.io/component=scheduler -o json | python3 -c '
+import json, sys, yaml
+items = json.load(sys.stdin)["items"]
+cms = [c for c in items if "scheduler-config.yaml" in c.get("data", {})]
+assert len(cms) == 1, f"expected one scheduler ConfigMap, found {len(cms)}"
+cfg = yaml.safe_load(cms[0]["data"]["scheduler-config.yaml"])
+kubeconfig, url, ca, out = sys.argv[1:]
+cfg["clientConnection"]["kubeconfig"] = kubeconfig
+assert len(cfg["extenders"]) == 1
+cfg["extenders"][0]["urlPrefix"] = url
+cfg["extenders"][0]["tlsConfig"]["caFile"] = ca
+yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
+' "$dir/kubeconfigs/scheduler" "https://127.0.0.1:$extender_port/scheduler" "$dir/tls/ca.crt" "$dir/scheduler-config.yaml"
+
+say "kube-scheduler on 127.0.0.1:$sched_port"
+launch_env="" launcher kube-scheduler "$bin/kube-scheduler" --config "$dir/scheduler-config.yaml" \
+  --bind-address 127.0.0.1 --secure-port "$sched_port" \
+  --authentication-kubeconfig "$dir/kubeconfigs/scheduler" \
+  --authorization-kubeconfig "$dir/kubeconfigs/scheduler" \
+  --v 2
+
+# ---- nodes ---------------------------------------------------------------------------------------
+nodes="${GPU_SHARE_CLUSTER_NODES:-$here/nodes.yaml}"
+if [[ $nodes != none ]]; then
+  say "nodes from $nodes"
+  python3 "$here/nodes.py" "$dir" "$nodes"
+fi
+
+# ---- ready ---------------------------------------------------------------------------------------
+wait_for "gpu-share webhook /readyz" 120 curl -sf "http://127.0.0.1:$webhook_admin/readyz"
+wait_for "gpu-share extender /readyz" 120 curl -sf "http://127.0.0.1:$extender_admin/readyz"
+wait_for "kube-scheduler /healthz" 120 curl -sfk "https://127.0.0.1:$sched_port/healthz"
+holder() { "$kubectl" -n gpu-share get lease gpu-share-scheduler -o 'jsonpath={.spec.holderIdentity}'; }
+lease_wait=$SECONDS
+until [[ -n $(holder 2>/dev/null) ]]; do
+  ((SECONDS - lease_wait < 60)) || fail "kube-scheduler did not take Lease gpu-share/gpu-share-scheduler within 60 s"
+  sleep 0.3
+done
+
+cat >"$dir/env" <<EOF
+GPU_SHARE_CLUSTER_DIR=$dir
+KUBECONFIG=$dir/kubeconfig
+KUBECTL=$kubectl
+CONTROL_PLANE_BIN=$bin
+GPU_SHARE_BIN=$GPU_SHARE_BIN
+API_SERVER=https://127.0.0.1:$api_port
+ETCD=http://127.0.0.1:$etcd_port
+SCHEDULER=https://127.0.0.1:$sched_port
+WEBHOOK=https://127.0.0.1:$webhook_port
+WEBHOOK_ADMIN=http://127.0.0.1:$webhook_admin
+EXTENDER=https://127.0.0.1:$extender_port
+EXTENDER_ADMIN=http://127.0.0.1:$extender_admin
+GPU_SHARE_CA=$dir/tls/ca.crt
+GPU_SHARE_E2E_READYZ=http://127.0.0.1:$webhook_admin/readyz,http://127.0.0.1:$extender_admin/readyz
+EOF
+say "ready: export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"

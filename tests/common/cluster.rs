@@ -1,0 +1,315 @@
+//! The control plane of `tests/cluster/up.sh` from a test: start it (or reuse one a caller
+//! started), talk to it with kube-rs and its own kubectl, stop and restart gpu-share's
+//! processes, read their logs, and stop it again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+
+/// A running cluster of `tests/cluster/up.sh`.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub client: kube::Client,
+    /// Started here (and so stopped on drop), as opposed to handed in by GPU_SHARE_CLUSTER_DIR.
+    owned: bool,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read_env(dir: &Path) -> Option<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(dir.join("env")).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+impl Cluster {
+    /// The cluster in `$GPU_SHARE_CLUSTER_DIR` when that names one up.sh started; otherwise a new
+    /// one in a temporary directory, started with this test build's gpu-share binary.
+    pub async fn start(bin: &str) -> Cluster {
+        let (dir, owned, tmp) = match std::env::var("GPU_SHARE_CLUSTER_DIR") {
+            Ok(d) if !d.is_empty() => (PathBuf::from(d), false, None),
+            _ => {
+                let tmp = tempfile::Builder::new()
+                    .prefix("gpu-share-cluster-")
+                    .tempdir()
+                    .expect("a temporary directory");
+                let dir = tmp.path().to_path_buf();
+                let status = Command::new("bash")
+                    .arg(repo().join("tests/cluster/up.sh"))
+                    .arg(&dir)
+                    .env("GPU_SHARE_BIN", bin)
+                    .status()
+                    .expect("run tests/cluster/up.sh");
+                if !status.success() {
+                    let _ = Command::new("bash")
+                        .arg(repo().join("tests/cluster/down.sh"))
+                        .arg(&dir)
+                        .status();
+                    panic!(
+                        "tests/cluster/up.sh {} failed ({status}); its output is above",
+                        dir.display()
+                    );
+                }
+                (dir, true, Some(tmp))
+            }
+        };
+        let env = read_env(&dir).unwrap_or_else(|| {
+            panic!(
+                "{}/env is missing: is it a directory tests/cluster/up.sh started?",
+                dir.display()
+            )
+        });
+        let kubeconfig = Kubeconfig::read_from(dir.join("kubeconfig")).expect("DIR/kubeconfig");
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .expect("a client config from DIR/kubeconfig");
+        let client = kube::Client::try_from(config).expect("a client");
+        Cluster {
+            dir,
+            env,
+            client,
+            owned,
+            _tmp: tmp,
+        }
+    }
+
+    pub fn var(&self, key: &str) -> &str {
+        self.env
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} missing from {}/env", self.dir.display()))
+    }
+
+    /// Runs the cluster's own kubectl (the installed one is outside the version skew) with
+    /// `stdin` as input.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(self.var("KUBECTL"));
+        cmd.args(args)
+            .env("KUBECONFIG", self.var("KUBECONFIG"))
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("run kubectl");
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .expect("write kubectl's stdin");
+        }
+        child.wait_with_output().expect("kubectl's output")
+    }
+
+    /// A namespace with the objects kube-controller-manager would add (its `default`
+    /// ServiceAccount; no controller-manager runs here). One left by an earlier run against the
+    /// same cluster is reused, with these labels and without its pods.
+    pub async fn namespace(&self, name: &str, labels: Value) -> Result<(), String> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .map_err(|e| e.to_string())?;
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                namespaces
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": labels}})),
+                    )
+                    .await
+                    .map_err(|e| format!("label namespace {name}: {e}"))?;
+                self.delete_pods(name).await?;
+            }
+            Err(e) => return Err(format!("create namespace {name}: {e}")),
+        }
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), name);
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))
+            .map_err(|e| e.to_string())?;
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(format!("create ServiceAccount {name}/default: {e}")),
+        }
+    }
+
+    /// Deletes every pod of a namespace at once (grace period 0, as no kubelet confirms) and
+    /// waits until they are gone. Namespaces themselves are never deleted: with no
+    /// kube-controller-manager a deleted namespace stays Terminating and its pods keep their GPUs.
+    pub async fn delete_pods(&self, ns: &str) -> Result<(), String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        pods.delete_collection(&dp, &ListParams::default())
+            .await
+            .map_err(|e| format!("delete pods in {ns}: {e}"))?;
+        wait_for(
+            &format!("pods of {ns} gone"),
+            Duration::from_secs(30),
+            || {
+                let pods = pods.clone();
+                async move {
+                    let n = pods
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .items
+                        .len();
+                    Ok((n == 0).then_some(()))
+                }
+            },
+        )
+        .await
+    }
+
+    fn pid_file(&self, name: &str) -> PathBuf {
+        self.dir.join("pids").join(format!("{name}.pid"))
+    }
+
+    /// Stops one process up.sh started (webhook, extender, kube-scheduler) and waits for it to exit.
+    pub fn stop(&self, name: &str) {
+        let path = self.pid_file(name);
+        let Ok(pid) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let pid = pid.trim().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let start = Instant::now();
+        while Command::new("kill")
+            .args(["-0", &pid])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            if start.elapsed() > Duration::from_secs(40) {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Kills a process at once (SIGKILL: no drain, as a crash or an OOM kill).
+    pub fn kill(&self, name: &str) {
+        let path = self.pid_file(name);
+        if let Ok(pid) = std::fs::read_to_string(&path) {
+            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Starts a process again with the command line up.sh gave it.
+    pub fn start_process(&self, name: &str) {
+        let status = Command::new("bash")
+            .arg(self.dir.join("start").join(format!("{name}.sh")))
+            .status()
+            .expect("run the start script");
+        assert!(status.success(), "start/{name}.sh failed");
+    }
+
+    /// Waits until an admin listener's /readyz answers 200.
+    pub async fn wait_ready(&self, admin_var: &str, limit: Duration) -> Result<(), String> {
+        let url = format!("{}/readyz", self.var(admin_var));
+        wait_for(&format!("{url} ready"), limit, || {
+            let url = url.clone();
+            async move {
+                let ok = Command::new("curl")
+                    .args(["-sf", "-o", "/dev/null", &url])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                Ok(ok.then_some(()))
+            }
+        })
+        .await
+    }
+
+    /// GET on an admin listener, parsed as JSON.
+    pub fn admin_json(&self, admin_var: &str, path: &str) -> Result<Value, String> {
+        let url = format!("{}{path}", self.var(admin_var));
+        let out = Command::new("curl")
+            .args(["-sf", &url])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("GET {url} failed"));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("GET {url}: {e}"))
+    }
+
+    /// GET on an admin listener, as text.
+    pub fn admin_text(&self, admin_var: &str, path: &str) -> Result<String, String> {
+        let url = format!("{}{path}", self.var(admin_var));
+        let out = Command::new("curl")
+            .args(["-sf", &url])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("GET {url} failed"));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A process's log so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read(self.dir.join("logs").join(format!("{name}.log")))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = Command::new("bash")
+                .arg(repo().join("tests/cluster/down.sh"))
+                .arg(&self.dir)
+                .status();
+            if std::env::var_os("GPU_SHARE_KEEP_CLUSTER_DIR").is_some()
+                && let Some(tmp) = self._tmp.take()
+            {
+                eprintln!("cluster directory kept: {}", tmp.keep().display());
+            }
+        }
+    }
+}
+
+/// Polls `probe` every 200 ms until it yields a value, or fails after `limit` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            return Err(format!("timed out after {limit:?} waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
