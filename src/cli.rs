@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// How long a bound allocation may stay unseen in the API before it frees itself, in seconds.
     #[arg(long, env = "GPU_SHARE_ASSUME_TTL_SECONDS", default_value_t = 120)]
     pub assume_ttl_seconds: u64,
+    /// Nudge pods waiting for GPU capacity (annotation gpu-share.io/requeued-at) when an
+    /// allocation is released, so kube-scheduler retries them after the extender has seen the
+    /// release rather than at its next unrelated event. `false` turns it off.
+    #[arg(long, env = "GPU_SHARE_REQUEUE_NUDGE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub requeue_nudge: bool,
     /// How often the --policy file is checked for changes, in seconds.
     #[arg(long, env = "GPU_SHARE_POLICY_RELOAD_SECONDS", default_value_t = 5)]
     pub policy_reload_seconds: u64,

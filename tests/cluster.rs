@@ -638,7 +638,7 @@ async fn capacity_check(c: &Cluster) -> Result<(f64, Vec<String>), String> {
                     }
                 }
             }
-            _ if labels.get("nvidia.com/mig.strategy").is_none() => {
+            _ if !labels.contains_key("nvidia.com/mig.strategy") => {
                 for (i, (n, milli)) in &per_gpu {
                     if *milli > 1000 || *n > 1 && *milli >= 1000 {
                         errors.push(format!("{name}: whole GPU {i} held {n} times ({milli})"));
@@ -755,6 +755,375 @@ async fn no_overcommit(c: &Cluster) -> Check {
     c.delete_pods(ns).await
 }
 
+// ---- 4. requeue ----------------------------------------------------------------------------------
+
+/// The sum of the extender's filter calls so far (its own counter).
+fn filter_calls(c: &Cluster) -> Result<f64, String> {
+    let text = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("gpu_share_requests_total{") && l.contains("endpoint=\"filter\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// One requeue measurement: the time-sliced node's budget held by two pods, a third waiting;
+/// returns (filter calls per minute for the waiting pod, seconds from a holder's deletion to the
+/// waiting pod's binding, or None if not bound within `limit`).
+async fn requeue_once(
+    c: &Cluster,
+    ns: &str,
+    limit: Duration,
+) -> Result<(f64, Option<f64>), String> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    for name in ["hold-a", "hold-b"] {
+        create(c, ns, &gpu_pod(name, "timeslice-100"))?;
+        bound(&pods, name, Duration::from_secs(30)).await?;
+    }
+    create(c, ns, &gpu_pod("waiter", "timeslice-100"))?;
+    let message = failed_scheduling(c, ns, "waiter").await?;
+    ensure(
+        message.contains("time-slicing budget"),
+        format!("the waiting pod was not rejected for the budget: {message}"),
+    )?;
+    // Let the rejection settle, then count the retries of a pod nothing can place.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let window = Duration::from_secs(15);
+    let before = filter_calls(c)?;
+    tokio::time::sleep(window).await;
+    let per_minute = (filter_calls(c)? - before) * 60.0 / window.as_secs_f64();
+
+    let start = Instant::now();
+    pods.delete(
+        "hold-a",
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(|e| format!("delete hold-a: {e}"))?;
+    let delay = match bound(&pods, "waiter", limit).await {
+        Ok(_) => Some(start.elapsed().as_secs_f64()),
+        Err(_) => None,
+    };
+    c.delete_pods(ns).await?;
+    Ok((per_minute, delay))
+}
+
+/// Point 4, measured four ways: a pod rejected by the extender alone (the cluster cut down to the
+/// time-sliced node) or also by in-tree plugins (every node), with the requeue nudge on and off.
+/// The assertion is on the shipped configuration (nudge on): bound within 5 s, with no hot loop.
+async fn requeue(c: &Cluster) -> Check {
+    let ns = "requeue";
+    c.namespace(ns, json!({})).await?;
+    let nodes_file =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/nodes.yaml");
+    let others = [
+        "a100-mig-mixed",
+        "a100-mig-single",
+        "l4-mps-2",
+        "h100-mps-4",
+        "l40s-plain",
+        "cpu-only",
+    ];
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for nudge in [true, false] {
+        if !nudge {
+            c.stop("extender");
+            c.start_process_with("extender", &[("GPU_SHARE_REQUEUE_NUDGE", "false")]);
+            c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+                .await?;
+        }
+        for extender_only in [false, true] {
+            if extender_only {
+                let out = c.kubectl(&[&["delete", "node"][..], &others[..]].concat(), None);
+                ensure(out.status.success(), "delete the other nodes")?;
+            }
+            for run in 0..2 {
+                let (per_minute, delay) = requeue_once(c, ns, Duration::from_secs(20)).await?;
+                let case = if extender_only {
+                    "rejected by the extender only"
+                } else {
+                    "rejected by in-tree plugins too"
+                };
+                let shown = delay.map_or("> 20 s".to_string(), |d| format!("{d:.2} s"));
+                rows.push(format!(
+                    "nudge {:3} | {case:31} | run {run} | bound after {shown:>8} | {per_minute:.1} filter calls/min while waiting",
+                    if nudge { "on" } else { "off" }
+                ));
+                if nudge && !delay.is_some_and(|d| d <= 5.0) {
+                    failures.push(format!("{case}, nudge on: bound after {shown}"));
+                }
+                if per_minute > 30.0 {
+                    failures.push(format!("{case}: {per_minute:.0} filter calls a minute for one waiting pod (a hot loop)"));
+                }
+            }
+            if extender_only {
+                let status = std::process::Command::new("python3")
+                    .arg(
+                        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                            .join("tests/cluster/nodes.py"),
+                    )
+                    .arg(&c.dir)
+                    .arg(&nodes_file)
+                    .args(others)
+                    .status()
+                    .map_err(|e| e.to_string())?;
+                ensure(status.success(), "register the other nodes again")?;
+            }
+        }
+    }
+    c.stop("extender");
+    c.start_process("extender");
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    for r in &rows {
+        eprintln!("cluster test:   {r}");
+    }
+    ensure(failures.is_empty(), failures.join("; "))
+}
+
+// ---- 5. preemption ---------------------------------------------------------------------------------
+
+async fn preemption(c: &Cluster) -> Check {
+    let ns = "preemption";
+    c.namespace(ns, json!({})).await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let pc = c.kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            &json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                    "metadata": {"name": "gpu-share-test-high"}, "value": 1000000,
+                    "description": "the cluster test's preemptor"})
+            .to_string(),
+        ),
+    );
+    ensure(
+        pc.status.success(),
+        "create PriorityClass gpu-share-test-high",
+    )?;
+    // Low-priority holders: both whole GPUs of the plain node, and every MPS replica of both
+    // MPS nodes (another class, which must be left alone).
+    let mut low = vec![];
+    for i in 0..2 {
+        low.push((format!("low-exclusive-{i}"), "exclusive-1"));
+    }
+    for i in 0..4 {
+        low.push((format!("low-mps50-{i}"), "mps-50"));
+    }
+    for i in 0..8 {
+        low.push((format!("low-mps25-{i}"), "mps-25"));
+    }
+    for (name, class) in &low {
+        create(c, ns, &gpu_pod(name, class))?;
+    }
+    for (name, _) in &low {
+        bound(&pods, name, Duration::from_secs(60)).await?;
+    }
+    let mut high = gpu_pod("high", "exclusive-1");
+    high["spec"]["priorityClassName"] = json!("gpu-share-test-high");
+    create(c, ns, &high)?;
+    let (node, _) = bound(&pods, "high", Duration::from_secs(60)).await?;
+    ensure(
+        node == "l40s-plain",
+        format!("the preemptor was bound to {node}"),
+    )?;
+    let left: BTreeSet<String> = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let evicted: Vec<&String> = low
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| !left.contains(*n))
+        .collect();
+    ensure(
+        evicted.len() == 1 && evicted[0].starts_with("low-exclusive-"),
+        format!("preemption evicted {evicted:?}; expected exactly one whole-GPU pod"),
+    )?;
+    capacity_check(c).await?;
+    Ok(())
+}
+
+// ---- 6. restart ------------------------------------------------------------------------------------
+
+async fn restart(c: &Cluster) -> Check {
+    // The ledger holds point 5's pods. Kill the extender outright and start it again.
+    let before = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
+    let held: usize = before
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| n["pods"].as_array().map_or(0, Vec::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    ensure(held > 0, "the ledger holds no pods before the restart")?;
+    c.kill("extender");
+    c.start_process("extender");
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    let after = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
+    ensure(
+        before == after,
+        format!("the rebuilt ledger differs:\nbefore {before}\nafter  {after}"),
+    )?;
+    // Nothing allocated twice: pods that would need the held capacity stay Pending.
+    let ns = "preemption";
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    for (name, class) in [("after-exclusive", "exclusive-1"), ("after-mps", "mps-25")] {
+        create(c, ns, &gpu_pod(name, class))?;
+        failed_scheduling(c, ns, name).await?;
+        let p = pods.get(name).await.map_err(|e| e.to_string())?;
+        ensure(
+            p.spec.and_then(|s| s.node_name).is_none(),
+            format!("{name} was bound onto capacity the restarted extender holds ({held} pods)"),
+        )?;
+    }
+    capacity_check(c).await?;
+    c.delete_pods(ns).await
+}
+
+// ---- RBAC --------------------------------------------------------------------------------------------
+
+/// Removes `pods/binding` from a ClusterRole's rules; returns the copy and whether it had it.
+fn without_binding(role: &Value, name: &str) -> (Value, bool) {
+    let mut cut = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [],
+    });
+    let mut had = false;
+    for rule in role["rules"].as_array().into_iter().flatten() {
+        let mut rule = rule.clone();
+        if let Some(resources) = rule["resources"].as_array_mut() {
+            let n = resources.len();
+            resources.retain(|r| r != "pods/binding");
+            had |= resources.len() != n;
+            if resources.is_empty() {
+                continue;
+            }
+        }
+        cut["rules"].as_array_mut().unwrap().push(rule);
+    }
+    (cut, had)
+}
+
+fn role_binding(name: &str, role: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-share", "app.kubernetes.io/part-of": "gpu-share", "app.kubernetes.io/component": "scheduler"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "gpu-share-scheduler", "namespace": "gpu-share"}],
+    })
+}
+
+/// The log check, with `pods/binding create` taken away: it must fail, naming the verb.
+///
+/// The extender shares the scheduler pod's ServiceAccount, which holds `pods/binding create`
+/// twice: through the ClusterRole gpu-share-extender and through the built-in
+/// system:kube-scheduler. Both grants go: gpu-share-extender is replaced by a copy without it,
+/// and the binding to system:kube-scheduler is pointed at such a copy of that role. Then both are
+/// restored as shipped.
+async fn rbac_sees_a_missing_verb(c: &Cluster) -> Check {
+    let ns = "rbac";
+    c.namespace(ns, json!({})).await?;
+    let get = |what: &[&str]| -> Result<Value, String> {
+        let out = c.kubectl(&[&["get"][..], what, &["-o", "json"][..]].concat(), None);
+        ensure(out.status.success(), format!("get {what:?}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    };
+    let shipped_role = get(&["clusterrole", "gpu-share-extender"])?;
+    let shipped_binding = get(&["clusterrolebinding", "gpu-share-scheduler:kube-scheduler"])?;
+    let builtin = get(&["clusterrole", "system:kube-scheduler"])?;
+    let (cut_role, had) = without_binding(&shipped_role, "gpu-share-extender");
+    ensure(
+        had,
+        "the shipped ClusterRole gpu-share-extender grants pods/binding",
+    )?;
+    let copy = "gpu-share-test:kube-scheduler-without-binding";
+    let (cut_builtin, _) = without_binding(&builtin, copy);
+    let apply = |obj: &Value, verb: &str| -> Check {
+        let out = c.kubectl(&[verb, "-f", "-"], Some(&obj.to_string()));
+        ensure(
+            out.status.success(),
+            format!("kubectl {verb}: {}", String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let offsets = log_offsets(c);
+    apply(&cut_builtin, "apply")?;
+    let rebind = |role: &str| -> Check {
+        let out = c.kubectl(
+            &[
+                "delete",
+                "clusterrolebinding",
+                "gpu-share-scheduler:kube-scheduler",
+            ],
+            None,
+        );
+        ensure(out.status.success(), "delete the ClusterRoleBinding")?;
+        apply(
+            &role_binding("gpu-share-scheduler:kube-scheduler", role),
+            "create",
+        )
+    };
+    rebind(copy)?;
+    let mut role = cut_role.clone();
+    role["metadata"] = shipped_role["metadata"].clone();
+    for key in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        role["metadata"].as_object_mut().map(|m| m.remove(key));
+    }
+    apply(&role, "replace")?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    create(c, ns, &gpu_pod("probe", "timeslice-25"))?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let bound_anyway = bound(&pods, "probe", Duration::from_secs(15)).await.is_ok();
+    let seen = forbidden_lines(c, &offsets);
+
+    // Restore what shipped; the probe is then bound on kube-scheduler's retry.
+    let mut restore = shipped_role.clone();
+    for key in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        restore["metadata"].as_object_mut().map(|m| m.remove(key));
+    }
+    apply(&restore, "replace")?;
+    rebind(
+        shipped_binding["roleRef"]["name"]
+            .as_str()
+            .unwrap_or("system:kube-scheduler"),
+    )?;
+    let _ = c.kubectl(&["delete", "clusterrole", copy], None);
+
+    ensure(!bound_anyway, "a pod was bound without pods/binding create")?;
+    ensure(
+        seen.iter().any(|l| l.contains("pods/binding")),
+        format!("the 403 check did not see the missing pods/binding verb: {seen:?}"),
+    )?;
+    bound(&pods, "probe", Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("after the shipped RBAC was restored: {e}"))?;
+    c.delete_pods(ns).await
+}
+
 // ---- the logs ------------------------------------------------------------------------------------
 
 /// Lines of gpu-share's and kube-scheduler's logs that show an API call refused by RBAC, from
@@ -806,6 +1175,9 @@ async fn gpu_share_on_a_real_control_plane() {
     point(&mut failures, "1. admission", admission(&c)).await;
     point(&mut failures, "2. scheduling", scheduling(&c)).await;
     point(&mut failures, "3. no overcommit", no_overcommit(&c)).await;
+    point(&mut failures, "4. requeue", requeue(&c)).await;
+    point(&mut failures, "5. preemption", preemption(&c)).await;
+    point(&mut failures, "6. restart", restart(&c)).await;
 
     let forbidden = forbidden_lines(&c, &BTreeMap::new());
     if !forbidden.is_empty() {
@@ -815,7 +1187,13 @@ async fn gpu_share_on_a_real_control_plane() {
             forbidden.join("\n")
         ));
     }
-    let _ = log_offsets(&c);
+    // Last, as it refuses the extender on purpose: the 403 check sees a missing verb.
+    point(
+        &mut failures,
+        "RBAC: a ClusterRole without pods/binding create fails the 403 check",
+        rbac_sees_a_missing_verb(&c),
+    )
+    .await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

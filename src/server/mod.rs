@@ -505,13 +505,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 Duration::from_secs(args.reconcile_seconds.max(1)),
                 shutdown_rx.clone(),
             );
-            crate::cluster::watch::spawn_requeuer(
-                client.clone(),
-                ext.clone(),
-                metrics.clone(),
-                ext.subscribe_releases(),
-                shutdown_rx.clone(),
-            );
+            if args.requeue_nudge {
+                crate::cluster::watch::spawn_requeuer(
+                    client.clone(),
+                    ext.clone(),
+                    metrics.clone(),
+                    ext.subscribe_releases(),
+                    shutdown_rx.clone(),
+                );
+            } else {
+                tracing::info!(
+                    "--requeue-nudge false: pods waiting for GPU capacity are not nudged"
+                );
+            }
         }
         if extender.is_none() {
             // The webhook alone is ready once the API server answers.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Registers Node objects as a kubelet would, in the cluster tests/cluster/up.sh started.
 
-Usage: nodes.py DIR FILE   (FILE: a NodeList, a List or a YAML stream of Nodes, with labels and
-                            status.capacity / allocatable as the device plugin advertises them)
+Usage: nodes.py DIR FILE [NAME...]
+  FILE: a NodeList, a List or a YAML stream of Nodes, with labels and status.capacity /
+  allocatable as the device plugin advertises them; NAMEs: register only these nodes of FILE.
 
 For each node: create it (the apiserver's TaintNodesByCondition plugin adds the
 node.kubernetes.io/not-ready taint to a new node), write its status with a Ready condition, and
@@ -82,11 +83,16 @@ def register(api, node):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         raise SystemExit(__doc__)
-    directory, path = sys.argv[1:]
+    directory, path, names = sys.argv[1], sys.argv[2], set(sys.argv[3:])
     api = Api(f"{directory}/kubeconfig")
     nodes = load_nodes(path)
+    if names:
+        nodes = [n for n in nodes if n["metadata"]["name"] in names]
+        missing = names - {n["metadata"]["name"] for n in nodes}
+        if missing:
+            raise SystemExit(f"{path}: no node named {', '.join(sorted(missing))}")
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         for _ in pool.map(lambda n: register(api, n), nodes):
             pass

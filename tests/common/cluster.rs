@@ -230,6 +230,16 @@ impl Cluster {
         assert!(status.success(), "start/{name}.sh failed");
     }
 
+    /// Starts a process again with extra environment (its flags' `GPU_SHARE_*` fallbacks).
+    pub fn start_process_with(&self, name: &str, env: &[(&str, &str)]) {
+        let status = Command::new("bash")
+            .arg(self.dir.join("start").join(format!("{name}.sh")))
+            .envs(env.iter().copied())
+            .status()
+            .expect("run the start script");
+        assert!(status.success(), "start/{name}.sh failed");
+    }
+
     /// Waits until an admin listener's /readyz answers 200.
     pub async fn wait_ready(&self, admin_var: &str, limit: Duration) -> Result<(), String> {
         let url = format!("{}/readyz", self.var(admin_var));

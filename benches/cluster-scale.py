@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""gpu-share's scheduler against kube-scheduler's default profile, at scale, on the control
+plane of tests/cluster/up.sh (real kube-apiserver, etcd and kube-scheduler).
+
+    python3 benches/cluster-scale.py [--nodes 5000] [--pods 20000] [--out docs/cluster-scale.md]
+
+1. Starts the control plane with N GPU nodes of mixed kinds (8 GPUs each: time-slicing x4,
+   MPS x4, MIG mixed A100 7x 1g.10gb per GPU, plain L40S) and gpu-share built in release.
+2. gpu-share: stops the gpu-share-scheduler, creates the annotated pods through the webhook,
+   starts kube-scheduler again with the shipped configuration and times the bindings.
+3. Baseline: deletes those pods, then creates the same pods as the webhook wrote them, minus
+   gpu-share's annotations (so plain nvidia.com/* requests, the same tolerations and node affinity),
+   for a second kube-scheduler from the same binary running the default profile, and times them.
+
+Both profiles score every node (percentageOfNodesToScore: 100) and use the same
+clientConnection qps/burst (500/1000; with the defaults, 50 QPS, the baseline's own binding calls
+would be the bottleneck). Reported: pods bound per second for each and the ratio, kube-scheduler's
+scheduler_scheduling_algorithm_duration_seconds (which includes the extender's filter and
+prioritize calls) for each, the extender's own per-verb histograms, and the extender's RSS.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import re
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QPS, BURST = 500, 1000
+
+
+def log(msg):
+    print(f"cluster-scale [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the cluster --------------------------------------------------------------------------------
+
+def gpu_node(name, labels, alloc):
+    lab = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true",
+           "nvidia.com/cuda.driver-version.full": "550.107.02"}
+    lab.update(labels)
+    res = {"cpu": "128", "memory": "1056964608Ki", "pods": "110"}
+    res.update(alloc)
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": lab},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            "status": {"capacity": dict(res), "allocatable": dict(res)}}
+
+
+def nodes(n):
+    """60% time-slicing x4, 20% MPS x4, 10% MIG mixed (A100 80GB, 7x 1g.10gb per GPU), 10% plain."""
+    out = []
+    for i in range(n):
+        kind = i % 10
+        if kind < 6:
+            out.append(gpu_node(f"ts-{i}", {
+                "nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "23034", "nvidia.com/gpu.replicas": "4",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing"}, {"nvidia.com/gpu": "32"}))
+        elif kind < 8:
+            out.append(gpu_node(f"mps-{i}", {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED", "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.replicas": "4",
+                "nvidia.com/gpu.sharing-strategy": "mps"}, {"nvidia.com/gpu": "32"}))
+        elif kind < 9:
+            out.append(gpu_node(f"mig-{i}", {
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.replicas": "1",
+                "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/mig.capable": "true",
+                "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config": "all-1g.10gb",
+                "nvidia.com/mig-1g.10gb.count": "56", "nvidia.com/mig-1g.10gb.memory": "9728"},
+                {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}))
+        else:
+            out.append(gpu_node(f"plain-{i}", {
+                "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "46068", "nvidia.com/gpu.replicas": "1",
+                "nvidia.com/gpu.sharing-strategy": "none"}, {"nvidia.com/gpu": "8"}))
+    return out
+
+
+def pod_mix(n, seed=42):
+    """Classes in proportion to the capacity of each kind, well inside it (about 40%)."""
+    rng = random.Random(seed)
+    classes = (["timeslice-25"] * 30 + ["timeslice-50"] * 15 + ["mps-25"] * 20
+               + ["mig-1g.10gb"] * 25 + ["exclusive-1"] * 10)
+    return [rng.choice(classes) for _ in range(n)]
+
+
+class Api:
+    def __init__(self, directory):
+        cfg = yaml.safe_load(open(f"{directory}/kubeconfig"))
+        cluster, user = cfg["clusters"][0]["cluster"], cfg["users"][0]["user"]
+        self.server = cluster["server"]
+        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+
+    def call(self, method, path, body=None, ctype="application/json", raw=False):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Content-Type", ctype)
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(req, context=self.ctx, timeout=120) as resp:
+                    payload = resp.read()
+                    return payload.decode() if raw else json.loads(payload)
+            except urllib.error.HTTPError as e:
+                if e.code in (429, 500, 503, 504) and attempt < 4:
+                    time.sleep(0.5 * (attempt + 1))
+                    continue
+                raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+
+def env_of(directory):
+    return dict(l.split("=", 1) for l in open(f"{directory}/env").read().splitlines() if "=" in l)
+
+
+def pid_of(directory, name):
+    return int(open(f"{directory}/pids/{name}.pid").read().strip())
+
+
+def stop(directory, name):
+    try:
+        pid = pid_of(directory, name)
+    except FileNotFoundError:
+        return
+    subprocess.run(["kill", "-TERM", str(pid)], check=False)
+    for _ in range(200):
+        if subprocess.run(["kill", "-0", str(pid)], stderr=subprocess.DEVNULL).returncode != 0:
+            break
+        time.sleep(0.1)
+    os.remove(f"{directory}/pids/{name}.pid")
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+def histogram(text, name, match=""):
+    """Buckets (le -> count), sum and count of one Prometheus histogram (summed over series)."""
+    buckets, total, count = {}, 0.0, 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or match not in line:
+            continue
+        m = re.match(rf'{name}_bucket{{.*le="([^"]+)".*}} ([0-9.e+]+)', line)
+        if m:
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            buckets[le] = buckets.get(le, 0.0) + float(m.group(2))
+        elif line.startswith(f"{name}_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{name}_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return buckets, total, count
+
+
+def quantile(buckets, q):
+    """The upper bound of the bucket that holds quantile q (Prometheus' bucket resolution)."""
+    items = sorted(buckets.items())
+    if not items:
+        return float("nan")
+    total = items[-1][1]
+    for le, c in items:
+        if c >= q * total:
+            return le
+    return float("inf")
+
+
+def describe(buckets, total, count):
+    if not count:
+        return "no observations"
+    return (f"mean {1000 * total / count:.2f} ms, p50 <= {1000 * quantile(buckets, 0.5):g} ms, "
+            f"p99 <= {1000 * quantile(buckets, 0.99):g} ms ({int(count)} observations)")
+
+
+def scheduler_metrics(directory, url):
+    pki = f"{directory}/pki"
+    out = subprocess.run(["curl", "-sf", "--cacert", "/dev/null", "-k", "--cert", f"{pki}/admin.crt",
+                          "--key", f"{pki}/admin.key", f"{url}/metrics"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"GET {url}/metrics failed: {out.stderr}")
+    return out.stdout
+
+
+# ---- the runs -----------------------------------------------------------------------------------
+
+def create_all(api, namespace, bodies, workers=24):
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda b: api.call("POST", f"/api/v1/namespaces/{namespace}/pods", b), bodies))
+    log(f"created {len(bodies)} pods in {namespace} in {time.time() - start:.0f} s")
+    return results
+
+
+def wait_bound(api, namespace, n, limit):
+    """Polls until n pods of the namespace are bound (or `limit` seconds pass without progress).
+    Returns the bound pods' count and the times of the first and last binding seen."""
+    start, last_change, last = time.time(), time.time(), -1
+    first_seen = None
+    while True:
+        items = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?fieldSelector=spec.nodeName!%3D")["items"]
+        bound = len(items)
+        now = time.time()
+        if bound and first_seen is None:
+            first_seen = now
+        if bound != last:
+            last, last_change = bound, now
+        if bound >= n or now - last_change > limit:
+            return bound, first_seen or now, last_change
+        time.sleep(1.0)
+
+
+def ensure_namespace(api, name):
+    try:
+        api.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    except RuntimeError as e:
+        if "409" not in str(e):
+            raise
+    try:
+        api.call("POST", f"/api/v1/namespaces/{name}/serviceaccounts", {"metadata": {"name": "default"}})
+    except RuntimeError as e:
+        if "409" not in str(e):
+            raise
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--pods", type=int, default=20000)
+    ap.add_argument("--out", default=os.path.join(REPO, "docs", "cluster-scale.md"))
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = ap.parse_args()
+
+    log("cargo build --release --bin gpu-share")
+    subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO, check=True)
+    directory = tempfile.mkdtemp(prefix="gpu-share-scale-")
+    node_file = os.path.join(directory, "scale-nodes.yaml")
+    with open(node_file, "w") as f:
+        yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": nodes(args.nodes)}, f)
+    env = dict(os.environ, GPU_SHARE_BIN=os.path.join(REPO, "target/release/gpu-share"),
+               GPU_SHARE_CLUSTER_NODES=node_file)
+    log(f"tests/cluster/up.sh {directory} with {args.nodes} nodes")
+    t = time.time()
+    subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True)
+    log(f"cluster up in {time.time() - t:.0f} s")
+    try:
+        report = run(args, directory)
+    finally:
+        if not args.keep:
+            subprocess.run(["bash", os.path.join(REPO, "tests/cluster/down.sh"), directory], check=False)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(report)
+    print(report)
+
+
+def run(args, directory):
+    api = Api(directory)
+    env = env_of(directory)
+    bin_dir = env["CONTROL_PLANE_BIN"]
+    classes = pod_mix(args.pods)
+
+    # Same qps/burst for both profiles, written into a copy of the shipped config.
+    cfg = yaml.safe_load(open(f"{directory}/scheduler-config.yaml"))
+    cfg["clientConnection"].update({"qps": QPS, "burst": BURST})
+    yaml.safe_dump(cfg, open(f"{directory}/scheduler-config.yaml", "w"), sort_keys=False)
+
+    # ---- gpu-share ----
+    stop(directory, "kube-scheduler")
+    ensure_namespace(api, "scale")
+    bodies = [{"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"p-{i}", "annotations": {"gpu-share": c}},
+               "spec": {"terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+              for i, c in enumerate(classes)]
+    created = create_all(api, "scale", bodies)
+    subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
+    bound, first, last = wait_bound(api, "scale", args.pods, limit=60)
+    gs_rate = (bound - 1) / max(last - first, 1e-9)
+    log(f"gpu-share: {bound} bound, {gs_rate:.1f} pods/s")
+    sched = scheduler_metrics(directory, env["SCHEDULER"])
+    gs_algo = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
+    ext = urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/metrics").read().decode()
+    verbs = {v: histogram(ext, "gpu_share_request_duration_seconds", f'endpoint="{v}"')
+             for v in ("filter", "prioritize", "bind")}
+    ext_rss = rss_mib(pid_of(directory, "extender"))
+    ledger_pods = re.search(r"^gpu_share_ledger_pods (\S+)", ext, re.M)
+
+    # ---- baseline: the default profile, same binary, same nodes, same pods minus the annotations ----
+    stop(directory, "kube-scheduler")
+    base_cfg = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": f"{directory}/kubeconfig", "qps": QPS, "burst": BURST},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "bench-default", "percentageOfNodesToScore": 100}],
+    }
+    yaml.safe_dump(base_cfg, open(f"{directory}/baseline-config.yaml", "w"))
+    ensure_namespace(api, "baseline")
+    plain = []
+    for i, p in enumerate(created):
+        spec = p["spec"]
+        keep = {k: spec[k] for k in ("containers", "tolerations", "affinity", "terminationGracePeriodSeconds")
+                if k in spec}
+        for c in keep["containers"]:
+            c.pop("env", None)
+        keep["schedulerName"] = "bench-default"
+        plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
+    api.call("DELETE", "/api/v1/namespaces/scale/pods", {"gracePeriodSeconds": 0})
+    create_all(api, "baseline", plain)
+    port = env["SCHEDULER"].rsplit(":", 1)[1]
+    log_path = f"{directory}/logs/baseline-scheduler.log"
+    with open(log_path, "a") as logf:
+        proc = subprocess.Popen([f"{bin_dir}/kube-scheduler", "--config", f"{directory}/baseline-config.yaml",
+                                 "--bind-address", "127.0.0.1", "--secure-port", port,
+                                 "--authentication-kubeconfig", f"{directory}/kubeconfig",
+                                 "--authorization-kubeconfig", f"{directory}/kubeconfig", "--v", "1"],
+                                stdout=logf, stderr=logf, start_new_session=True)
+    try:
+        b_bound, b_first, b_last = wait_bound(api, "baseline", args.pods, limit=60)
+        b_rate = (b_bound - 1) / max(b_last - b_first, 1e-9)
+        log(f"baseline: {b_bound} bound, {b_rate:.1f} pods/s")
+        b_algo = histogram(scheduler_metrics(directory, env["SCHEDULER"]),
+                           "scheduler_scheduling_algorithm_duration_seconds")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    api.call("DELETE", "/api/v1/namespaces/baseline/pods", {"gracePeriodSeconds": 0})
+
+    cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    lines = [
+        "# gpu-share at scale on a real control plane",
+        "",
+        f"Command: `python3 benches/cluster-scale.py --nodes {args.nodes} --pods {args.pods}` "
+        f"({time.strftime('%Y-%m-%d')}, {cpu} cores; kube-apiserver, etcd and kube-scheduler v1.37.2 "
+        "from tests/cluster, everything on one machine).",
+        "",
+        f"{args.nodes} GPU nodes of 8 GPUs (60% time-slicing x4, 20% MPS x4, 10% MIG mixed A100 7x 1g.10gb "
+        f"per GPU, 10% plain L40S); {args.pods} pods (timeslice-25 30%, mps-25 20%, mig-1g.10gb 25%, "
+        "timeslice-50 15%, exclusive-1 10%). Both profiles score every node and use clientConnection "
+        f"qps {QPS} / burst {BURST}. The pods are created while the scheduler is stopped; the rate is "
+        "bound pods over the time from the first binding to the last.",
+        "",
+        "| | gpu-share-scheduler (extender) | default profile (same binary) |",
+        "|---|---|---|",
+        f"| pods bound | {bound} of {args.pods} | {b_bound} of {args.pods} |",
+        f"| pods bound per second | {gs_rate:.1f} | {b_rate:.1f} |",
+        f"| ratio gpu-share / default | {gs_rate / b_rate:.2f} | 1 |",
+        f"| scheduler_scheduling_algorithm_duration_seconds | {describe(*gs_algo)} | {describe(*b_algo)} |",
+        "",
+        "The extender's own histograms (`gpu_share_request_duration_seconds`, server side):",
+        "",
+    ]
+    for v, h in verbs.items():
+        lines.append(f"- {v}: {describe(*h)}")
+    lines += [
+        "",
+        f"Extender RSS after the gpu-share run: {ext_rss:.0f} MiB, ledger "
+        f"{ledger_pods.group(1) if ledger_pods else '?'} pods on {args.nodes} nodes.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
