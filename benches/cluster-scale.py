@@ -295,7 +295,8 @@ def run(args, directory):
     verbs = {v: histogram(ext, "gpu_share_request_duration_seconds", f'endpoint="{v}"')
              for v in ("filter", "prioritize", "bind")}
     ext_rss = rss_mib(pid_of(directory, "extender"))
-    ledger_pods = re.search(r"^gpu_share_ledger_pods (\S+)", ext, re.M)
+    ledger = json.loads(urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/v1/nodes").read())
+    ledger_pods = sum(len(n.get("pods", [])) for n in ledger)
 
     # ---- baseline: the default profile, same binary, same nodes, same pods minus the annotations ----
     stop(directory, "kube-scheduler")
@@ -313,7 +314,9 @@ def run(args, directory):
         keep = {k: spec[k] for k in ("containers", "tolerations", "affinity", "terminationGracePeriodSeconds")
                 if k in spec}
         for c in keep["containers"]:
+            # gpu-share's env, and the token volume the ServiceAccount plugin adds again.
             c.pop("env", None)
+            c.pop("volumeMounts", None)
         keep["schedulerName"] = "bench-default"
         plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
     api.call("DELETE", "/api/v1/namespaces/scale/pods", {"gracePeriodSeconds": 0})
@@ -341,6 +344,8 @@ def run(args, directory):
     lines = [
         "# gpu-share at scale on a real control plane",
         "",
+        "Written by `benches/cluster-scale.py`; the README keeps one line of it.",
+        "",
         f"Command: `python3 benches/cluster-scale.py --nodes {args.nodes} --pods {args.pods}` "
         f"({time.strftime('%Y-%m-%d')}, {cpu} cores; kube-apiserver, etcd and kube-scheduler v1.37.2 "
         "from tests/cluster, everything on one machine).",
@@ -365,8 +370,8 @@ def run(args, directory):
         lines.append(f"- {v}: {describe(*h)}")
     lines += [
         "",
-        f"Extender RSS after the gpu-share run: {ext_rss:.0f} MiB, ledger "
-        f"{ledger_pods.group(1) if ledger_pods else '?'} pods on {args.nodes} nodes.",
+        f"Extender RSS after the gpu-share run: {ext_rss:.0f} MiB, its ledger holding "
+        f"{ledger_pods} pods on {len(ledger)} nodes.",
         "",
     ]
     return "\n".join(lines)

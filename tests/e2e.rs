@@ -11,8 +11,11 @@
 //!    (scheduler, GPU resource, toleration, normalized request annotation);
 //! 5. that pod is bound by the extender: `spec.nodeName` set and the `gpu-share.io/gpus`
 //!    annotation written, and the rebuilt ledger (`gpu-share status`'s view) holds it on that node.
-//!    On a cluster without a node of that class set `GPU_SHARE_E2E_EXPECT=unschedulable`: the pod
-//!    must then stay Pending with a FailedScheduling event in words from the extender.
+//!    With `GPU_SHARE_E2E_EXPECT=unschedulable` (a class the cluster cannot hold, e.g. `mps-75`
+//!    where MPS replicas are smaller) the pod must stay Pending with a FailedScheduling event that
+//!    explains it: the extender's reasons for the nodes of that class, or, on a cluster with no
+//!    node of that class, kube-scheduler's node-affinity reason for every node (the webhook's
+//!    affinity turns them away before the extender is asked).
 //!
 //! Other knobs: `GPU_SHARE_E2E_IMAGE` (default `registry.k8s.io/pause:3.10`),
 //! `GPU_SHARE_E2E_TIMEOUT_SECONDS` (default 180), and `GPU_SHARE_E2E_READYZ`: comma-separated
@@ -112,6 +115,43 @@ async fn deployments_available(client: &Client) -> Result<(), String> {
         .await?;
     }
     Ok(())
+}
+
+/// Phrases of the extender's filter reasons (`packing::Reason::message`).
+const EXTENDER_REASONS: &[&str] = &[
+    "node has no NVIDIA GPUs",
+    "not in gpu-share's inventory",
+    "GPU model is not one the pod allows",
+    "MIG devices",
+    "pod asks",
+    "smaller than the request",
+    "no free GPU replica",
+    "budget of this node's GPUs is used up",
+    "GPU memory budget",
+    "fewer GPUs than the pod asks",
+    "not enough free whole GPUs",
+    "no single GPU has enough free share",
+    "requested GPU resource",
+    "not enough free CPU",
+    "not enough free memory",
+];
+
+/// A FailedScheduling message that explains an unschedulable gpu-share pod, as kube-scheduler
+/// groups it (`0/N nodes are available: ...`): the extender's reasons for the nodes of the pod's
+/// class, or, on a cluster with no node of that class, kube-scheduler's node-affinity reason for
+/// every node (the webhook's affinity turns them away before the extender is asked).
+fn explains_unschedulable(message: &str) -> bool {
+    let Some(total) = message
+        .strip_prefix("0/")
+        .and_then(|m| m.split_once(" nodes are available:"))
+        .map(|(n, _)| n)
+    else {
+        return false;
+    };
+    EXTENDER_REASONS.iter().any(|r| message.contains(r))
+        || message.contains(&format!(
+            "available: {total} node(s) didn't match Pod's node affinity/selector"
+        ))
 }
 
 fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), String> {
@@ -245,13 +285,8 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
             pod.spec.and_then(|s| s.node_name).is_none(),
             "pod expected unschedulable was bound",
         )?;
-        // The webhook's node affinity turns most nodes away first (kube-scheduler's words);
-        // the rest must carry the extender's own reasons.
-        let explained = ["pod asks", "node has no NVIDIA GPUs", "time-slicing"]
-            .iter()
-            .any(|r| message.contains(r));
         return ensure(
-            message.contains("nodes are available") && explained,
+            explains_unschedulable(&message),
             format!("FailedScheduling without gpu-share's reasons: {message}"),
         );
     }
@@ -284,6 +319,24 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
             .any(|p| p.namespace == ns && p.name == "shared"),
         format!("the rebuilt ledger does not hold {ns}/shared on {node}"),
     )
+}
+
+#[test]
+fn unschedulable_messages_as_kube_scheduler_writes_them() {
+    // Both taken from a real kube-scheduler 1.37 (tests/cluster.rs).
+    assert!(explains_unschedulable(
+        "0/7 nodes are available: 2 MPS replicas on this node are smaller than the request, \
+         5 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: \
+         2 No preemption victims found for incoming pod, 5 Preemption is not helpful for scheduling."
+    ));
+    assert!(explains_unschedulable(
+        "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector."
+    ));
+    // Some nodes turned away by affinity, the rest for reasons that are not gpu-share's.
+    assert!(!explains_unschedulable(
+        "0/7 nodes are available: 2 Insufficient cpu, 5 node(s) didn't match Pod's node affinity/selector."
+    ));
+    assert!(!explains_unschedulable("no nodes available to schedule pods"));
 }
 
 #[tokio::test]

@@ -266,6 +266,12 @@ pub async fn serve_tls(
                 }
             },
         };
+        // Replies go out at once: with Nagle's algorithm a reply's last segment waits for the
+        // client's delayed ACK (up to 40 ms on Linux), which kube-scheduler pays on every
+        // filter and prioritize call it makes over a kept-alive connection.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let acceptor = tls.acceptor().await;
         let service = TowerToHyperService::new(app.clone());
         let watcher = graceful.watcher();
