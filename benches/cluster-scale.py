@@ -202,22 +202,35 @@ def create_all(api, namespace, bodies, workers=24):
     return results
 
 
-def wait_bound(api, namespace, n, limit):
-    """Polls until n pods of the namespace are bound (or `limit` seconds pass without progress).
-    Returns the bound pods' count and the times of the first and last binding seen."""
-    start, last_change, last = time.time(), time.time(), -1
+def scheduled_count(directory, url):
+    """kube-scheduler's own count of pods it bound (schedule_attempts_total{result="scheduled"},
+    counted after the binding call returns): polling it costs the apiserver nothing."""
+    try:
+        text = scheduler_metrics(directory, url)
+    except RuntimeError:
+        return 0
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith("scheduler_schedule_attempts_total{") and 'result="scheduled"' in l)
+
+
+def wait_bound(api, directory, url, namespace, n, limit):
+    """Waits until kube-scheduler has bound n pods (or `limit` seconds pass without progress);
+    returns the pods of the namespace bound in the API, and the times of the first and the last
+    binding seen."""
+    last_change, last = time.time(), 0
     first_seen = None
     while True:
-        items = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?fieldSelector=spec.nodeName!%3D")["items"]
-        bound = len(items)
+        bound = scheduled_count(directory, url)
         now = time.time()
         if bound and first_seen is None:
             first_seen = now
         if bound != last:
             last, last_change = bound, now
         if bound >= n or now - last_change > limit:
-            return bound, first_seen or now, last_change
-        time.sleep(1.0)
+            break
+        time.sleep(0.5)
+    items = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?fieldSelector=spec.nodeName!%3D")["items"]
+    return len(items), first_seen or now, last_change
 
 
 def ensure_namespace(api, name):
@@ -286,7 +299,7 @@ def run(args, directory):
               for i, c in enumerate(classes)]
     created = create_all(api, "scale", bodies)
     subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
-    bound, first, last = wait_bound(api, "scale", args.pods, limit=60)
+    bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60)
     gs_rate = (bound - 1) / max(last - first, 1e-9)
     log(f"gpu-share: {bound} bound, {gs_rate:.1f} pods/s")
     sched = scheduler_metrics(directory, env["SCHEDULER"])
@@ -330,7 +343,8 @@ def run(args, directory):
                                  "--authorization-kubeconfig", f"{directory}/kubeconfig", "--v", "1"],
                                 stdout=logf, stderr=logf, start_new_session=True)
     try:
-        b_bound, b_first, b_last = wait_bound(api, "baseline", args.pods, limit=60)
+        time.sleep(1)
+        b_bound, b_first, b_last = wait_bound(api, directory, env["SCHEDULER"], "baseline", args.pods, limit=60)
         b_rate = (b_bound - 1) / max(b_last - b_first, 1e-9)
         log(f"baseline: {b_bound} bound, {b_rate:.1f} pods/s")
         b_algo = histogram(scheduler_metrics(directory, env["SCHEDULER"]),
@@ -354,7 +368,9 @@ def run(args, directory):
         f"per GPU, 10% plain L40S); {args.pods} pods (timeslice-25 30%, mps-25 20%, mig-1g.10gb 25%, "
         "timeslice-50 15%, exclusive-1 10%). Both profiles score every node and use clientConnection "
         f"qps {QPS} / burst {BURST}. The pods are created while the scheduler is stopped; the rate is "
-        "bound pods over the time from the first binding to the last.",
+        "bound pods over the time from the first binding to the last (kube-scheduler's "
+        "schedule_attempts_total{result=\"scheduled\"}, polled every 0.5 s; the bound count is read from the "
+        "API at the end).",
         "",
         "| | gpu-share-scheduler (extender) | default profile (same binary) |",
         "|---|---|---|",

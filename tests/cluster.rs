@@ -161,6 +161,40 @@ async fn point<F: std::future::Future<Output = Check>>(
     }
 }
 
+// ---- the manifests -------------------------------------------------------------------------------
+
+/// up.sh applied every object of the self-signed overlay; the gpu-share namespace asks Pod
+/// Security to warn at `restricted`, so a Deployment whose pods fell short would have drawn a
+/// warning on that apply.
+async fn manifests_apply_cleanly(c: &Cluster) -> Check {
+    let out = c.kubectl(&["get", "namespace", "gpu-share", "-o", "json"], None);
+    let ns: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    ensure(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "restricted",
+        "namespace gpu-share does not ask Pod Security to warn at restricted",
+    )?;
+    let stderr =
+        std::fs::read_to_string(c.dir.join("logs/apply.err")).map_err(|e| e.to_string())?;
+    ensure(
+        !stderr.contains("Warning"),
+        format!("applying the manifests drew warnings: {stderr}"),
+    )?;
+    let applied =
+        std::fs::read_to_string(c.dir.join("logs/apply.out")).map_err(|e| e.to_string())?;
+    for object in [
+        "deployment.apps/gpu-share-webhook",
+        "deployment.apps/gpu-share-scheduler",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/gpu-share",
+        "clusterrole.rbac.authorization.k8s.io/gpu-share-extender",
+    ] {
+        ensure(
+            applied.contains(object),
+            format!("{object} was not applied: {applied}"),
+        )?;
+    }
+    Ok(())
+}
+
 // ---- 7. the shipped scheduler configuration ---------------------------------------------------
 
 async fn shipped_scheduler_config(c: &Cluster) -> Check {
@@ -1166,6 +1200,12 @@ async fn gpu_share_on_a_real_control_plane() {
     let c = Cluster::start(common::BIN).await;
     let mut failures = Vec::new();
 
+    point(
+        &mut failures,
+        "manifests apply without warnings",
+        manifests_apply_cleanly(&c),
+    )
+    .await;
     point(
         &mut failures,
         "7. shipped scheduler config",

@@ -336,7 +336,9 @@ fn unschedulable_messages_as_kube_scheduler_writes_them() {
     assert!(!explains_unschedulable(
         "0/7 nodes are available: 2 Insufficient cpu, 5 node(s) didn't match Pod's node affinity/selector."
     ));
-    assert!(!explains_unschedulable("no nodes available to schedule pods"));
+    assert!(!explains_unschedulable(
+        "no nodes available to schedule pods"
+    ));
 }
 
 #[tokio::test]
