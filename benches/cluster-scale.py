@@ -252,15 +252,19 @@ def main():
     ap.add_argument("--pods", type=int, default=20000)
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "cluster-scale.md"))
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     args = ap.parse_args()
 
-    log("cargo build --release --bin gpu-share")
-    subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO, check=True)
+    binary = args.gpu_share_bin
+    if not binary:
+        log("cargo build --release --bin gpu-share")
+        subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO, check=True)
+        binary = os.path.join(REPO, "target/release/gpu-share")
     directory = tempfile.mkdtemp(prefix="gpu-share-scale-")
     node_file = os.path.join(directory, "scale-nodes.yaml")
     with open(node_file, "w") as f:
         yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": nodes(args.nodes)}, f)
-    env = dict(os.environ, GPU_SHARE_BIN=os.path.join(REPO, "target/release/gpu-share"),
+    env = dict(os.environ, GPU_SHARE_BIN=os.path.abspath(binary),
                GPU_SHARE_CLUSTER_NODES=node_file)
     log(f"tests/cluster/up.sh {directory} with {args.nodes} nodes")
     t = time.time()

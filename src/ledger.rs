@@ -217,6 +217,53 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
     }
 }
 
+/// What the extender keeps of a pod seen in filter or prioritize until it binds it: exactly
+/// what [`demand_of_pod`], [`pod_ref`] and [`pod_key`] read (identity, priority, gpu-share's
+/// annotations, each container's name and resources, init containers' restart policy, overhead,
+/// node name). A Pod as kube-scheduler sends it also carries managedFields, env, volumes, probes,
+/// status and any annotations its owner likes (up to 256 KiB of them), none of which the cache
+/// needs to hold for up to its TTL.
+pub fn slim_pod(pod: &Pod) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let m = &pod.metadata;
+    let annotations: BTreeMap<String, String> = m
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("gpu-share"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let container = |c: &Container| Container {
+        name: c.name.clone(),
+        resources: c.resources.clone(),
+        restart_policy: c.restart_policy.clone(),
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            generate_name: m.generate_name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: pod.spec.as_ref().map(|s| PodSpec {
+            containers: s.containers.iter().map(container).collect(),
+            init_containers: s
+                .init_containers
+                .as_ref()
+                .map(|cs| cs.iter().map(container).collect()),
+            overhead: s.overhead.clone(),
+            priority: s.priority,
+            node_name: s.node_name.clone(),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
 /// True when a pod no longer holds anything (Succeeded or Failed).
 pub fn is_terminal(pod: &Pod) -> bool {
     matches!(
@@ -767,6 +814,57 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::inventory::Sharing;
+
+    /// The slim copy the bind cache keeps reads the same: demand (GPU and CPU), identity and key.
+    #[test]
+    fn slim_pod_reads_like_the_pod() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "p", "namespace": "ml", "uid": "u-1",
+                "labels": {"app": "x"},
+                "annotations": {
+                    "gpu-share": "mps-25", "gpu-share/memory": "8Gi",
+                    "gpu-share.io/request": "mps-25,memory=8192Mi",
+                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(10_000),
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:metadata": {}}}],
+            },
+            "spec": {
+                "priority": 7,
+                "overhead": {"cpu": "250m"},
+                "initContainers": [
+                    {"name": "init", "image": "i", "resources": {"requests": {"cpu": "4"}}},
+                    {"name": "sidecar", "image": "s", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "500m"}}},
+                ],
+                "containers": [{
+                    "name": "main", "image": "m",
+                    "env": [{"name": "A", "value": "1"}],
+                    "resources": {"requests": {"cpu": "2"}, "limits": {"nvidia.com/gpu": "1", "cpu": "3"}},
+                }],
+                "volumes": [{"name": "v", "emptyDir": {}}],
+            },
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap();
+        let slim = slim_pod(&pod);
+        assert_eq!(
+            format!("{:?}", demand_of_pod(&slim)),
+            format!("{:?}", demand_of_pod(&pod))
+        );
+        assert!(demand_of_pod(&pod).unwrap().is_some());
+        assert_eq!(pod_ref(&slim), pod_ref(&pod));
+        assert_eq!(pod_key(&slim), pod_key(&pod));
+        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        assert!(
+            size(&slim) * 10 < size(&pod),
+            "{} vs {}",
+            size(&slim),
+            size(&pod)
+        );
+        assert!(slim.metadata.managed_fields.is_none() && slim.status.is_none());
+    }
     use crate::packing::PackingPolicy;
 
     fn pod(json: serde_json::Value) -> Pod {

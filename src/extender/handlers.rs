@@ -121,7 +121,8 @@ pub fn filter(
     let first_seen = match &pod.metadata.uid {
         Some(uid) => {
             let new = !ext.pods.contains_key(uid);
-            ext.pods.insert(uid.clone(), pod.clone());
+            ext.pods
+                .insert(uid.clone(), Arc::new(ledger::slim_pod(&pod)));
             new
         }
         None => true,
@@ -228,7 +229,8 @@ pub fn prioritize(
         }
     };
     if let Some(uid) = &pod.metadata.uid {
-        ext.pods.insert(uid.clone(), pod.clone());
+        ext.pods
+            .insert(uid.clone(), Arc::new(ledger::slim_pod(&pod)));
     }
     let Some(demand) = pod_demand(&pod)? else {
         return Ok(names
