@@ -268,9 +268,9 @@ def main():
                GPU_SHARE_CLUSTER_NODES=node_file)
     log(f"tests/cluster/up.sh {directory} with {args.nodes} nodes")
     t = time.time()
-    subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True)
-    log(f"cluster up in {time.time() - t:.0f} s")
     try:
+        subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True)
+        log(f"cluster up in {time.time() - t:.0f} s")
         report = run(args, directory)
     finally:
         if not args.keep:

@@ -484,14 +484,24 @@ async fn bound(pods: &Api<Pod>, name: &str, limit: Duration) -> Result<(String, 
     .await
 }
 
+/// The newest FailedScheduling event of this pod: matched by its UID too, as events outlive
+/// their pods and these tests reuse pod names.
 async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let uid = pods
+        .get(name)
+        .await
+        .map_err(|e| format!("get pod {name}: {e}"))?
+        .metadata
+        .uid
+        .ok_or_else(|| format!("pod {name} has no UID"))?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
     wait_for(
         &format!("a FailedScheduling event for {name}"),
         Duration::from_secs(60),
         || {
             let events = events.clone();
-            let field = format!("involvedObject.name={name}");
+            let field = format!("involvedObject.name={name},involvedObject.uid={uid}");
             async move {
                 let list = events
                     .list(&ListParams::default().fields(&field))
@@ -851,8 +861,6 @@ async fn requeue_once(
 async fn requeue(c: &Cluster) -> Check {
     let ns = "requeue";
     c.namespace(ns, json!({})).await?;
-    let nodes_file =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/nodes.yaml");
     let others = [
         "a100-mig-mixed",
         "a100-mig-single",
@@ -863,6 +871,51 @@ async fn requeue(c: &Cluster) -> Check {
     ];
     let mut rows = Vec::new();
     let mut failures = Vec::new();
+    let measured = requeue_runs(c, ns, &others, &mut rows, &mut failures).await;
+    // Whatever happened, the cluster goes back to what the later points expect: every node
+    // registered (nodes.py skips those that exist), the extender as up.sh started it, no pods.
+    let registered = register_nodes(c, &others);
+    c.stop("extender");
+    c.start_process("extender");
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    c.delete_pods(ns).await?;
+    for r in &rows {
+        eprintln!("cluster test:   {r}");
+    }
+    measured?;
+    registered?;
+    ensure(failures.is_empty(), failures.join("; "))
+}
+
+fn register_nodes(c: &Cluster, names: &[&str]) -> Check {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new("python3")
+        .arg(root.join("tests/cluster/nodes.py"))
+        .arg(&c.dir)
+        .arg(root.join("tests/cluster/nodes.yaml"))
+        .args(names)
+        .status()
+        .map_err(|e| e.to_string())?;
+    ensure(status.success(), "register the nodes again")
+}
+
+fn requeue_nudges(c: &Cluster) -> Result<f64, String> {
+    let text = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("gpu_share_requeue_nudges_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+async fn requeue_runs(
+    c: &Cluster,
+    ns: &str,
+    others: &[&str],
+    rows: &mut Vec<String>,
+    failures: &mut Vec<String>,
+) -> Check {
     for nudge in [true, false] {
         if !nudge {
             c.stop("extender");
@@ -872,11 +925,13 @@ async fn requeue(c: &Cluster) -> Check {
         }
         for extender_only in [false, true] {
             if extender_only {
-                let out = c.kubectl(&[&["delete", "node"][..], &others[..]].concat(), None);
+                let out = c.kubectl(&[&["delete", "node"][..], others].concat(), None);
                 ensure(out.status.success(), "delete the other nodes")?;
             }
             for run in 0..2 {
+                let nudges = requeue_nudges(c)?;
                 let (per_minute, delay) = requeue_once(c, ns, Duration::from_secs(20)).await?;
+                let nudged = requeue_nudges(c)? - nudges;
                 let case = if extender_only {
                     "rejected by the extender only"
                 } else {
@@ -884,39 +939,30 @@ async fn requeue(c: &Cluster) -> Check {
                 };
                 let shown = delay.map_or("> 20 s".to_string(), |d| format!("{d:.2} s"));
                 rows.push(format!(
-                    "nudge {:3} | {case:31} | run {run} | bound after {shown:>8} | {per_minute:.1} filter calls/min while waiting",
+                    "nudge {:3} | {case:31} | run {run} | bound after {shown:>8} | {per_minute:.1} filter calls/min while waiting | {nudged} nudged",
                     if nudge { "on" } else { "off" }
                 ));
                 if nudge && !delay.is_some_and(|d| d <= 5.0) {
                     failures.push(format!("{case}, nudge on: bound after {shown}"));
+                }
+                // The nudge is what closes the race with the extender's watch: it must have been
+                // sent (or the waiting pod was bound before its release reached the requeuer).
+                if nudge && nudged < 1.0 && !delay.is_some_and(|d| d < 0.5) {
+                    failures.push(format!("{case}, nudge on: no nudge was sent"));
+                }
+                if !nudge && nudged > 0.0 {
+                    failures.push(format!("{case}, nudge off: {nudged} nudges were sent"));
                 }
                 if per_minute > 30.0 {
                     failures.push(format!("{case}: {per_minute:.0} filter calls a minute for one waiting pod (a hot loop)"));
                 }
             }
             if extender_only {
-                let status = std::process::Command::new("python3")
-                    .arg(
-                        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                            .join("tests/cluster/nodes.py"),
-                    )
-                    .arg(&c.dir)
-                    .arg(&nodes_file)
-                    .args(others)
-                    .status()
-                    .map_err(|e| e.to_string())?;
-                ensure(status.success(), "register the other nodes again")?;
+                register_nodes(c, others)?;
             }
         }
     }
-    c.stop("extender");
-    c.start_process("extender");
-    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
-        .await?;
-    for r in &rows {
-        eprintln!("cluster test:   {r}");
-    }
-    ensure(failures.is_empty(), failures.join("; "))
+    Ok(())
 }
 
 // ---- 5. preemption ---------------------------------------------------------------------------------

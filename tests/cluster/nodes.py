@@ -71,7 +71,11 @@ def register(api, node):
     status.setdefault("nodeInfo", {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.37.2"})
     body = {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"], "spec": node.get("spec") or {},
             "status": status}
-    api.call("POST", "/api/v1/nodes", body)
+    try:
+        api.call("POST", "/api/v1/nodes", body)
+    except RuntimeError as e:
+        if "HTTP 409" not in str(e):  # already registered: write its status again
+            raise
     api.call("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, "application/merge-patch+json")
     got = api.call("GET", f"/api/v1/nodes/{name}")
     taints = got.get("spec", {}).get("taints") or []

@@ -197,14 +197,19 @@ impl Cluster {
         let pid = pid.trim().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let start = Instant::now();
+        let mut killed = false;
         while Command::new("kill")
             .args(["-0", &pid])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
         {
-            if start.elapsed() > Duration::from_secs(40) {
+            if start.elapsed() > Duration::from_secs(40) && !killed {
                 let _ = Command::new("kill").args(["-KILL", &pid]).status();
+                killed = true;
+            }
+            if start.elapsed() > Duration::from_secs(50) {
+                panic!("{name} (PID {pid}) still there 10 s after SIGKILL");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
