@@ -801,14 +801,19 @@ async fn no_overcommit(c: &Cluster) -> Check {
 
 // ---- 4. requeue ----------------------------------------------------------------------------------
 
-/// The sum of the extender's filter calls so far (its own counter).
-fn filter_calls(c: &Cluster) -> Result<f64, String> {
+/// The sum of the extender's series of `metric` whose labels contain `labels` (its /metrics).
+fn extender_counter(c: &Cluster, metric: &str, labels: &str) -> Result<f64, String> {
     let text = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
     Ok(text
         .lines()
-        .filter(|l| l.starts_with("gpu_share_requests_total{") && l.contains("endpoint=\"filter\""))
+        .filter(|l| l.starts_with(metric) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
+}
+
+/// The extender's filter calls so far.
+fn filter_calls(c: &Cluster) -> Result<f64, String> {
+    extender_counter(c, "gpu_share_requests_total{", "endpoint=\"filter\"")
 }
 
 /// One requeue measurement: the time-sliced node's budget held by two pods, a third waiting;
@@ -901,12 +906,7 @@ fn register_nodes(c: &Cluster, names: &[&str]) -> Check {
 }
 
 fn requeue_nudges(c: &Cluster) -> Result<f64, String> {
-    let text = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("gpu_share_requeue_nudges_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    extender_counter(c, "gpu_share_requeue_nudges_total", "")
 }
 
 async fn requeue_runs(
@@ -1097,6 +1097,21 @@ fn without_binding(role: &Value, name: &str) -> (Value, bool) {
     (cut, had)
 }
 
+/// An object as read from the API, without the fields the server sets, for `kubectl replace`.
+fn for_replace(mut obj: Value) -> Value {
+    if let Some(m) = obj["metadata"].as_object_mut() {
+        for key in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            m.remove(key);
+        }
+    }
+    obj
+}
+
 fn role_binding(name: &str, role: &str) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -1157,17 +1172,9 @@ async fn rbac_sees_a_missing_verb(c: &Cluster) -> Check {
         )
     };
     rebind(copy)?;
-    let mut role = cut_role.clone();
+    let mut role = cut_role;
     role["metadata"] = shipped_role["metadata"].clone();
-    for key in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        role["metadata"].as_object_mut().map(|m| m.remove(key));
-    }
-    apply(&role, "replace")?;
+    apply(&for_replace(role), "replace")?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     create(c, ns, &gpu_pod("probe", "timeslice-25"))?;
@@ -1176,16 +1183,7 @@ async fn rbac_sees_a_missing_verb(c: &Cluster) -> Check {
     let seen = forbidden_lines(c, &offsets);
 
     // Restore what shipped; the probe is then bound on kube-scheduler's retry.
-    let mut restore = shipped_role.clone();
-    for key in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        restore["metadata"].as_object_mut().map(|m| m.remove(key));
-    }
-    apply(&restore, "replace")?;
+    apply(&for_replace(shipped_role), "replace")?;
     rebind(
         shipped_binding["roleRef"]["name"]
             .as_str()

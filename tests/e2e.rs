@@ -27,9 +27,12 @@
 //! its pods are deleted (grace period 0) before the namespace, so no GPU stays held by a
 //! namespace that is still terminating.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::cluster::wait_for;
 use gpu_share::policy::Policy;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
@@ -73,27 +76,10 @@ fn annotated(value: &str) -> BTreeMap<String, String> {
     BTreeMap::from([("gpu-share".to_string(), value.to_string())])
 }
 
-async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe().await? {
-            return Ok(v);
-        }
-        if start.elapsed() > limit {
-            return Err(format!("timed out after {limit:?} waiting for {what}"));
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
 async fn deployments_available(client: &Client) -> Result<(), String> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     for name in ["gpu-share-webhook", SCHEDULER] {
-        wait_until(&format!("Deployment {SYSTEM_NAMESPACE}/{name} available"), timeout(), || {
+        wait_for(&format!("Deployment {SYSTEM_NAMESPACE}/{name} available"), timeout(), || {
             let api = api.clone();
             async move {
                 let d = api
@@ -161,7 +147,7 @@ fn ensure(cond: bool, msg: impl Into<String>) -> Result<(), String> {
 /// Waits until each `/readyz` URL answers 200.
 async fn processes_ready(urls: &str) -> Result<(), String> {
     for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        wait_until(&format!("{url} ready"), timeout(), || async move {
+        wait_for(&format!("{url} ready"), timeout(), || async move {
             let ok = std::process::Command::new("curl")
                 .args(["-sf", "-o", "/dev/null", url])
                 .status()
@@ -265,7 +251,7 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
     let expect_unschedulable = env_or("GPU_SHARE_E2E_EXPECT", "scheduled") == "unschedulable";
     if expect_unschedulable {
         let events: Api<Event> = Api::namespaced(client.clone(), ns);
-        let message = wait_until("a FailedScheduling event for pod shared", timeout(), || {
+        let message = wait_for("a FailedScheduling event for pod shared", timeout(), || {
             let events = events.clone();
             async move {
                 let list = events
@@ -291,7 +277,7 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
         );
     }
 
-    let (node, gpus) = wait_until("pod shared bound by the extender", timeout(), || {
+    let (node, gpus) = wait_for("pod shared bound by the extender", timeout(), || {
         let pods = pods.clone();
         async move {
             let p = pods.get("shared").await.map_err(|e| e.to_string())?;

@@ -11,25 +11,23 @@ fi
 dir="$1"
 shopt -s nullglob
 pids=()
-# Stop the clients of the API first, etcd last.
-for name in kube-scheduler extender webhook kube-apiserver etcd; do
-  for f in "$dir/pids/$name.pid" "$dir"/pids/"$name"-*.pid; do
-    [[ -f $f ]] || continue
-    pid="$(cat "$f")"
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null
-      pids+=("$pid")
-    fi
-    rm -f "$f"
-  done
-done
-for f in "$dir"/pids/*.pid; do
-  pid="$(cat "$f")"
+stop() { # pid-file: SIGTERM to the process it names, if it still runs
+  local pid
+  pid="$(cat "$1")"
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null
     pids+=("$pid")
   fi
-  rm -f "$f"
+  rm -f "$1"
+}
+# The clients of the API first, etcd last; then anything else up.sh or a test started.
+for name in kube-scheduler extender webhook kube-apiserver etcd; do
+  for f in "$dir/pids/$name.pid" "$dir"/pids/"$name"-*.pid; do
+    [[ -f $f ]] && stop "$f"
+  done
+done
+for f in "$dir"/pids/*.pid; do
+  stop "$f"
 done
 deadline=$((SECONDS + 10))
 for pid in "${pids[@]}"; do

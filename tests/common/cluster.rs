@@ -263,15 +263,8 @@ impl Cluster {
 
     /// GET on an admin listener, parsed as JSON.
     pub fn admin_json(&self, admin_var: &str, path: &str) -> Result<Value, String> {
-        let url = format!("{}{path}", self.var(admin_var));
-        let out = Command::new("curl")
-            .args(["-sf", &url])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("GET {url} failed"));
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("GET {url}: {e}"))
+        let text = self.admin_text(admin_var, path)?;
+        serde_json::from_str(&text).map_err(|e| format!("GET {path}: {e}"))
     }
 
     /// GET on an admin listener, as text.
