@@ -341,7 +341,9 @@ async fn installed_gpu_share_admits_mutates_and_binds() {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs();
+        .as_millis();
+    // Milliseconds: two runs in one second (CI runs two in a row) must not meet in a namespace
+    // the first one left terminating.
     let ns = format!("gpu-share-e2e-{stamp}");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let object: Namespace =
