@@ -197,6 +197,31 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, env = "GPU_SHARE_SHUTDOWN_GRACE_SECONDS", default_value_t = 25)]
     pub shutdown_grace_seconds: u64,
+    /// Most open HTTPS connections. At the limit a new connection closes the longest-idle one;
+    /// it is refused only when every connection has a request in progress. Lowered to fit the
+    /// open-file limit if needed.
+    #[arg(long, env = "GPU_SHARE_MAX_CONNECTIONS", default_value_t = 1000)]
+    pub max_connections: usize,
+    /// Most open admin connections (same rule as --max-connections).
+    #[arg(long, env = "GPU_SHARE_ADMIN_MAX_CONNECTIONS", default_value_t = 64)]
+    pub admin_max_connections: usize,
+    /// Seconds from accepting a connection to its first request's head (TLS handshake,
+    /// protocol detection and headers), on both listeners.
+    #[arg(long, env = "GPU_SHARE_HEADER_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub header_timeout_seconds: u64,
+    /// Seconds a connection may stay open with no request in progress, on both listeners
+    /// (longer than the 90 s idle timeout of Go's HTTP clients, so the API server and
+    /// kube-scheduler close first).
+    #[arg(long, env = "GPU_SHARE_IDLE_TIMEOUT_SECONDS", default_value_t = 120)]
+    pub idle_timeout_seconds: u64,
+    /// Seconds a request body may take to arrive (408 after).
+    #[arg(long, env = "GPU_SHARE_BODY_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub body_timeout_seconds: u64,
+    /// MiB of request bodies held in memory at once, over every connection: 32 MiB for the
+    /// first 64 KiB of each body, the rest for the remainder (at least the largest body
+    /// accepted). A body that cannot be held within --body-timeout-seconds gets 429.
+    #[arg(long, env = "GPU_SHARE_BODY_MEMORY_MIB", default_value_t = 96)]
+    pub body_memory_mib: usize,
 }
 
 impl ServeArgs {

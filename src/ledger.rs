@@ -217,50 +217,42 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
     }
 }
 
-/// What the extender keeps of a pod seen in filter or prioritize until it binds it: exactly
-/// what [`demand_of_pod`], [`pod_ref`] and [`pod_key`] read (identity, priority, gpu-share's
-/// annotations, each container's name and resources, init containers' restart policy, overhead,
-/// node name). A Pod as kube-scheduler sends it also carries managedFields, env, volumes, probes,
-/// status and any annotations its owner likes (up to 256 KiB of them), none of which the cache
-/// needs to hold for up to its TTL.
-pub fn slim_pod(pod: &Pod) -> Pod {
-    use k8s_openapi::api::core::v1::{Container, PodSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    let m = &pod.metadata;
-    let annotations: BTreeMap<String, String> = m
-        .annotations
-        .iter()
-        .flatten()
-        .filter(|(k, _)| k.starts_with("gpu-share"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let container = |c: &Container| Container {
-        name: c.name.clone(),
-        resources: c.resources.clone(),
-        restart_policy: c.restart_policy.clone(),
-        ..Container::default()
-    };
-    Pod {
-        metadata: ObjectMeta {
-            name: m.name.clone(),
-            generate_name: m.generate_name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            ..ObjectMeta::default()
-        },
-        spec: pod.spec.as_ref().map(|s| PodSpec {
-            containers: s.containers.iter().map(container).collect(),
-            init_containers: s
-                .init_containers
-                .as_ref()
-                .map(|cs| cs.iter().map(container).collect()),
-            overhead: s.overhead.clone(),
-            priority: s.priority,
-            node_name: s.node_name.clone(),
-            ..PodSpec::default()
-        }),
-        status: None,
+/// What the extender keeps of a pod seen in filter or prioritize until it binds it: its
+/// identity, its key for logs and its demand (or why it has none), which is all bind reads. A
+/// Pod as kube-scheduler sends it is tens of KB (managedFields, env, volumes, probes, status,
+/// up to 256 KiB of annotations); this is a few hundred bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindPod {
+    pub pod: PodRef,
+    pub key: String,
+    pub demand: Result<Option<Demand>, String>,
+}
+
+impl BindPod {
+    pub fn of(pod: &Pod) -> Self {
+        BindPod {
+            pod: pod_ref(pod),
+            key: pod_key(pod),
+            demand: demand_of_pod(pod).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// About how many bytes it takes in memory (the pod cache is bounded by this).
+    pub fn size(&self) -> u32 {
+        let p = &self.pod;
+        let demand = match &self.demand {
+            Ok(Some(d)) => d.models.iter().map(|m| m.len() + 24).sum::<usize>() + 64,
+            Ok(None) => 0,
+            Err(e) => e.len(),
+        };
+        let n = std::mem::size_of::<Self>()
+            + p.uid.len()
+            + p.namespace.len()
+            + p.name.len()
+            + self.key.len()
+            + demand
+            + 64;
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 }
 
@@ -817,7 +809,7 @@ mod tests {
 
     /// The slim copy the bind cache keeps reads the same: demand (GPU and CPU), identity and key.
     #[test]
-    fn slim_pod_reads_like_the_pod() {
+    fn bind_pod_keeps_what_bind_reads() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": "p", "namespace": "ml", "uid": "u-1",
@@ -848,22 +840,27 @@ mod tests {
             "status": {"phase": "Pending"},
         }))
         .unwrap();
-        let slim = slim_pod(&pod);
-        assert_eq!(
-            format!("{:?}", demand_of_pod(&slim)),
-            format!("{:?}", demand_of_pod(&pod))
-        );
-        assert!(demand_of_pod(&pod).unwrap().is_some());
-        assert_eq!(pod_ref(&slim), pod_ref(&pod));
-        assert_eq!(pod_key(&slim), pod_key(&pod));
-        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        let kept = BindPod::of(&pod);
+        assert_eq!(kept.demand, demand_of_pod(&pod).map_err(|e| e.to_string()));
+        assert!(kept.demand.as_ref().unwrap().is_some());
+        assert_eq!(kept.pod, pod_ref(&pod));
+        assert_eq!(kept.key, pod_key(&pod));
+        let full = serde_json::to_vec(&pod).unwrap().len();
         assert!(
-            size(&slim) * 10 < size(&pod),
-            "{} vs {}",
-            size(&slim),
-            size(&pod)
+            (kept.size() as usize) * 10 < full,
+            "{} vs {full}",
+            kept.size()
         );
-        assert!(slim.metadata.managed_fields.is_none() && slim.status.is_none());
+        // A bad request is kept as its reason, counted in the size.
+        let mut bad = pod.clone();
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("gpu-share.io/request".into(), "x".repeat(100_000));
+        let kept = BindPod::of(&bad);
+        assert!(kept.demand.is_err());
+        assert!(kept.size() > 100_000, "{}", kept.size());
     }
     use crate::packing::PackingPolicy;
 

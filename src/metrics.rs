@@ -26,6 +26,17 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    listener: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -50,6 +61,8 @@ pub struct Metrics {
     fragmented_milli: Gauge,
     held_pods: Gauge,
     gpu_nodes: Gauge,
+    connections: Family<ListenerLabels, Gauge>,
+    closed: Family<ClosedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -121,8 +134,22 @@ impl Metrics {
             "GPU nodes in the inventory",
             gpu_nodes.clone(),
         );
+        let connections = Family::<ListenerLabels, Gauge>::default();
+        let closed = Family::<ClosedLabels, Counter>::default();
+        registry.register(
+            "connections",
+            "Open connections by listener",
+            connections.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Connections the service closed or refused, by listener and reason (idle, no_request, handshake_timeout, evicted, refused)",
+            closed.clone(),
+        );
         Metrics {
             registry,
+            connections,
+            closed,
             requests,
             latency,
             denials,
@@ -187,6 +214,25 @@ impl Metrics {
             .set((fragmented_gpus * 1000.0).round() as i64);
         self.held_pods.set(pods as i64);
         self.gpu_nodes.set(nodes as i64);
+    }
+
+    /// Sets the open connections of a listener.
+    pub fn connections(&self, listener: &str, open: i64) {
+        self.connections
+            .get_or_create(&ListenerLabels {
+                listener: listener.into(),
+            })
+            .set(open);
+    }
+
+    /// Counts a connection the service closed or refused.
+    pub fn connection_closed(&self, listener: &str, reason: &str) {
+        self.closed
+            .get_or_create(&ClosedLabels {
+                listener: listener.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     pub fn policy_reload(&self, result: &str) {

@@ -169,6 +169,9 @@ impl GpuRequest {
                     if mib == 0 {
                         return Err(bad("memory must be at least 1Mi"));
                     }
+                    if mib > MAX_MEMORY_MIB {
+                        return Err(bad(&format!("memory must be at most {MAX_MEMORY}")));
+                    }
                     req.memory_mib = Some(mib);
                 }
                 Some(("count", v)) => {
@@ -225,6 +228,16 @@ pub enum RequestError {
     #[error("annotation gpu-share/memory must be at least 1Mi, got {0:?}")]
     MemoryZero(String),
     #[error(
+        "annotation gpu-share/memory value {0:?} is more than {MAX_MEMORY}, larger than any GPU's memory"
+    )]
+    MemoryTooLarge(String),
+    #[error("annotation {annotation} value {value:?} must be written {canonical:?}")]
+    LeadingZero {
+        annotation: &'static str,
+        value: String,
+        canonical: String,
+    },
+    #[error(
         "annotation gpu-share/memory applies to mps and timeslice only; {class} gets its memory from the {what}"
     )]
     MemoryNotApplicable { class: String, what: &'static str },
@@ -270,6 +283,9 @@ pub fn parse_class(value: &str) -> Result<GpuClass, RequestError> {
                 RequestError::Unparsable(value.to_string())
             });
         }
+        if digits.len() > 1 && digits.starts_with('0') {
+            return Err(leading_zero(value, digits));
+        }
         match digits.parse::<u32>() {
             Ok(p @ 1..=100) => Ok(p as u8),
             _ => Err(out_of_range()),
@@ -279,6 +295,9 @@ pub fn parse_class(value: &str) -> Result<GpuClass, RequestError> {
         return Ok(GpuClass::Exclusive { count: 1 });
     }
     if let Some(n) = value.strip_prefix("exclusive-") {
+        if n.len() > 1 && n.starts_with('0') && n.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(leading_zero(value, n));
+        }
         return match n.parse::<u32>() {
             Ok(count @ 1..=MAX_EXCLUSIVE) if n.bytes().all(|b| b.is_ascii_digit()) => {
                 Ok(GpuClass::Exclusive { count })
@@ -308,6 +327,17 @@ pub fn parse_class(value: &str) -> Result<GpuClass, RequestError> {
     Err(RequestError::Unparsable(value.to_string()))
 }
 
+/// The refusal of a number written with leading zeros (`mps-0025` is `mps-25`).
+fn leading_zero(value: &str, digits: &str) -> RequestError {
+    let trimmed = digits.trim_start_matches('0');
+    let number = if trimmed.is_empty() { "0" } else { trimmed };
+    RequestError::LeadingZero {
+        annotation: ANNOTATION,
+        value: value.to_string(),
+        canonical: format!("{}{number}", &value[..value.len() - digits.len()]),
+    }
+}
+
 /// `<n>g.<m>gb` with an optional `+<suffix>`; whether the profile exists is the MIG table's call.
 fn is_profile_shaped(s: &str) -> bool {
     let (base, suffix) = s.split_once('+').unwrap_or((s, ""));
@@ -332,7 +362,8 @@ fn is_profile_shaped(s: &str) -> bool {
 /// (k, M, G, T) suffixes and plain bytes.
 pub fn parse_memory_mib(value: &str) -> Result<u64, RequestError> {
     let err = || RequestError::Memory(value.to_string());
-    let v = value.trim();
+    // Kubernetes quantities take no spaces, and neither does the class annotation.
+    let v = value;
     let split = v
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(v.len());
@@ -370,8 +401,15 @@ pub fn parse_memory_mib(value: &str) -> Result<u64, RequestError> {
     if mib == 0 {
         return Err(RequestError::MemoryZero(value.to_string()));
     }
+    if mib > MAX_MEMORY_MIB as u128 {
+        return Err(RequestError::MemoryTooLarge(value.to_string()));
+    }
     u64::try_from(mib).map_err(|_| err())
 }
+
+/// The largest `gpu-share/memory` taken: 1 TiB, several times any GPU's memory today.
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+const MAX_MEMORY: &str = "1Ti";
 
 /// What the annotations of a pod ask for, before any policy is applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -416,7 +454,11 @@ pub fn from_annotations(
             });
         }
         request.count = match c.parse::<u32>() {
-            Ok(n @ 1..=MAX_MIG_COUNT) if c.bytes().all(|b| b.is_ascii_digit()) => n,
+            Ok(n @ 1..=MAX_MIG_COUNT)
+                if c.bytes().all(|b| b.is_ascii_digit()) && !c.starts_with('0') =>
+            {
+                n
+            }
             _ => return Err(RequestError::MigCount(c.clone())),
         };
     }
@@ -520,6 +562,59 @@ mod tests {
             parse_class("exclusive-17"),
             Err(RequestError::CountOutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn numbers_are_written_one_way() {
+        for (value, canonical) in [
+            ("mps-00025", "mps-25"),
+            ("timeslice-050", "timeslice-50"),
+            ("exclusive-02", "exclusive-2"),
+        ] {
+            let e = parse_class(value).unwrap_err();
+            assert_eq!(
+                e,
+                RequestError::LeadingZero {
+                    annotation: ANNOTATION,
+                    value: value.into(),
+                    canonical: canonical.into()
+                }
+            );
+            assert!(
+                e.to_string()
+                    .contains(&format!("must be written {canonical:?}")),
+                "{e}"
+            );
+        }
+        assert!(parse_class("mps-000").is_err());
+        let count = |c: &str| {
+            from_annotations(
+                &[
+                    (ANNOTATION.to_string(), "mig-1g.10gb".to_string()),
+                    (ANNOTATION_COUNT.to_string(), c.to_string()),
+                ]
+                .into(),
+            )
+        };
+        assert!(count("2").is_ok());
+        assert!(count("02").is_err());
+        // Spaces: refused around a quantity exactly as around a class.
+        assert!(parse_class("timeslice-50 ").is_err());
+        for spaced in ["12Gi ", " 12Gi", "12Gi\n"] {
+            assert!(parse_memory_mib(spaced).is_err(), "{spaced:?}");
+        }
+    }
+
+    #[test]
+    fn memory_is_bounded_by_any_gpu() {
+        assert_eq!(parse_memory_mib("1Ti"), Ok(MAX_MEMORY_MIB));
+        for big in ["1025Gi", "999999999999Ti", "2T"] {
+            let e = parse_memory_mib(big).unwrap_err();
+            assert_eq!(e, RequestError::MemoryTooLarge(big.into()));
+            assert!(e.to_string().contains("larger than any GPU"), "{e}");
+        }
+        assert!(GpuRequest::parse_normalized("mps-25,memory=1048577Mi").is_err());
+        assert!(GpuRequest::parse_normalized("mps-25,memory=1048576Mi").is_ok());
     }
 
     #[test]

@@ -285,12 +285,12 @@ fn plan_pod(
     // Target container.
     let index = match &annotated.container {
         Some(name) => spec.containers.iter().position(|c| &c.name == name).ok_or_else(|| {
-            let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
             Denial::new(
                 DenialReason::ContainerNotFound,
                 format!(
-                    "gpu-share: annotation gpu-share/container names {name:?}, but the pod's containers are: {}",
-                    names.join(", ")
+                    "gpu-share: annotation gpu-share/container names {:?}, but the pod's containers are: {}",
+                    short(name, 64),
+                    some_names(spec.containers.iter().map(|c| c.name.as_str()), 10)
                 ),
             )
         })?,
@@ -699,6 +699,24 @@ fn fmt_num(x: f64) -> String {
     let s = format!("{x:.4}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     s.to_string()
+}
+
+/// `s` cut to `max` characters, with an ellipsis when cut.
+fn short(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((i, _)) => format!("{}...", &s[..i]),
+    }
+}
+
+/// The first `max` names, each cut to 64 characters, and how many more there are.
+fn some_names<'a>(names: impl ExactSizeIterator<Item = &'a str>, max: usize) -> String {
+    let total = names.len();
+    let mut out: Vec<String> = names.take(max).map(|n| short(n, 64)).collect();
+    if total > max {
+        out.push(format!("and {} more", total - max));
+    }
+    out.join(", ")
 }
 
 #[cfg(test)]

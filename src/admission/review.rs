@@ -173,7 +173,7 @@ pub fn respond(review: &AdmissionReviewIn, decision: &Decision) -> AdmissionRevi
             response.allowed = false;
             response.status = Some(Status {
                 code: 403,
-                message: message.clone(),
+                message: bounded_message(message),
                 reason: "Forbidden".to_string(),
             });
             response
@@ -186,6 +186,19 @@ pub fn respond(review: &AdmissionReviewIn, decision: &Decision) -> AdmissionRevi
         kind: KIND.to_string(),
         response,
     }
+}
+
+/// The most of a denial message sent back: whatever a pod holds, the answer stays small.
+pub const MAX_DENIAL_MESSAGE: usize = 2048;
+
+/// A denial message cut to [`MAX_DENIAL_MESSAGE`] bytes, saying so.
+fn bounded_message(message: &str) -> String {
+    if message.len() <= MAX_DENIAL_MESSAGE {
+        return message.to_string();
+    }
+    let mut m = truncate(message, MAX_DENIAL_MESSAGE - 40);
+    m.push_str(&format!(" ... ({} bytes cut)", message.len() - m.len()));
+    m
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -26,6 +26,34 @@ use crate::server::{AppState, LoadedPolicy, json_error};
 /// What the verbs say while the caches have not synced.
 pub const NOT_SYNCED: &str = "gpu-share extender is not ready: its node and pod caches have not synced yet, and it will not guess from an empty ledger";
 
+/// The most nodes one filter or prioritize request may name: twice the largest cluster any
+/// platform supports (GKE: 65,000 nodes). Past it the work per request has no useful bound.
+pub const MAX_NODES_PER_REQUEST: usize = 130_000;
+
+/// Why a verb has no answer (filter carries these in its `Error` field instead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerbError {
+    /// The caches have not synced: 503, the service is not ready.
+    NotSynced,
+    /// The request breaks the extender protocol (no Pod, no nodes): 400.
+    BadRequest(String),
+    /// More nodes than [`MAX_NODES_PER_REQUEST`]: 413.
+    TooManyNodes(usize),
+}
+
+impl std::fmt::Display for VerbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VerbError::NotSynced => f.write_str(NOT_SYNCED),
+            VerbError::BadRequest(m) => f.write_str(m),
+            VerbError::TooManyNodes(n) => write!(
+                f,
+                "the request names {n} nodes; gpu-share takes at most {MAX_NODES_PER_REQUEST} per request"
+            ),
+        }
+    }
+}
+
 /// The nodes a filter/prioritize request is about.
 enum NodeSet {
     /// `nodeCacheCapable: true`.
@@ -36,12 +64,24 @@ enum NodeSet {
 
 impl NodeSet {
     /// Takes the nodes out of the request (thousands of names or Node objects: not copied).
-    fn take(args: &mut ExtenderArgs) -> Result<NodeSet, String> {
-        match (args.node_names.take(), args.nodes.take()) {
-            (Some(names), _) => Ok(NodeSet::Names(names)),
-            (None, Some(list)) => Ok(NodeSet::Full(list.items)),
-            (None, None) => Err("request has neither Nodes nor NodeNames".to_string()),
+    fn take(args: &mut ExtenderArgs) -> Result<NodeSet, VerbError> {
+        let set = match (args.node_names.take(), args.nodes.take()) {
+            (Some(names), _) => NodeSet::Names(names),
+            (None, Some(list)) => NodeSet::Full(list.items),
+            (None, None) => {
+                return Err(VerbError::BadRequest(
+                    "request has neither Nodes nor NodeNames".to_string(),
+                ));
+            }
+        };
+        let n = match &set {
+            NodeSet::Names(v) => v.len(),
+            NodeSet::Full(v) => v.len(),
+        };
+        if n > MAX_NODES_PER_REQUEST {
+            return Err(VerbError::TooManyNodes(n));
         }
+        Ok(set)
     }
 }
 
@@ -106,7 +146,7 @@ pub fn filter(
     };
     let set = match NodeSet::take(&mut args) {
         Ok(s) => s,
-        Err(e) => return error(e),
+        Err(e) => return error(e.to_string()),
     };
     let full_names: Vec<String>;
     let names: &[String] = match &set {
@@ -117,12 +157,12 @@ pub fn filter(
             &full_names
         }
     };
-    let key = ledger::pod_key(&pod);
+    let seen = Arc::new(ledger::BindPod::of(&pod));
+    let key = seen.key.clone();
     let first_seen = match &pod.metadata.uid {
         Some(uid) => {
             let new = !ext.pods.contains_key(uid);
-            ext.pods
-                .insert(uid.clone(), Arc::new(ledger::slim_pod(&pod)));
+            ext.pods.insert(uid.clone(), seen.clone());
             new
         }
         None => true,
@@ -131,7 +171,7 @@ pub fn filter(
     let mut unresolvable = BTreeMap::new();
     // Per position in `names`: the node fits.
     let mut pass = vec![false; names.len()];
-    match pod_demand(&pod) {
+    match seen.demand.clone() {
         Err(msg) => {
             for n in names {
                 unresolvable.insert(n.clone(), msg.clone());
@@ -210,16 +250,22 @@ fn kept<T>(items: Vec<T>, keep: &[bool]) -> Vec<T> {
         .collect()
 }
 
-/// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0.
+/// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0,
+/// and so does every node for a pod whose request cannot be read (filter has already refused
+/// it in words on every node, so kube-scheduler does not get here with it).
 pub fn prioritize(
     ext: &ExtenderState,
     policy: &LoadedPolicy,
     mut args: ExtenderArgs,
-) -> Result<Vec<HostPriority>, String> {
+) -> Result<Vec<HostPriority>, VerbError> {
     if !ext.is_synced() {
-        return Err(NOT_SYNCED.to_string());
+        return Err(VerbError::NotSynced);
     }
-    let pod = args.pod.take().map(Arc::new).ok_or("request has no Pod")?;
+    let pod = args
+        .pod
+        .take()
+        .map(Arc::new)
+        .ok_or_else(|| VerbError::BadRequest("request has no Pod".into()))?;
     let set = NodeSet::take(&mut args)?;
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
@@ -228,11 +274,18 @@ pub fn prioritize(
             items.iter().map(node_name).collect()
         }
     };
+    let kept = Arc::new(ledger::BindPod::of(&pod));
     if let Some(uid) = &pod.metadata.uid {
-        ext.pods
-            .insert(uid.clone(), Arc::new(ledger::slim_pod(&pod)));
+        ext.pods.insert(uid.clone(), kept.clone());
     }
-    let Some(demand) = pod_demand(&pod)? else {
+    let demand = match &kept.demand {
+        Ok(d) => d.clone(),
+        Err(e) => {
+            tracing::warn!(pod = %kept.key, error = %e, "prioritize: the pod's request cannot be read; every node scores 0");
+            None
+        }
+    };
+    let Some(demand) = demand else {
         return Ok(names
             .into_iter()
             .map(|host| HostPriority { host, score: 0 })
@@ -280,18 +333,15 @@ pub enum BindPlan {
 pub fn reserve_for_bind(
     ext: &ExtenderState,
     policy: &LoadedPolicy,
-    pod: &Pod,
+    pod: &ledger::BindPod,
     node: &str,
 ) -> Result<BindPlan, String> {
-    let key = ledger::pod_key(pod);
-    let Some(demand) = pod_demand(pod)? else {
+    let key = &pod.key;
+    let Some(demand) = pod.demand.clone()? else {
         return Ok(BindPlan::Plain);
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    match ext
-        .ledgers
-        .reserve(&scorer, node, ledger::pod_ref(pod), demand)
-    {
+    match ext.ledgers.reserve(&scorer, node, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
         }),
@@ -302,15 +352,19 @@ pub fn reserve_for_bind(
     }
 }
 
-/// Preempt: keep, per candidate node, just the victims that make room for the pod's class.
+/// Preempt: keep, per candidate node, just the victims that make room for the pod's class. A pod
+/// whose request cannot be read preempts nothing.
 pub fn preempt(
     ext: &ExtenderState,
     args: ExtenderPreemptionArgs,
-) -> Result<ExtenderPreemptionResult, String> {
+) -> Result<ExtenderPreemptionResult, VerbError> {
     if !ext.is_synced() {
-        return Err(NOT_SYNCED.to_string());
+        return Err(VerbError::NotSynced);
     }
-    let pod = args.pod.as_ref().ok_or("request has no Pod")?;
+    let pod = args
+        .pod
+        .as_ref()
+        .ok_or_else(|| VerbError::BadRequest("request has no Pod".into()))?;
     let mut given: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
     if let Some(m) = &args.node_name_to_meta_victims {
         for (node, v) in m {
@@ -341,13 +395,24 @@ pub fn preempt(
         pods: Some(uids.into_iter().map(|uid| Some(MetaPod { uid })).collect()),
         num_pdb_violations: pdb,
     };
-    let demand = pod_demand(pod)?;
+    let demand = match pod_demand(pod) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::info!(pod = %ledger::pod_key(pod), error = %e, "preempt: the pod's request cannot be read; no victims");
+            return Ok(ExtenderPreemptionResult {
+                node_name_to_meta_victims: Some(BTreeMap::new()),
+            });
+        }
+    };
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     let mut out = BTreeMap::new();
+    let candidates = given.len();
+    let mut victims = 0usize;
     for (node, (uids, pdb)) in given {
         let Some(demand) = &demand else {
             // Not a GPU pod: the scheduler's choice stands.
             if !uids.is_empty() {
+                victims += uids.len();
                 out.insert(node, meta(uids, pdb));
             }
             continue;
@@ -360,14 +425,16 @@ pub fn preempt(
             .flatten();
         match planned {
             Some(v) if !v.is_empty() => {
-                tracing::info!(pod = %ledger::pod_key(pod), node = %node, offered = uids.len(), kept = v.len(), "preempt");
+                tracing::debug!(pod = %ledger::pod_key(pod), node = %node, offered = uids.len(), kept = v.len(), "preempt: victims kept");
+                victims += v.len();
                 out.insert(node, meta(v, pdb));
             }
             _ => {
-                tracing::info!(pod = %ledger::pod_key(pod), node = %node, "preempt: no victim set on this node makes room for the pod's class")
+                tracing::debug!(pod = %ledger::pod_key(pod), node = %node, "preempt: no victim set on this node makes room for the pod's class")
             }
         }
     }
+    tracing::info!(pod = %ledger::pod_key(pod), candidates, nodes = out.len(), victims, "preempt");
     Ok(ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(out),
     })
@@ -403,7 +470,7 @@ fn reply<T: serde::Serialize>(
     state: &AppState,
     verb: &'static str,
     start: Instant,
-    result: Result<T, String>,
+    result: Result<T, VerbError>,
 ) -> Response {
     match result {
         Ok(r) => {
@@ -411,8 +478,13 @@ fn reply<T: serde::Serialize>(
             axum::Json(r).into_response()
         }
         Err(e) => {
-            state.metrics.observe(verb, "error", start.elapsed());
-            json_error(StatusCode::SERVICE_UNAVAILABLE, &e)
+            let (status, outcome) = match &e {
+                VerbError::NotSynced => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+                VerbError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+                VerbError::TooManyNodes(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            };
+            state.metrics.observe(verb, outcome, start.elapsed());
+            json_error(status, &e.to_string())
         }
     }
 }
@@ -502,7 +574,7 @@ async fn bind(
                         args.pod_uid
                     ));
                 }
-                Arc::new(pod)
+                Arc::new(ledger::BindPod::of(&pod))
             }
             _ => {
                 return Err(format!(

@@ -20,6 +20,11 @@ use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Scorer, Worklo
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
+
+/// The memory the pods kept for bind may take (by [`crate::ledger::BindPod::size`]): about
+/// 100,000 ordinary pods. Past it the least recently used go; bind then reads the pod from the
+/// API.
+pub const POD_CACHE_BYTES: u64 = 64 << 20;
 /// How long a bound allocation may stay unseen in the API before it frees itself.
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
 /// How long a pod rejected for capacity is remembered for requeue.
@@ -82,7 +87,7 @@ pub struct ExtenderState {
     pub mode: Mode,
     pub ledgers: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
-    pub pods: moka::sync::Cache<String, Arc<Pod>>,
+    pub pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
     /// Bound but not yet seen in the API: uid -> node. Expiry releases the holding.
     pub assumed: moka::sync::Cache<String, String>,
     /// Pods rejected for capacity: uid -> who.
@@ -118,7 +123,10 @@ impl ExtenderState {
             mode,
             ledgers,
             pods: moka::sync::Cache::builder()
-                .max_capacity(100_000)
+                .max_capacity(POD_CACHE_BYTES)
+                .weigher(|uid: &String, pod: &Arc<crate::ledger::BindPod>| {
+                    pod.size().saturating_add(uid.len() as u32 + 64)
+                })
                 .time_to_live(POD_CACHE_TTL)
                 .build(),
             assumed,

@@ -1,6 +1,8 @@
 //! The HTTPS service and the plain-HTTP admin listener: routers, TLS accept loop with
 //! per-connection certificate reload, policy reload, readiness, graceful shutdown.
 
+pub mod body;
+pub mod conn;
 pub mod shutdown;
 pub mod tls;
 
@@ -13,13 +15,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use axum::routing::{MethodRouter, get, post};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -38,6 +36,24 @@ pub const MUTATE_BODY_LIMIT: usize = 4 << 20;
 /// Largest extender body accepted (full Node objects of a large cluster when not
 /// `nodeCacheCapable`).
 pub const EXTENDER_BODY_LIMIT: usize = 64 << 20;
+
+/// The small body budget: the first 64 KiB of every body in flight (512 such bodies at once).
+pub const SMALL_BODY_BUDGET: usize = 32 << 20;
+
+/// The body budgets for a role: `memory` bytes in all, the large part at least the largest
+/// body the role accepts.
+pub fn body_budget(role: Role, memory: usize, timeout: Duration) -> body::BodyBudget {
+    let largest = if role.extender() {
+        EXTENDER_BODY_LIMIT
+    } else {
+        MUTATE_BODY_LIMIT
+    };
+    body::BodyBudget::new(
+        SMALL_BODY_BUDGET,
+        memory.saturating_sub(SMALL_BODY_BUDGET).max(largest),
+        timeout,
+    )
+}
 
 /// A policy with what is derived from it.
 #[derive(Debug, Clone)]
@@ -124,6 +140,8 @@ pub struct AppState {
     pub ready: Arc<Readiness>,
     /// The extender's state (`--role extender|all`).
     pub extender: Option<Arc<ExtenderState>>,
+    /// The memory request bodies may take, over every connection.
+    pub body: Arc<body::BodyBudget>,
 }
 
 impl AppState {
@@ -141,6 +159,7 @@ impl AppState {
                     crate::extender::state::DEFAULT_ASSUME_TTL,
                 ))
             }),
+            body: Arc::new(body_budget(role, 96 << 20, Duration::from_secs(10))),
         }
     }
 }
@@ -152,39 +171,103 @@ pub fn json_error(status: StatusCode, message: &str) -> Response {
 
 /// The HTTPS routes.
 pub fn router(state: Arc<AppState>) -> Router {
+    let bounded = |route: MethodRouter<Arc<AppState>>, endpoint: &'static str, limit: usize| {
+        let rule = Arc::new(body::BodyRule {
+            endpoint,
+            limit,
+            budget: state.body.clone(),
+            metrics: state.metrics.clone(),
+        });
+        route
+            .layer(DefaultBodyLimit::max(limit))
+            .layer(axum::middleware::from_fn_with_state(rule, body::bounded))
+    };
     let mut r = Router::new();
     if state.role.webhook() {
         r = r.route(
             "/mutate",
-            post(crate::admission::review::mutate).layer(DefaultBodyLimit::max(MUTATE_BODY_LIMIT)),
+            bounded(
+                post(crate::admission::review::mutate),
+                "mutate",
+                MUTATE_BODY_LIMIT,
+            ),
         );
     }
     if state.role.extender() {
-        let limit = || DefaultBodyLimit::max(EXTENDER_BODY_LIMIT);
         r = r
             .route(
                 "/scheduler/filter",
-                post(ext::filter_handler).layer(limit()),
+                bounded(post(ext::filter_handler), "filter", EXTENDER_BODY_LIMIT),
             )
             .route(
                 "/scheduler/prioritize",
-                post(ext::prioritize_handler).layer(limit()),
+                bounded(
+                    post(ext::prioritize_handler),
+                    "prioritize",
+                    EXTENDER_BODY_LIMIT,
+                ),
             )
-            .route("/scheduler/bind", post(ext::bind_handler).layer(limit()))
+            .route(
+                "/scheduler/bind",
+                bounded(post(ext::bind_handler), "bind", EXTENDER_BODY_LIMIT),
+            )
             .route(
                 "/scheduler/preempt",
-                post(ext::preempt_handler).layer(limit()),
+                bounded(post(ext::preempt_handler), "preempt", EXTENDER_BODY_LIMIT),
             )
             .route("/v1/nodes", get(ext::nodes_handler));
     }
-    r.fallback(not_found).with_state(state)
+    r.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
 }
 
-async fn not_found(uri: axum::http::Uri) -> Response {
+/// The metrics label of a path: its endpoint, or `unrouted`.
+fn endpoint_of(path: &str) -> &'static str {
+    match path {
+        "/mutate" => "mutate",
+        "/scheduler/filter" => "filter",
+        "/scheduler/prioritize" => "prioritize",
+        "/scheduler/bind" => "bind",
+        "/scheduler/preempt" => "preempt",
+        "/v1/nodes" => "nodes",
+        "/livez" => "livez",
+        "/readyz" => "readyz",
+        "/metrics" => "metrics",
+        _ => "unrouted",
+    }
+}
+
+async fn not_found(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
+    state
+        .metrics
+        .observe("unrouted", "not_found", Duration::ZERO);
     json_error(
         StatusCode::NOT_FOUND,
         &format!("no route for {}", uri.path()),
     )
+}
+
+async fn method_not_allowed(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+) -> Response {
+    let endpoint = endpoint_of(uri.path());
+    state
+        .metrics
+        .observe(endpoint, "method_not_allowed", Duration::ZERO);
+    let allowed = match endpoint {
+        "mutate" | "filter" | "prioritize" | "bind" | "preempt" => "POST",
+        _ => "GET",
+    };
+    let mut r = json_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{} does not take {method}; use {allowed}", uri.path()),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allowed));
+    r
 }
 
 /// The plain-HTTP admin routes: `/livez`, `/readyz`, `/metrics`.
@@ -193,9 +276,27 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/v1/nodes", get(ext::nodes_handler))
+        .route("/v1/nodes", get(local_nodes))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// `/v1/nodes` on the plain-HTTP admin port: it names pods, so only to loopback clients (a
+/// `kubectl port-forward`, or the pod itself). The HTTPS port serves it to anyone it trusts.
+async fn local_nodes(
+    state: State<Arc<AppState>>,
+    peer: Option<axum::Extension<conn::Peer>>,
+) -> Response {
+    match peer {
+        Some(axum::Extension(conn::Peer(addr))) if addr.ip().is_loopback() => {
+            ext::nodes_handler(state).await
+        }
+        _ => json_error(
+            StatusCode::FORBIDDEN,
+            "/v1/nodes names pods, so the plain-HTTP admin port serves it to loopback clients only: use kubectl port-forward to this port, or the HTTPS port",
+        ),
+    }
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -231,94 +332,65 @@ pub async fn stopped(rx: &mut watch::Receiver<bool>) {
 /// Service's endpoints drop the pod before it stops answering (taken from the shutdown grace).
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
-/// Serves HTTPS on `listener`. When `shutdown` turns true it keeps accepting for `drain` (the
-/// caller reports not ready meanwhile), then stops accepting and lets in-flight requests finish
-/// for at most `grace`.
+/// Serves HTTPS on `listener` with the default connection bounds (see [`conn::serve`]).
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<tls::ReloadingTls>,
     app: Router,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     drain: Duration,
     grace: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
-    let drained = async {
-        stopped(&mut shutdown).await;
-        if !drain.is_zero() {
-            tracing::info!(
-                ?drain,
-                "shutting down: still serving while the endpoints catch up"
-            );
-            tokio::time::sleep(drain).await;
-        }
-    };
-    tokio::pin!(drained);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut drained => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        // Replies go out at once: with Nagle's algorithm a reply's last segment waits for the
-        // client's delayed ACK (up to 40 ms on Linux), which kube-scheduler pays on every
-        // filter and prioritize call it makes over a kept-alive connection.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-        }
-        let acceptor = tls.acceptor().await;
-        let service = TowerToHyperService::new(app.clone());
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls_stream = match tokio::time::timeout(
-                Duration::from_secs(10),
-                acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10));
-            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tracing::info!("stopped accepting; draining in-flight requests");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "in-flight requests did not finish in time; closing"),
-    }
+    let registry = conn::Registry::new(
+        conn::ConnLimits::new("https", 1000),
+        Arc::new(Metrics::new()),
+    );
+    conn::serve(listener, Some(tls), app, registry, shutdown, drain, grace).await;
 }
 
-/// Serves the admin router over plain HTTP until shutdown.
-pub async fn serve_admin(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stopped(&mut shutdown).await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "admin listener failed");
+/// Raises the soft open-file limit to the hard one, and returns how many descriptors the two
+/// listeners' connections may use (the limit less room for files, the API client and logs).
+pub fn descriptor_budget() -> usize {
+    const RESERVED: u64 = 128;
+    let soft = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit; assuming 1024");
+            1024
+        }
+    };
+    soft.saturating_sub(RESERVED).max(16).min(usize::MAX as u64) as usize
+}
+
+/// The bounds of the HTTPS and admin listeners from the flags, the connection limits lowered
+/// (HTTPS first) to fit `descriptors`.
+pub fn connection_limits(
+    args: &ServeArgs,
+    descriptors: usize,
+) -> (conn::ConnLimits, conn::ConnLimits) {
+    let admin_max = args
+        .admin_max_connections
+        .clamp(1, (descriptors / 4).max(1));
+    let https_max = args
+        .max_connections
+        .clamp(1, descriptors.saturating_sub(admin_max).max(1));
+    if https_max < args.max_connections || admin_max < args.admin_max_connections {
+        tracing::warn!(
+            requested = args.max_connections,
+            admin_requested = args.admin_max_connections,
+            https = https_max,
+            admin = admin_max,
+            descriptors,
+            "connection limits lowered to fit the open-file limit"
+        );
     }
+    let bounds = |listener, max| conn::ConnLimits {
+        listener,
+        max_connections: max,
+        header_timeout: Duration::from_secs(args.header_timeout_seconds.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
+    };
+    (bounds("https", https_max), bounds("admin", admin_max))
 }
 
 /// Reads and validates a policy file.
@@ -567,6 +639,14 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
+    let body = Arc::new(body_budget(
+        args.role,
+        args.body_memory_mib.saturating_mul(1 << 20),
+        Duration::from_secs(args.body_timeout_seconds.max(1)),
+    ));
+    let limits = connection_limits(&args, descriptor_budget());
+    let https = conn::Registry::new(limits.0, metrics.clone());
+    let admin_registry = conn::Registry::new(limits.1, metrics.clone());
     let state = Arc::new(AppState {
         role: args.role,
         policy: store,
@@ -574,6 +654,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         metrics,
         ready,
         extender,
+        body,
     });
     let listen = args.listen_addr();
     let admin_listen = args.admin_listen_addr();
@@ -595,15 +676,20 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let drain = SHUTDOWN_DRAIN.min(total);
     // The admin listener (/readyz says "shutting down") stays up until the HTTPS one is done.
     let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(serve_admin(
+    let admin_task = tokio::spawn(conn::serve(
         admin,
+        None,
         admin_router(state.clone()),
+        admin_registry,
         admin_stop_rx,
+        Duration::ZERO,
+        Duration::from_secs(2),
     ));
-    serve_tls(
+    conn::serve(
         listener,
-        tls,
+        Some(tls),
         router(state),
+        https,
         shutdown_rx,
         drain,
         total.saturating_sub(drain),
