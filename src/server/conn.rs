@@ -1,9 +1,10 @@
 //! Accepted connections under stated bounds, for both listeners.
 //!
 //! - **Connection limit.** Each listener admits at most `max_connections`. At the limit, a new
-//!   connection closes the one that has been idle longest (no request in progress); only when
-//!   every connection is busy is the new one refused. So idle clients cannot lock out kubelet's
-//!   probes or the API server, however many of them there are.
+//!   connection closes an idle one (no request in progress): the longest-idle connection of the
+//!   client address holding the most idle connections. Only when every connection is busy is
+//!   the new one refused. So one client opening connections cannot lock out kubelet's probes,
+//!   Prometheus or the API server, which come from other addresses.
 //! - **First request.** The TLS handshake, HTTP/1-or-2 detection and the first request's head
 //!   must arrive within `header_timeout` of the accept.
 //! - **Idle.** A connection with no request in progress for `idle_timeout` is closed (HTTP/2:
@@ -15,7 +16,7 @@
 //! waits up to `grace` for them.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,6 +65,7 @@ impl ConnLimits {
 
 /// One connection's activity, shared by its task, its service and the registry.
 struct Conn {
+    ip: IpAddr,
     accepted: Instant,
     in_flight: AtomicUsize,
     /// A request has begun on it.
@@ -77,8 +79,9 @@ struct Conn {
 }
 
 impl Conn {
-    fn new() -> Self {
+    fn new(ip: IpAddr) -> Self {
         Conn {
+            ip,
             accepted: Instant::now(),
             in_flight: AtomicUsize::new(0),
             served: AtomicBool::new(false),
@@ -189,14 +192,22 @@ impl Registry {
         self.lock().len()
     }
 
-    /// A place for a new connection: free, or taken from the longest-idle one; `None` when every
-    /// connection has a request in progress.
-    fn admit(self: &Arc<Self>) -> Option<Admitted> {
+    /// A place for a new connection from `ip`: free, or taken from an idle one (see the module
+    /// docs); `None` when every connection has a request in progress.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Admitted> {
         let mut m = self.lock();
         if m.len() >= self.limits.max_connections {
+            let mut idle_by_ip: HashMap<IpAddr, usize> = HashMap::new();
+            for c in m.values().filter(|c| !c.busy()) {
+                *idle_by_ip.entry(c.ip).or_default() += 1;
+            }
+            let heaviest = idle_by_ip
+                .into_iter()
+                .max_by_key(|(ip, n)| (*n, *ip))
+                .map(|(ip, _)| ip);
             let oldest = m
                 .iter()
-                .filter(|(_, c)| !c.busy())
+                .filter(|(_, c)| !c.busy() && Some(c.ip) == heaviest)
                 .min_by_key(|(_, c)| c.idle_since())
                 .map(|(id, _)| *id);
             match oldest.and_then(|id| m.remove(&id)) {
@@ -213,7 +224,7 @@ impl Registry {
             }
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::new());
+        let conn = Arc::new(Conn::new(ip));
         m.insert(id, conn.clone());
         let open = m.len();
         drop(m);
@@ -296,7 +307,7 @@ pub async fn serve(
                 }
             },
         };
-        let Some(admitted) = registry.admit() else {
+        let Some(admitted) = registry.admit(peer.ip()) else {
             drop(stream);
             continue;
         };

@@ -475,11 +475,22 @@ pub fn parse_nodes(
     crate::documents::typed(text, "Node")
 }
 
+/// The accept queue asked of the kernel (capped by `net.core.somaxconn`): a burst of connections
+/// waits there instead of having its SYNs dropped and retried a second later.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
 /// Binds a TCP listener, naming the address on failure.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Listen { addr, source })
+    let listen = || {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| Error::Listen { addr, source })
 }
 
 /// `gpu-share serve`.
