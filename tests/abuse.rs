@@ -15,11 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// These tests load a 2-core machine; one at a time keeps their 1 s deadlines honest.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The address abusive clients come from (the probes come from 127.0.0.1).
 const ATTACKER: [u8; 4] = [127, 0, 0, 2];
@@ -148,7 +144,7 @@ fn assert_probes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousands_of_idle_connections_lock_out_neither_probes_nor_requests() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     raise_fd_limit();
     let s = DevServer::start(&[
         "--max-connections",
@@ -230,7 +226,7 @@ async fn thousands_of_idle_connections_lock_out_neither_probes_nor_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_within_the_stated_timeouts() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&[
         "--header-timeout-seconds",
         "2",
@@ -411,7 +407,7 @@ fn tokio_stream_from<T: Send + 'static>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalled_bodies_are_bounded_in_time_and_memory() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     raise_fd_limit();
     let s = DevServer::start(&["--body-timeout-seconds", "4"]);
     let (rss_stop, rss) = watch_rss(&s);
@@ -528,7 +524,7 @@ async fn stalled_bodies_are_bounded_in_time_and_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_over_the_limit_get_413_before_they_are_read() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&[]);
     // Declared too large, with Expect: 100-continue: 413 at once, never 100 Continue.
     let t = Instant::now();
@@ -580,7 +576,7 @@ async fn bodies_over_the_limit_get_413_before_they_are_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_json_in_words_and_counted() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&[]);
     // Wrong method, on both listeners.
     let out = raw_exchange(
@@ -677,7 +673,7 @@ async fn every_refusal_is_json_in_words_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_stay_small_whatever_the_request_holds() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&[]);
     // 15,000 containers and an unknown gpu-share/container: the denial is bounded.
     let containers: Vec<_> = (0..15_000)
@@ -730,7 +726,7 @@ async fn answers_stay_small_whatever_the_request_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_logs_cannot_be_forged_and_preempt_logs_one_line() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&["--log-format", "text"]);
     let bind = serde_json::json!({
         "PodName": "p\nFORGED-BIND INFO gpu_share: bound pod=kube-system/x",
@@ -810,7 +806,7 @@ fn legacy_client_hello(minor: u8) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_1_2_and_1_3_only() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let s = DevServer::start(&[]);
     for (name, version) in [
         ("1.2", &rustls::version::TLS12),
