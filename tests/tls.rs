@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::serve::SecretDir;
 use common::*;
 use gpu_share::certs::{self, PemPair};
 use gpu_share::server::tls::{ReloadingTls, TlsFiles};
@@ -19,46 +19,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
-
-/// A Secret-volume-like layout: `dir/tls.crt -> ..data/tls.crt`, `..data -> ..<version>`.
-struct SecretDir {
-    root: tempfile::TempDir,
-    version: u32,
-}
-
-impl SecretDir {
-    fn new(pair: &PemPair) -> Self {
-        let mut s = SecretDir {
-            root: tempfile::tempdir().unwrap(),
-            version: 0,
-        };
-        s.publish(pair);
-        for f in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{f}"), s.root.path().join(f)).unwrap();
-        }
-        s
-    }
-
-    /// Writes a new version and swaps `..data` atomically, like kubelet's AtomicWriter.
-    fn publish(&mut self, pair: &PemPair) {
-        self.version += 1;
-        let dir = self.root.path().join(format!("..v{}", self.version));
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("tls.crt"), &pair.cert_pem).unwrap();
-        std::fs::write(dir.join("tls.key"), &pair.key_pem).unwrap();
-        let tmp = self.root.path().join("..data_tmp");
-        std::os::unix::fs::symlink(format!("..v{}", self.version), &tmp).unwrap();
-        std::fs::rename(&tmp, self.root.path().join("..data")).unwrap();
-    }
-
-    fn files(&self, client_ca: Option<PathBuf>) -> TlsFiles {
-        TlsFiles {
-            cert: self.root.path().join("tls.crt"),
-            key: self.root.path().join("tls.key"),
-            client_ca,
-        }
-    }
-}
 
 struct Server {
     addr: std::net::SocketAddr,

@@ -351,3 +351,43 @@ pub async fn closes_within<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: D
     .await
     .is_ok()
 }
+
+/// A Secret-volume-like layout: `dir/tls.crt -> ..data/tls.crt`, `..data -> ..<version>`.
+pub struct SecretDir {
+    pub root: tempfile::TempDir,
+    version: u32,
+}
+
+impl SecretDir {
+    pub fn new(pair: &gpu_share::certs::PemPair) -> Self {
+        let mut s = SecretDir {
+            root: tempfile::tempdir().unwrap(),
+            version: 0,
+        };
+        s.publish(pair);
+        for f in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{f}"), s.root.path().join(f)).unwrap();
+        }
+        s
+    }
+
+    /// Writes a new version and swaps `..data` atomically, like kubelet's AtomicWriter.
+    pub fn publish(&mut self, pair: &gpu_share::certs::PemPair) {
+        self.version += 1;
+        let dir = self.root.path().join(format!("..v{}", self.version));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("tls.crt"), &pair.cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), &pair.key_pem).unwrap();
+        let tmp = self.root.path().join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..v{}", self.version), &tmp).unwrap();
+        std::fs::rename(&tmp, self.root.path().join("..data")).unwrap();
+    }
+
+    pub fn files(&self, client_ca: Option<std::path::PathBuf>) -> gpu_share::server::tls::TlsFiles {
+        gpu_share::server::tls::TlsFiles {
+            cert: self.root.path().join("tls.crt"),
+            key: self.root.path().join("tls.key"),
+            client_ca,
+        }
+    }
+}
