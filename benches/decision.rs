@@ -137,7 +137,7 @@ fn cluster() -> Cluster {
     for k in 0..60_000 {
         let req = KINDS[rng.random_range(0..KINDS.len())];
         let demand = request(req, [2000, 4000, 8000, 16_000][rng.random_range(0..4)]);
-        ext.observe_demand(&demand);
+        ext.observe_demand(&demand, PackingPolicy::GpuShare);
         let target = &names[rng.random_range(0..NODES)];
         if ext
             .ledgers
@@ -207,7 +207,7 @@ fn percentiles_stream(c: &Cluster) {
         let uid = format!("stream-{k}");
         let b = body(c, &pod_with_cpu(&uid, req, cpu));
         let demand = request(req, cpu);
-        c.ext.observe_demand(&demand);
+        c.ext.observe_demand(&demand, PackingPolicy::GpuShare);
         let (scores, scoring, whole) = served(c, &b);
         times.push((scoring, whole));
         let best = scores

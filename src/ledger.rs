@@ -591,6 +591,11 @@ impl Ledger {
     }
 
     /// Every node's name, sorted.
+    /// How many node ledgers there are.
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub fn node_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .nodes
@@ -622,6 +627,22 @@ impl Ledger {
             .iter()
             .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
             .collect()
+    }
+
+    /// Runs `f` on every node ledger, one at a time (the node map is not held meanwhile, so
+    /// nodes can come and go); returns how many it visited.
+    pub fn for_each_node(&self, mut f: impl FnMut(&mut NodeLedger)) -> usize {
+        let handles: Vec<_> = self
+            .nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for h in &handles {
+            f(&mut lock(h));
+        }
+        handles.len()
     }
 
     /// A copy of every node ledger, by name (each consistent in itself).

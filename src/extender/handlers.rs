@@ -181,7 +181,7 @@ pub fn filter(
         Ok(None) => pass.fill(true),
         Ok(Some(demand)) => {
             if first_seen {
-                ext.observe_demand(&demand);
+                ext.observe_demand(&demand, policy.policy.packing.policy.into());
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
             for (i, (n, v)) in names.iter().zip(verdicts(ext, names, &demand)).enumerate() {

@@ -267,10 +267,14 @@ impl TargetWorkload {
 /// and the usage), so a stale value is never returned whoever changed the node. The workload is
 /// held weakly: its shapes go when the extender moves on to a newer one, while its address
 /// stays reserved, so no later workload is mistaken for it.
+///
+/// Two entries, so that the values for a newer workload can be computed in the background
+/// (see `ExtenderState::observe_demand`) while decisions still read the current one's.
 #[derive(Debug, Clone, Default)]
 pub struct FragMemo {
-    key: Option<MemoKey>,
-    value: f64,
+    slots: [Option<(MemoKey, f64)>; 2],
+    /// Which slot was written last (the other one is replaced first).
+    last: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -311,28 +315,36 @@ impl FragMemo {
         node: &GpuNode,
         usage: &Usage,
     ) -> f64 {
-        if let Some(k) = &self.key
-            && k.matches(w, measure, node, usage)
-        {
-            return self.value;
+        for (k, v) in self.slots.iter().flatten() {
+            if k.matches(w, measure, node, usage) {
+                return *v;
+            }
         }
         let value = w.node_frag_by(measure, node, usage);
         let n = usage.gpu_milli.len();
-        if n <= MEMO_GPUS {
-            let mut gpu_milli = [0u32; MEMO_GPUS];
-            gpu_milli[..n].copy_from_slice(&usage.gpu_milli);
-            self.key = Some(MemoKey {
-                workload: Arc::downgrade(w),
-                measure,
-                product: node.product.clone(),
-                cpu: (node.cpu_milli, usage.cpu_milli),
-                gpu_milli,
-                gpus: n,
-            });
-            self.value = value;
-        } else {
-            self.key = None;
+        if n > MEMO_GPUS {
+            return value;
         }
+        let mut gpu_milli = [0u32; MEMO_GPUS];
+        gpu_milli[..n].copy_from_slice(&usage.gpu_milli);
+        let key = MemoKey {
+            workload: Arc::downgrade(w),
+            measure,
+            product: node.product.clone(),
+            cpu: (node.cpu_milli, usage.cpu_milli),
+            gpu_milli,
+            gpus: n,
+        };
+        // The slot of the same workload and measure (its value is stale), else the one not
+        // written last.
+        let same = self.slots.iter().position(|s| {
+            s.as_ref().is_some_and(|(k, _)| {
+                std::ptr::eq(k.workload.as_ptr(), Arc::as_ptr(w)) && k.measure == measure
+            })
+        });
+        let slot = same.unwrap_or(1 - self.last);
+        self.slots[slot] = Some((key, value));
+        self.last = slot;
         value
     }
 }

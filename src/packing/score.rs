@@ -230,6 +230,19 @@ impl Scorer {
 
     /// [`Scorer::evaluate`], with the node's fragmentation before the placement read from (and
     /// kept in) `memo`: the node's own, kept between decisions. Same result.
+    /// Fills `memo` with the node's "before" fragmentation under this scorer's workload, as
+    /// [`Scorer::evaluate_memo`] would read it (nothing for policies that read no workload).
+    pub fn warm_memo(&self, node: &GpuNode, usage: &Usage, memo: &mut FragMemo) {
+        let measure = match self.policy {
+            PackingPolicy::Fgd => Measure::Fgd,
+            PackingPolicy::GpuShare => Measure::CpuCapped,
+            _ => return,
+        };
+        if let Some(w) = &self.workload {
+            memo.node_frag(w, measure, node, usage);
+        }
+    }
+
     pub fn evaluate_memo(
         &self,
         node: &GpuNode,

@@ -9,7 +9,9 @@
 //!   budget, but an ordinary AdmissionReview or extender call (tens of KB) is served from the
 //!   small one. A body that cannot get its bytes within its `timeout` gets 429.
 //!
-//! Every refusal is JSON with the reason, and counted in `gpu_share_requests_total`.
+//! Every refusal is JSON with the reason, and counted in `gpu_share_requests_total`. Every answer
+//! carries `Server-Timing: read;dur=<ms>, handle;dur=<ms>`: the time the body took to arrive and
+//! the time the handler took.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,10 +126,21 @@ pub async fn bounded(State(rule): State<Arc<BodyRule>>, req: Request, next: Next
             return response;
         }
     };
-    let response = next
+    let read = start.elapsed();
+    let handled = Instant::now();
+    let mut response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     drop(held);
+    // The service's own time, for load tests and browsers' network panels (W3C Server Timing).
+    let timing = format!(
+        "read;dur={:.3}, handle;dur={:.3}",
+        read.as_secs_f64() * 1e3,
+        handled.elapsed().as_secs_f64() * 1e3
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&timing) {
+        response.headers_mut().insert("server-timing", v);
+    }
     response
 }
 

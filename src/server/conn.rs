@@ -448,8 +448,9 @@ async fn serve_http<I>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        // Waiting for the next request's head is idling: the idle timeout bounds it.
-        .header_read_timeout(limits.idle_timeout)
+        // Waiting for the next request's head is idling: the idle timeout bounds it (the watch
+        // below closes it and counts why; hyper's own timer, a second later, is a backstop).
+        .header_read_timeout(limits.idle_timeout + Duration::from_secs(1))
         .max_buf_size(64 << 10);
     builder
         .http2()
@@ -484,6 +485,10 @@ async fn serve_http<I>(
                 {
                     metrics.connection_closed(limits.listener, why);
                     tracing::debug!(%peer, reason = why, "closing connection");
+                    if why == "no_request" {
+                        // Nothing was ever asked on it (a slow or silent head): just drop it.
+                        return;
+                    }
                     served.as_mut().graceful_shutdown();
                     close_by = Some(Instant::now() + CLOSE_WAIT);
                 }
