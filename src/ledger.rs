@@ -545,14 +545,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The fewest nodes one thread takes in [`Ledger::with_nodes_par`]: small requests stay on the
+/// calling thread, where handing them out would cost more than it saves.
+pub const PARALLEL_CHUNK: usize = 512;
+
 /// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
 /// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
 /// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
 #[derive(Default)]
 pub struct Ledger {
-    /// By name; a fast hash (names come from the API server), as prioritize looks up every
-    /// candidate node of a decision.
-    nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::fast::RandomState>>,
+    /// By name, as prioritize looks up every candidate node of a decision.
+    nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::quality::RandomState>>,
     /// uid -> node for every placed holding.
     index: Mutex<HashMap<String, String>>,
     /// Pods bound to nodes not (yet) in the inventory.
@@ -625,6 +628,26 @@ impl Ledger {
         let map = self.nodes.read().unwrap_or_else(|e| e.into_inner());
         names
             .iter()
+            .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
+            .collect()
+    }
+
+    /// [`Ledger::with_nodes`] spread over rayon's threads, in chunks of [`PARALLEL_CHUNK`]
+    /// nodes, for the verbs that visit every node of a request. Each node is still under its own
+    /// lock while `f` runs, and the answers keep the names' order.
+    pub fn with_nodes_par<R: Send>(
+        &self,
+        names: &[String],
+        f: impl Fn(&mut NodeLedger) -> R + Sync,
+    ) -> Vec<Option<R>> {
+        use rayon::prelude::*;
+        if names.len() < 2 * PARALLEL_CHUNK || rayon::current_num_threads() < 2 {
+            return self.with_nodes(names, f);
+        }
+        let map = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        names
+            .par_iter()
+            .with_min_len(PARALLEL_CHUNK)
             .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
             .collect()
     }

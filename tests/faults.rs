@@ -224,7 +224,8 @@ async fn sigterm_under_load_finishes_in_flight_requests_and_exits_0() {
         answer.starts_with("HTTP/1.1 200"),
         "the in-flight request got: {answer:?}"
     );
-    let status = s.terminate();
+    // The first SIGTERM is the only one: a second would abort.
+    let status = s.wait_exit(Duration::from_secs(15));
     stop.store(true, Ordering::Relaxed);
     let mut refused = 0;
     for l in load {

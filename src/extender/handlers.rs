@@ -110,7 +110,7 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
 /// nodes (cluster mode, or known as such) or unknown.
 fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
     ext.ledgers
-        .with_nodes(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
+        .with_nodes_par(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
@@ -148,14 +148,16 @@ pub fn filter(
         Ok(s) => s,
         Err(e) => return error(e.to_string()),
     };
-    let full_names: Vec<String>;
-    let names: &[String] = match &set {
-        NodeSet::Names(n) => n,
+    let full_names: Vec<String> = match &set {
+        NodeSet::Names(_) => Vec::new(),
         NodeSet::Full(items) => {
             learn_nodes(ext, items, policy.policy.resources.shared.as_str());
-            full_names = items.iter().map(node_name).collect();
-            &full_names
+            items.iter().map(node_name).collect()
         }
+    };
+    let names: &[String] = match &set {
+        NodeSet::Names(n) => n,
+        NodeSet::Full(_) => &full_names,
     };
     let seen = Arc::new(ledger::BindPod::of(&pod));
     let key = seen.key.clone();
@@ -167,42 +169,39 @@ pub fn filter(
         }
         None => true,
     };
-    let mut failed = BTreeMap::new();
-    let mut unresolvable = BTreeMap::new();
-    // Per position in `names`: the node fits.
-    let mut pass = vec![false; names.len()];
+    // Per position in `names`: `None` when the node fits, else why not.
+    let mut tags: Vec<Option<Reason>> = vec![None; names.len()];
+    let mut bad_request: Option<String> = None;
+    let (mut failed_count, mut unresolvable_count) = (0, 0);
     match seen.demand.clone() {
         Err(msg) => {
-            for n in names {
-                unresolvable.insert(n.clone(), msg.clone());
-            }
             metrics.rejection("bad_request", names.len() as u64);
+            unresolvable_count = names.len();
+            bad_request = Some(msg);
         }
-        Ok(None) => pass.fill(true),
+        Ok(None) => {}
         Ok(Some(demand)) => {
             if first_seen {
                 ext.observe_demand(&demand, policy.policy.packing.policy.into());
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-            for (i, (n, v)) in names.iter().zip(verdicts(ext, names, &demand)).enumerate() {
-                match v {
-                    Ok(()) => pass[i] = true,
-                    Err(r) => {
-                        tracing::debug!(pod = %key, node = %n, reason = r.label(), "node rejected");
-                        *by_reason.entry(r.label()).or_default() += 1;
-                        if r.resolvable() {
-                            failed.insert(n.clone(), r.message());
-                        } else {
-                            unresolvable.insert(n.clone(), r.message());
-                        }
+            for (i, v) in verdicts(ext, names, &demand).into_iter().enumerate() {
+                if let Err(r) = v {
+                    tracing::debug!(pod = %key, node = %names[i], reason = r.label(), "node rejected");
+                    *by_reason.entry(r.label()).or_default() += 1;
+                    if r.resolvable() {
+                        failed_count += 1;
+                    } else {
+                        unresolvable_count += 1;
                     }
+                    tags[i] = Some(r);
                 }
             }
             for (r, c) in by_reason {
                 metrics.rejection(r, c);
             }
-            if !pass.contains(&true)
-                && !failed.is_empty()
+            if failed_count > 0
+                && failed_count + unresolvable_count == names.len()
                 && let (Some(uid), Some(name), Some(ns)) = (
                     pod.metadata.uid.clone(),
                     pod.metadata.name.clone(),
@@ -220,34 +219,54 @@ pub fn filter(
             }
         }
     }
-    let fit = pass.iter().filter(|p| **p).count();
-    tracing::info!(pod = %key, nodes = names.len(), fit, failed = failed.len(), unresolvable = unresolvable.len(), "filter");
-    let mut result = ExtenderFilterResult {
-        failed_nodes: Some(failed),
-        failed_and_unresolvable_nodes: Some(unresolvable),
-        ..Default::default()
+    let fit = names.len() - failed_count - unresolvable_count;
+    tracing::info!(pod = %key, nodes = names.len(), fit, failed = failed_count, unresolvable = unresolvable_count, "filter");
+    // The names move into the answer (thousands of them: not copied), each with its reason.
+    let mut failed = wire::NodeReasons::with_capacity(failed_count);
+    let mut unresolvable = wire::NodeReasons::with_capacity(unresolvable_count);
+    let mut sort = |name: String, tag: Option<Reason>| -> Option<String> {
+        if let Some(msg) = &bad_request {
+            unresolvable.push(name, msg.clone().into());
+            return None;
+        }
+        match tag {
+            None => Some(name),
+            Some(r) if r.resolvable() => {
+                failed.push(name, r.message_static());
+                None
+            }
+            Some(r) => {
+                unresolvable.push(name, r.message_static());
+                None
+            }
+        }
     };
+    let mut result = ExtenderFilterResult::default();
     match set {
         NodeSet::Names(n) => {
-            result.node_names = Some(kept(n, &pass));
+            let kept: Vec<String> = n
+                .into_iter()
+                .zip(tags)
+                .filter_map(|(name, tag)| sort(name, tag))
+                .collect();
+            result.node_names = Some(kept);
         }
         NodeSet::Full(items) => {
+            let kept: Vec<Value> = items
+                .into_iter()
+                .zip(full_names)
+                .zip(tags)
+                .filter_map(|((item, name), tag)| sort(name, tag).map(|_| item))
+                .collect();
             result.nodes = Some(NodeList {
                 metadata: None,
-                items: kept(items, &pass),
+                items: kept,
             });
         }
     }
+    result.failed_nodes = Some(failed);
+    result.failed_and_unresolvable_nodes = Some(unresolvable);
     result
-}
-
-/// The items whose position is marked in `keep`.
-fn kept<T>(items: Vec<T>, keep: &[bool]) -> Vec<T> {
-    items
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(x, k)| k.then_some(x))
-        .collect()
 }
 
 /// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0,
@@ -294,7 +313,7 @@ pub fn prioritize(
     let scorer = ext.scorer(policy.policy.packing.policy.into());
     let raw: Vec<Option<f64>> = ext
         .ledgers
-        .with_nodes(&names, |nl| {
+        .with_nodes_par(&names, |nl| {
             packing::place_memo(&scorer, &nl.node, &nl.usage, &demand, &mut nl.memo)
                 .ok()
                 .map(|(_, s)| s)

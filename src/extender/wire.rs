@@ -39,14 +39,66 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Value>, D
 pub struct ExtenderFilterResult {
     pub nodes: Option<NodeList>,
     pub node_names: Option<Vec<String>>,
-    pub failed_nodes: Option<BTreeMap<String, String>>,
-    pub failed_and_unresolvable_nodes: Option<BTreeMap<String, String>>,
+    pub failed_nodes: Option<NodeReasons>,
+    pub failed_and_unresolvable_nodes: Option<NodeReasons>,
     pub error: String,
 }
 
 impl PartialEq for NodeList {
     fn eq(&self, other: &Self) -> bool {
         self.items == other.items
+    }
+}
+
+/// Go's `map[string]string` of node name to reason, kept as a list: filter fills it node by node
+/// (thousands of them), and a sorted map would cost more than the list it serializes the same as.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeReasons(pub Vec<(String, std::borrow::Cow<'static, str>)>);
+
+impl NodeReasons {
+    pub fn with_capacity(n: usize) -> Self {
+        NodeReasons(Vec::with_capacity(n))
+    }
+
+    pub fn push(&mut self, node: String, reason: std::borrow::Cow<'static, str>) {
+        self.0.push((node, reason));
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The reason given for a node.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, r)| r.as_ref())
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for NodeReasons {
+    fn from(pairs: [(String, String); N]) -> Self {
+        NodeReasons(pairs.into_iter().map(|(n, r)| (n, r.into())).collect())
+    }
+}
+
+impl Serialize for NodeReasons {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(n, r)| (n, r)))
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeReasons {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, String>::deserialize(d)?;
+        Ok(NodeReasons(
+            map.into_iter().map(|(n, r)| (n, r.into())).collect(),
+        ))
     }
 }
 
@@ -253,7 +305,7 @@ mod tests {
         let r = ExtenderFilterResult {
             node_names: Some(vec!["a".into()]),
             failed_nodes: Some([("b".to_string(), "x".to_string())].into()),
-            failed_and_unresolvable_nodes: Some(BTreeMap::new()),
+            failed_and_unresolvable_nodes: Some(NodeReasons::default()),
             ..Default::default()
         };
         assert_eq!(

@@ -354,6 +354,11 @@ pub enum Reason {
 impl Reason {
     /// The sentence sent to kube-scheduler.
     pub fn message(&self) -> String {
+        self.message_static().into_owned()
+    }
+
+    /// [`Reason::message`], borrowed where the sentence is fixed (filter sends one per node).
+    pub fn message_static(&self) -> std::borrow::Cow<'static, str> {
         match self {
             Reason::NotGpuNode => "node has no NVIDIA GPUs".into(),
             Reason::UnknownNode => "node is not in gpu-share's inventory".into(),
@@ -367,7 +372,7 @@ impl Reason {
             Reason::NodeIsMig => {
                 "node's GPUs are split into MIG devices; pod asks full GPUs".into()
             }
-            Reason::SharingMismatch { node, pod } => format!("node {node}; pod asks {pod}"),
+            Reason::SharingMismatch { node, pod } => format!("node {node}; pod asks {pod}").into(),
             Reason::MpsReplicaTooSmall => {
                 "MPS replicas on this node are smaller than the request".into()
             }

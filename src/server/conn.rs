@@ -462,9 +462,20 @@ async fn serve_http<I>(
     let served = builder.serve_connection(io, service);
     tokio::pin!(served);
     let mut close_by: Option<Instant> = None;
+    // Shutdown reached a connection on which no request has begun yet: the client has most
+    // likely just sent one, so it gets a second for it (then the reply) before the close.
+    let mut close_after_first: Option<Instant> = None;
     loop {
+        if let Some(at) = close_after_first
+            && (conn.served.load(Ordering::Acquire) || at <= Instant::now())
+        {
+            close_after_first = None;
+            served.as_mut().graceful_shutdown();
+            close_by = Some(Instant::now() + Duration::from_secs(3600));
+        }
         let deadline = conn.deadline(limits);
         let wake = close_by
+            .or(close_after_first)
             .or(deadline.map(|(at, _)| at))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         let changed = conn.changed.notified();
@@ -476,6 +487,9 @@ async fn serve_http<I>(
                 return;
             }
             _ = tokio::time::sleep_until(wake.into()) => {
+                if close_after_first.is_some() {
+                    continue;
+                }
                 if close_by.is_some() {
                     tracing::debug!(%peer, "connection did not close in time; dropped");
                     return;
@@ -494,15 +508,19 @@ async fn serve_http<I>(
                 }
             }
             _ = changed => {}
-            _ = conn.evict.notified(), if close_by.is_none() => {
+            _ = conn.evict.notified(), if close_by.is_none() && close_after_first.is_none() => {
                 tracing::debug!(%peer, "closing the longest-idle connection for a new one");
                 served.as_mut().graceful_shutdown();
                 close_by = Some(Instant::now() + CLOSE_WAIT);
             }
-            _ = closing.wait_for(|c| *c), if close_by.is_none() && !*closing.borrow() => {
-                served.as_mut().graceful_shutdown();
-                // Shutdown: the server's grace bounds how long in-flight requests may take.
-                close_by = Some(Instant::now() + Duration::from_secs(3600));
+            _ = closing.wait_for(|c| *c), if close_by.is_none() && close_after_first.is_none() && !*closing.borrow() => {
+                if conn.served.load(Ordering::Acquire) || conn.busy() {
+                    served.as_mut().graceful_shutdown();
+                    // Shutdown: the server's grace bounds how long in-flight requests may take.
+                    close_by = Some(Instant::now() + Duration::from_secs(3600));
+                } else {
+                    close_after_first = Some(Instant::now() + Duration::from_secs(1));
+                }
             }
         }
     }

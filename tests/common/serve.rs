@@ -110,6 +110,21 @@ impl DevServer {
             .unwrap_or(0.0)
     }
 
+    /// Waits for the process to exit by itself (SIGKILL after `limit`).
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then the exit status (SIGKILL after 30 s).
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
