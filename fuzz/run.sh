@@ -22,8 +22,11 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release --quiet --bins
-bin="$CARGO_TARGET_DIR/release"
+# With an explicit --target, RUSTFLAGS reach only the targets' code, not build scripts and
+# proc macros (which run on the host and must not be instrumented).
+triple="$(rustc -vV | sed -n 's/^host: //p')"
+cargo build --release --quiet --bins --target "$triple"
+bin="$CARGO_TARGET_DIR/$triple/release"
 
 bash seed.sh
 
