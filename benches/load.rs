@@ -281,41 +281,6 @@ fn pod(uid: &str, class: &str) -> Value {
 
 // ---- connections --------------------------------------------------------------------------------
 
-#[derive(Debug)]
-struct NoVerify(rustls::crypto::CryptoProvider);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// One kept-alive connection, HTTP/1.1 or HTTP/2.
 enum Sender {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
@@ -331,12 +296,9 @@ struct Reply {
 
 impl Sender {
     async fn connect(addr: SocketAddr, http1: bool) -> Result<Sender, String> {
-        let provider = rustls::crypto::ring::default_provider();
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider.clone()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+        let mut config = rustls::ClientConfig::builder()
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_custom_certificate_verifier(gpu_share::status::NoVerify::ring())
             .with_no_client_auth();
         config.alpn_protocols = vec![if http1 {
             b"http/1.1".to_vec()

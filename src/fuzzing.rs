@@ -21,7 +21,7 @@ use tower::ServiceExt;
 
 use crate::cli::Role;
 use crate::inventory::{GpuNode, MigLayout, Sharing};
-use crate::ledger::{Ledger, ObservedPod, PodRef};
+use crate::ledger::{Ledger, PodRef};
 use crate::packing::{Demand, GpuDemand, PackingPolicy, Scorer};
 use crate::policy::Policy;
 use crate::request::{self, GpuRequest};
@@ -195,7 +195,9 @@ pub fn kube_inputs(data: &[u8]) {
     let _ = crate::simulate::kube::parse_pod_list(&text);
 }
 
-fn ledger_nodes() -> Vec<GpuNode> {
+/// Four nodes, one of each kind (whole GPUs, time-slicing, MPS, MIG mixed): the ledger the `binds`
+/// target and `tests/ledger_props.rs` work on.
+pub fn ledger_nodes() -> Vec<GpuNode> {
     vec![
         GpuNode::whole("plain", "L40S", 4, 46068),
         GpuNode::shared("ts", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 }),
@@ -244,18 +246,6 @@ pub fn binds(data: &[u8]) {
     let nodes = ledger_nodes();
     let mut live = Ledger::rebuild(nodes.clone(), &[]);
     let scorer = Scorer::new(PackingPolicy::GpuShare);
-    let api_view = |l: &Ledger| -> Vec<ObservedPod> {
-        l.snapshot()
-            .values()
-            .flat_map(|nl| nl.holdings.values())
-            .map(|h| ObservedPod {
-                pod: h.pod.clone(),
-                node: h.node.clone(),
-                demand: h.demand.clone(),
-                gpus: Some(h.placement.gpus.clone()),
-            })
-            .collect()
-    };
     for op in data.chunks(4).take(256) {
         let [a, b, c, d] = [
             op[0],
@@ -279,7 +269,7 @@ pub fn binds(data: &[u8]) {
                 live.release(&uid);
             }
             _ => {
-                let rebuilt = Ledger::rebuild(nodes.clone(), &api_view(&live));
+                let rebuilt = Ledger::rebuild(nodes.clone(), &live.observed());
                 assert_eq!(
                     rebuilt.snapshot(),
                     live.snapshot(),

@@ -668,6 +668,21 @@ impl Ledger {
         handles.len()
     }
 
+    /// Every holding as the API would show it (the pod, its node and its bind annotation): what a
+    /// restarted extender rebuilds from.
+    pub fn observed(&self) -> Vec<ObservedPod> {
+        self.snapshot()
+            .values()
+            .flat_map(|nl| nl.holdings.values())
+            .map(|h| ObservedPod {
+                pod: h.pod.clone(),
+                node: h.node.clone(),
+                demand: h.demand.clone(),
+                gpus: Some(h.placement.gpus.clone()),
+            })
+            .collect()
+    }
+
     /// A copy of every node ledger, by name (each consistent in itself).
     pub fn snapshot(&self) -> BTreeMap<String, NodeLedger> {
         let handles: Vec<_> = self

@@ -127,9 +127,7 @@ fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig,
     if insecure {
         return Ok(builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(
-                rustls::crypto::ring::default_provider(),
-            )))
+            .with_custom_certificate_verifier(NoVerify::ring())
             .with_no_client_auth());
     }
     let mut roots = rustls::RootCertStore::empty();
@@ -157,8 +155,18 @@ fn rustls_pemfile_certs(
 }
 
 /// Accepts any server certificate (`--insecure`, for a `--dev` service on loopback).
+/// A server-certificate verifier that accepts any certificate (signatures are still checked):
+/// for `status --insecure`, and for the tests and the load generator, which talk to `--dev`'s
+/// throwaway certificate.
 #[derive(Debug)]
-struct NoVerify(rustls::crypto::CryptoProvider);
+pub struct NoVerify(rustls::crypto::CryptoProvider);
+
+impl NoVerify {
+    /// With the ring provider, the service's own.
+    pub fn ring() -> Arc<NoVerify> {
+        Arc::new(NoVerify(rustls::crypto::ring::default_provider()))
+    }
+}
 
 impl rustls::client::danger::ServerCertVerifier for NoVerify {
     fn verify_server_cert(

@@ -5,25 +5,13 @@
 
 use std::sync::Arc;
 
-use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
+use gpu_share::inventory::{GpuNode, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
 use gpu_share::packing::{self, Demand, GpuDemand, OnlineWorkload, PackingPolicy, Scorer};
 use proptest::prelude::*;
 
 fn nodes() -> Vec<GpuNode> {
-    vec![
-        GpuNode::whole("plain", "L40S", 4, 46068),
-        GpuNode::shared("ts", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 }),
-        GpuNode::shared("mps", "H100", 2, 81559, Sharing::Mps { replicas: 4 }),
-        GpuNode {
-            gpus: 1,
-            slots: 1,
-            mig: MigLayout::Mixed {
-                instances: [("1g.10gb".to_string(), 7), ("3g.40gb".to_string(), 2)].into(),
-            },
-            ..GpuNode::whole("mig", "A100", 1, 81920)
-        },
-    ]
+    gpu_share::fuzzing::ledger_nodes()
 }
 
 #[derive(Debug, Clone)]
@@ -77,16 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// What the API would list: every held pod with its node and bind annotation.
 fn api_view(l: &Ledger) -> Vec<ObservedPod> {
-    l.snapshot()
-        .values()
-        .flat_map(|nl| nl.holdings.values())
-        .map(|h| ObservedPod {
-            pod: h.pod.clone(),
-            node: h.node.clone(),
-            demand: h.demand.clone(),
-            gpus: Some(h.placement.gpus.clone()),
-        })
-        .collect()
+    l.observed()
 }
 
 proptest! {

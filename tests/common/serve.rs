@@ -169,51 +169,6 @@ pub fn raise_fd_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024)
 }
 
-#[derive(Debug)]
-struct NoVerify(rustls::crypto::CryptoProvider);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// A client configuration that trusts any certificate, for the given protocol versions and ALPN.
 pub fn client_config(
     versions: &[&'static rustls::SupportedProtocolVersion],
@@ -221,11 +176,11 @@ pub fn client_config(
 ) -> Arc<rustls::ClientConfig> {
     super::install_crypto();
     let provider = rustls::crypto::ring::default_provider();
-    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(provider.clone()))
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(versions)
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+        .with_custom_certificate_verifier(gpu_share::status::NoVerify::ring())
         .with_no_client_auth();
     c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Arc::new(c)
