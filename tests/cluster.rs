@@ -1328,7 +1328,21 @@ async fn apiserver_outage(c: &Cluster) -> Check {
         Duration::from_secs(60),
         || async move { Ok(ledger_pods(c, ns)?.is_empty().then_some(())) },
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        let log = c.log("extender");
+        let watch: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("/readyz") && !l.contains("/livez"))
+            .rev()
+            .take(60)
+            .collect();
+        format!(
+            "{e}: ledger still holds {:?}\nextender's last lines (newest first):\n{}",
+            ledger_pods(c, ns),
+            watch.join("\n")
+        )
+    })?;
     tracing::info!(
         retries,
         bound = bound_now.len(),

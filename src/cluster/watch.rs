@@ -27,6 +27,8 @@ pub const POD_FIELD_SELECTOR: &str = "status.phase!=Succeeded,status.phase!=Fail
 #[derive(Debug, Default)]
 pub struct Relist {
     seen: Option<HashSet<String>>,
+    /// When the list began.
+    from: Option<Instant>,
 }
 
 /// Applies one node event. Returns true when a full list has just completed.
@@ -77,6 +79,7 @@ pub fn apply_pod_event(ext: &ExtenderState, relist: &mut Relist, event: Event<Po
     match event {
         Event::Init => {
             relist.seen = Some(HashSet::new());
+            relist.from = Some(Instant::now());
             false
         }
         Event::InitApply(p) | Event::Apply(p) => {
@@ -93,8 +96,8 @@ pub fn apply_pod_event(ext: &ExtenderState, relist: &mut Relist, event: Event<Po
             false
         }
         Event::InitDone => {
-            if let Some(seen) = relist.seen.take() {
-                let dropped = ext.retain_pods(&seen);
+            if let (Some(seen), Some(from)) = (relist.seen.take(), relist.from.take()) {
+                let dropped = ext.retain_pods(&seen, from);
                 if dropped > 0 {
                     tracing::info!(dropped, "relist: released pods that are gone");
                 }
@@ -268,8 +271,9 @@ pub fn reconcile_with(
         .map(|o| (o.pod.uid.clone(), o))
         .collect();
     for uid in ext.ledgers.uids() {
-        if !expected.contains_key(&uid) && !ext.assumed.contains_key(&uid) && !newer(&uid) {
+        if !expected.contains_key(&uid) && !ext.bound_after(&uid, listed_at) && !newer(&uid) {
             drift.phantom += 1;
+            ext.assumed.invalidate(&uid);
             ext.ledgers.release(&uid);
         }
     }
@@ -277,6 +281,8 @@ pub fn reconcile_with(
         if newer(uid) {
             continue;
         }
+        // The API shows it bound: no longer merely assumed.
+        ext.assumed.invalidate(uid);
         let same = ext.ledgers.node_of(uid).as_deref() == Some(o.node.as_str())
             && ext
                 .ledgers
@@ -453,7 +459,7 @@ pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extender::state::Mode;
+    use crate::extender::state::{Assumed, Mode};
     use crate::inventory::GpuNode;
     use http::{Request, Response};
     use kube::client::Body;
@@ -534,14 +540,13 @@ mod tests {
         assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(1));
     }
 
-    #[test]
-    fn a_fresh_bind_survives_a_relist_that_does_not_show_it_yet() {
-        let e = ext();
+    /// Reserves a whole GPU of n1 for `uid`, as bind does before calling the API.
+    fn reserve(e: &ExtenderState, uid: &str) {
         let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
         let pref = crate::ledger::PodRef {
-            uid: "new".into(),
+            uid: uid.into(),
             namespace: "ml".into(),
-            name: "pod-new".into(),
+            name: format!("pod-{uid}"),
             priority: 0,
         };
         e.ledgers
@@ -552,11 +557,30 @@ mod tests {
                 crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 1 }),
             )
             .unwrap();
-        e.assumed.insert("new".into(), "n1".into());
+    }
+
+    fn assume(e: &ExtenderState, uid: &str, bound_at: Option<Instant>) {
+        e.assumed.insert(
+            uid.into(),
+            Assumed {
+                node: "n1".into(),
+                bound_at,
+            },
+        );
+    }
+
+    #[test]
+    fn a_fresh_bind_survives_a_relist_that_does_not_show_it_yet() {
+        let e = ext();
         let mut r = Relist::default();
+        // One bind is still in flight when the list begins, another completes after it began.
+        reserve(&e, "in-flight");
+        assume(&e, "in-flight", None);
         apply_pod_event(&e, &mut r, Event::Init);
+        reserve(&e, "new");
+        assume(&e, "new", Some(Instant::now()));
         apply_pod_event(&e, &mut r, Event::InitDone);
-        assert_eq!(e.ledgers.uids(), vec!["new"]);
+        assert_eq!(e.ledgers.uids(), vec!["in-flight", "new"]);
         // Once the API shows it bound, it is no longer merely assumed.
         apply_pod_event(
             &e,
@@ -564,7 +588,43 @@ mod tests {
             Event::Apply(typed(pod("new", Some("n1"), "Pending"))),
         );
         assert!(!e.assumed.contains_key("new"));
-        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(1));
+        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(2));
+    }
+
+    #[test]
+    fn a_bind_the_watch_never_showed_is_released_by_a_later_list_without_it() {
+        // The API server went away: the extender bound a pod the watch never showed, and the
+        // pod was deleted before the watch came back. The relist begun after the binding does
+        // not have it, so it is gone: released, not held until the assume TTL runs out.
+        let e = ext();
+        reserve(&e, "gone");
+        assume(&e, "gone", Some(Instant::now()));
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = Relist::default();
+        apply_pod_event(&e, &mut r, Event::Init);
+        assert!(apply_pod_event(&e, &mut r, Event::InitDone));
+        assert!(e.ledgers.uids().is_empty());
+        assert!(!e.assumed.contains_key("gone"));
+        assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(0));
+        // The reconcile's list does the same.
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        reserve(&e, "gone-too");
+        assume(&e, "gone-too", Some(Instant::now()));
+        std::thread::sleep(Duration::from_millis(2));
+        let listed_at = Instant::now();
+        let d = reconcile_with(&e, &nodes, &[], "nvidia.com/gpu", listed_at);
+        assert_eq!(d.phantom, 1);
+        assert!(e.ledgers.uids().is_empty());
+        // But not one bound after its list began.
+        reserve(&e, "late");
+        assume(&e, "late", Some(Instant::now()));
+        let d = reconcile_with(&e, &nodes, &[], "nvidia.com/gpu", listed_at);
+        assert_eq!(d.phantom, 0);
+        assert_eq!(e.ledgers.uids(), vec!["late"]);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
-use super::state::{ExtenderState, Mode, NodeReport, report};
+use super::state::{Assumed, ExtenderState, Mode, NodeReport, report};
 use super::wire::{
     self, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, MetaPod, MetaVictims, NodeList,
@@ -611,7 +611,13 @@ async fn bind(
     // Assumed before the reservation exists: a watch event of the still-unbound pod in between
     // must not free it.
     if cluster.is_some() {
-        ext.assumed.insert(args.pod_uid.clone(), args.node.clone());
+        ext.assumed.insert(
+            args.pod_uid.clone(),
+            Assumed {
+                node: args.node.clone(),
+                bound_at: None,
+            },
+        );
     }
     let plan = reserve_for_bind(ext, &policy, &pod, &args.node);
     let reserved = matches!(plan, Ok(BindPlan::Reserved { .. }));
@@ -640,6 +646,16 @@ async fn bind(
                 }
                 return Err(format!("binding pod {key} to {} failed: {e}", args.node));
             }
+        }
+        if reserved {
+            // The API has it now: a list begun from here on shows it unless it is gone.
+            ext.assumed.insert(
+                args.pod_uid.clone(),
+                Assumed {
+                    node: args.node.clone(),
+                    bound_at: Some(Instant::now()),
+                },
+            );
         }
     }
     ext.waiting.invalidate(&args.pod_uid);

@@ -115,14 +115,22 @@ fn warm_memos(online: &Mutex<Online>, ledgers: &Ledger, policy: PackingPolicy) {
     }
 }
 
+/// An allocation the extender bound that the API has not shown yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assumed {
+    pub node: String,
+    /// When the API accepted the binding; `None` while the bind call is in flight.
+    pub bound_at: Option<Instant>,
+}
+
 /// The extender's state.
 pub struct ExtenderState {
     pub mode: Mode,
     pub ledgers: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
     pub pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
-    /// Bound but not yet seen in the API: uid -> node. Expiry releases the holding.
-    pub assumed: moka::sync::Cache<String, String>,
+    /// Bound but not yet seen in the API, by UID. Expiry releases the holding.
+    pub assumed: moka::sync::Cache<String, Assumed>,
     /// Pods rejected for capacity: uid -> who.
     pub waiting: moka::sync::Cache<String, Waiting>,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
@@ -142,12 +150,12 @@ impl ExtenderState {
         let for_expiry = Arc::downgrade(&ledgers);
         let assumed = moka::sync::Cache::builder()
             .time_to_live(assume_ttl)
-            .eviction_listener(move |uid: Arc<String>, node: String, cause| {
+            .eviction_listener(move |uid: Arc<String>, a: Assumed, cause| {
                 if cause == RemovalCause::Expired
                     && let Some(l) = for_expiry.upgrade()
-                    && l.node_of(&uid).as_deref() == Some(node.as_str())
+                    && l.node_of(&uid).as_deref() == Some(a.node.as_str())
                 {
-                    tracing::warn!(uid = %uid, node = %node, "bound allocation never appeared in the API; freeing it");
+                    tracing::warn!(uid = %uid, node = %a.node, "bound allocation never appeared in the API; freeing it");
                     l.release(&uid);
                 }
             })
@@ -286,6 +294,15 @@ impl ExtenderState {
         self.waiting.run_pending_tasks();
     }
 
+    /// Whether a list of pods begun at `listed_from` may lack `uid` although the extender bound
+    /// it: its bind was still in flight, or the API accepted it after the list began. A list
+    /// (a consistent read) begun after the API accepted a binding shows the pod unless it is gone.
+    pub fn bound_after(&self, uid: &str, listed_from: Instant) -> bool {
+        self.assumed
+            .get(uid)
+            .is_some_and(|a| a.bound_at.is_none_or(|at| at >= listed_from))
+    }
+
     /// Notes that the watch changed `key` (a pod UID, or `node/<name>`) now.
     pub fn touch(&self, key: String) {
         self.touched.insert(key, Instant::now());
@@ -347,12 +364,18 @@ impl ExtenderState {
         self.ledgers.release(uid);
     }
 
-    /// After a full relist: releases holdings of pods the API no longer has, except allocations
-    /// bound moments ago and not yet visible.
-    pub fn retain_pods(&self, seen: &std::collections::HashSet<String>) -> usize {
+    /// After a full relist begun at `listed_from`: releases holdings of pods the API no longer
+    /// has, except allocations whose binding the list may not show yet. An allocation bound
+    /// before the list began and missing from it is gone, even if no watch ever showed it.
+    pub fn retain_pods(
+        &self,
+        seen: &std::collections::HashSet<String>,
+        listed_from: Instant,
+    ) -> usize {
         let mut dropped = 0;
         for uid in self.ledgers.uids() {
-            if !seen.contains(&uid) && !self.assumed.contains_key(&uid) {
+            if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
+                self.assumed.invalidate(&uid);
                 self.ledgers.release(&uid);
                 dropped += 1;
             }
