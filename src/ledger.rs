@@ -853,6 +853,11 @@ impl Ledger {
     }
 
     /// Every UID held (placed or not).
+    /// How many pods the ledger holds (placed or not).
+    pub fn uids_len(&self) -> usize {
+        lock(&self.index).len() + lock(&self.unplaced).len()
+    }
+
     pub fn uids(&self) -> Vec<String> {
         let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
         v.extend(lock(&self.unplaced).keys().cloned());

@@ -6,11 +6,9 @@ use std::sync::Arc;
 
 use http_body_util::{BodyExt, Empty};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
-use kube::api::ListParams;
 
 use crate::extender::state::{NodeReport, report};
-use crate::ledger::{self, Ledger};
+use crate::ledger::Ledger;
 use crate::policy::Policy;
 
 /// Renders the reports as a table.
@@ -219,30 +217,31 @@ pub async fn from_cluster(policy: &Policy) -> Result<Vec<NodeReport>, String> {
     let client = kube::Client::try_default().await.map_err(|e| {
         format!("no Kubernetes configuration found ({e}): set KUBECONFIG or use --server URL")
     })?;
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
+    let listed = crate::cluster::watch::list_compact(&client, policy.resources.shared.as_str())
         .await
-        .map_err(|e| format!("cannot list nodes: {e}"))?;
-    let pods = Api::<Pod>::all(client)
-        .list(&ListParams::default().fields(crate::cluster::watch::POD_FIELD_SELECTOR))
-        .await
-        .map_err(|e| format!("cannot list pods: {e}"))?;
-    Ok(reports_from(policy, &nodes.items, &pods.items))
+        .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
+    Ok(reports_of(policy, listed))
+}
+
+/// The reports for what a list kept.
+pub fn reports_of(policy: &Policy, listed: crate::cluster::watch::Listed) -> Vec<NodeReport> {
+    let (inventory, observed) = listed.into_parts();
+    let l = Ledger::rebuild(inventory, &observed);
+    let mig = policy.mig_table();
+    l.snapshot().values().map(|nl| report(nl, &mig)).collect()
 }
 
 /// The reports for listed nodes and pods.
 pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeReport> {
     let shared = policy.resources.shared.as_str();
-    let inventory = nodes
-        .iter()
-        .filter_map(|n| crate::inventory::from_node(n, shared));
-    let observed: Vec<_> = pods
-        .iter()
-        .filter_map(|p| ledger::observed_holding(p).ok().flatten())
-        .collect();
-    let l = Ledger::rebuild(inventory, &observed);
-    let mig = policy.mig_table();
-    l.snapshot().values().map(|nl| report(nl, &mig)).collect()
+    let mut listed = crate::cluster::watch::Listed::default();
+    for n in nodes {
+        listed.node(n, shared);
+    }
+    for p in pods {
+        listed.pod(p);
+    }
+    reports_of(policy, listed)
 }
 
 #[cfg(test)]

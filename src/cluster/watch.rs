@@ -29,6 +29,30 @@ pub struct Relist {
     seen: Option<HashSet<String>>,
     /// When the list began.
     from: Option<Instant>,
+    /// Time spent recording listed objects (the rest of the list's duration is the API's).
+    build: Duration,
+}
+
+impl Relist {
+    fn begin(&mut self) {
+        self.seen = Some(HashSet::new());
+        self.from = Some(Instant::now());
+        self.build = Duration::ZERO;
+    }
+
+    /// Logs how long the list took, apart from recording what it brought.
+    fn done(&self, what: &'static str, seen: usize, ledger_pods: usize) {
+        let Some(from) = self.from else { return };
+        let total = from.elapsed();
+        tracing::info!(
+            what,
+            listed = seen,
+            ledger_pods,
+            list_seconds = format!("{:.3}", total.saturating_sub(self.build).as_secs_f64()),
+            build_seconds = format!("{:.3}", self.build.as_secs_f64()),
+            "listed and recorded"
+        );
+    }
 }
 
 /// Applies one node event. Returns true when a full list has just completed.
@@ -40,10 +64,16 @@ pub fn apply_node_event(
 ) -> bool {
     match event {
         Event::Init => {
-            relist.seen = Some(HashSet::new());
+            relist.begin();
             false
         }
-        Event::InitApply(n) | Event::Apply(n) => {
+        Event::InitApply(n) => {
+            let started = Instant::now();
+            apply_node_event(ext, relist, Event::Apply(n), shared);
+            relist.build += started.elapsed();
+            false
+        }
+        Event::Apply(n) => {
             let name = n.metadata.name.clone().unwrap_or_default();
             ext.touch(format!("node/{name}"));
             if let Some(seen) = relist.seen.as_mut() {
@@ -63,6 +93,7 @@ pub fn apply_node_event(
         }
         Event::InitDone => {
             if let Some(seen) = relist.seen.take() {
+                relist.done("nodes", seen.len(), ext.ledgers.uids_len());
                 for name in ext.ledgers.node_names() {
                     if !seen.contains(&name) {
                         ext.ledgers.remove_node(&name);
@@ -78,11 +109,16 @@ pub fn apply_node_event(
 pub fn apply_pod_event(ext: &ExtenderState, relist: &mut Relist, event: Event<Pod>) -> bool {
     match event {
         Event::Init => {
-            relist.seen = Some(HashSet::new());
-            relist.from = Some(Instant::now());
+            relist.begin();
             false
         }
-        Event::InitApply(p) | Event::Apply(p) => {
+        Event::InitApply(p) => {
+            let started = Instant::now();
+            apply_pod_event(ext, relist, Event::Apply(p));
+            relist.build += started.elapsed();
+            false
+        }
+        Event::Apply(p) => {
             if let (Some(seen), Some(uid)) = (relist.seen.as_mut(), p.metadata.uid.clone()) {
                 seen.insert(uid);
             }
@@ -96,8 +132,9 @@ pub fn apply_pod_event(ext: &ExtenderState, relist: &mut Relist, event: Event<Po
             false
         }
         Event::InitDone => {
-            if let (Some(seen), Some(from)) = (relist.seen.take(), relist.from.take()) {
+            if let (Some(seen), Some(from)) = (relist.seen.take(), relist.from) {
                 let dropped = ext.retain_pods(&seen, from);
+                relist.done("pods", seen.len(), ext.ledgers.uids_len());
                 if dropped > 0 {
                     tracing::info!(dropped, "relist: released pods that are gone");
                 }
@@ -193,7 +230,7 @@ pub fn spawn_watches(
                 ready.cluster.store(true, Ordering::Release);
                 tracing::info!(
                     nodes = ext.ledgers.node_names().len(),
-                    pods = ext.ledgers.uids().len(),
+                    pods = ext.ledgers.uids_len(),
                     "extender ready: node and pod caches synced"
                 );
                 return;
@@ -227,15 +264,59 @@ pub fn reconcile_with(
     shared: &str,
     listed_at: Instant,
 ) -> Drift {
+    let mut listed = Listed::default();
+    for n in nodes {
+        listed.node(n, shared);
+    }
+    for p in pods {
+        listed.pod(p);
+    }
+    reconcile_listed(ext, listed, listed_at)
+}
+
+/// What a reconcile keeps of a list: GPU nodes' inventories and bound pods' holdings, not the
+/// objects (a list of 150,000 pods is a few GB decoded; this is a few dozen MB).
+#[derive(Debug, Default)]
+pub struct Listed {
+    nodes: HashMap<String, inventory::GpuNode>,
+    pods: HashMap<String, ObservedPod>,
+}
+
+impl Listed {
+    pub fn node(&mut self, n: &Node, shared: &str) {
+        if let Some(g) = inventory::from_node(n, shared) {
+            self.nodes.insert(g.name.clone(), g);
+        }
+    }
+
+    pub fn pod(&mut self, p: &Pod) {
+        if let Ok(Some(o)) = ledger::observed_holding(p) {
+            self.pods.insert(o.pod.uid.clone(), o);
+        }
+    }
+
+    /// The GPU nodes and the bound pods, pods ordered by UID.
+    pub fn into_parts(self) -> (Vec<inventory::GpuNode>, Vec<ObservedPod>) {
+        let mut pods: Vec<ObservedPod> = self.pods.into_values().collect();
+        pods.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+        (self.nodes.into_values().collect(), pods)
+    }
+
+    /// How many GPU nodes and bound pods it holds.
+    pub fn len(&self) -> (usize, usize) {
+        (self.nodes.len(), self.pods.len())
+    }
+}
+
+/// [`reconcile_with`] over what was kept of the lists.
+pub fn reconcile_listed(ext: &ExtenderState, listed: Listed, listed_at: Instant) -> Drift {
     let mut drift = Drift::default();
     let newer = |key: &str| ext.touched_after(key, listed_at);
     let node_newer = |name: &str| newer(&format!("node/{name}"));
-    let mut inv: HashMap<String, inventory::GpuNode> = HashMap::new();
-    for n in nodes {
-        if let Some(g) = inventory::from_node(n, shared) {
-            inv.insert(g.name.clone(), g);
-        }
-    }
+    let Listed {
+        nodes: mut inv,
+        pods: expected,
+    } = listed;
     for name in ext.ledgers.node_names() {
         let listed = inv.remove(&name);
         if node_newer(&name) {
@@ -265,11 +346,6 @@ pub fn reconcile_with(
         drift.nodes += 1;
         ext.ledgers.upsert_node(g);
     }
-    let expected: HashMap<String, ObservedPod> = pods
-        .iter()
-        .filter_map(|p| ledger::observed_holding(p).ok().flatten())
-        .map(|o| (o.pod.uid.clone(), o))
-        .collect();
     for uid in ext.ledgers.uids() {
         if !expected.contains_key(&uid) && !ext.bound_after(&uid, listed_at) && !newer(&uid) {
             drift.phantom += 1;
@@ -322,16 +398,13 @@ pub fn spawn_reconcile(
                 continue;
             }
             let listed_at = Instant::now();
-            let nodes = Api::<Node>::all(client.clone())
-                .list(&ListParams::default())
-                .await;
-            let pods = Api::<Pod>::all(client.clone())
-                .list(&ListParams::default().fields(POD_FIELD_SELECTOR))
-                .await;
-            match (nodes, pods) {
-                (Ok(nodes), Ok(pods)) => {
-                    let shared = policy.current().policy.resources.shared.to_string();
-                    let d = reconcile_with(&ext, &nodes.items, &pods.items, &shared, listed_at);
+            let shared = policy.current().policy.resources.shared.to_string();
+            match list_compact(&client, &shared).await {
+                Ok(listed) => {
+                    let (nodes, pods) = listed.len();
+                    let list_seconds = listed_at.elapsed().as_secs_f64();
+                    let d = reconcile_listed(&ext, listed, listed_at);
+                    ext.forget_touches_before(listed_at);
                     metrics.drift("phantom", d.phantom as u64);
                     metrics.drift("missing", d.missing as u64);
                     metrics.drift("node", d.nodes as u64);
@@ -343,15 +416,56 @@ pub fn spawn_reconcile(
                             "reconcile repaired ledger drift"
                         );
                     } else {
-                        tracing::debug!("reconcile: ledger matches the API");
+                        tracing::info!(
+                            nodes,
+                            pods,
+                            list_seconds = format!("{list_seconds:.3}"),
+                            "reconcile: the ledger matches the API"
+                        );
                     }
                 }
-                (Err(e), _) | (_, Err(e)) => {
+                Err(e) => {
                     tracing::warn!(error = %e, "reconcile: cannot list nodes or pods")
                 }
             }
         }
     });
+}
+
+/// Objects a reconcile list asks for at once, as the watches' lists and client-go's pager do.
+pub const LIST_PAGE: u32 = 500;
+
+/// Lists nodes and pods a page at a time (one consistent snapshot each), keeping only what a
+/// reconcile compares.
+pub async fn list_compact(client: &Client, shared: &str) -> Result<Listed, kube::Error> {
+    let mut listed = Listed::default();
+    let nodes = Api::<Node>::all(client.clone());
+    let mut lp = ListParams::default().limit(LIST_PAGE);
+    loop {
+        let page = nodes.list(&lp).await?;
+        for n in &page.items {
+            listed.node(n, shared);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => break,
+        }
+    }
+    let pods = Api::<Pod>::all(client.clone());
+    let mut lp = ListParams::default()
+        .fields(POD_FIELD_SELECTOR)
+        .limit(LIST_PAGE);
+    loop {
+        let page = pods.list(&lp).await?;
+        for p in &page.items {
+            listed.pod(p);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => break,
+        }
+    }
+    Ok(listed)
 }
 
 /// Which waiting pods a release should nudge: those of the same class (direct device requests
@@ -822,6 +936,66 @@ mod tests {
         assert_eq!(e.ledgers.uids(), vec!["a", "b"]);
         assert_eq!(e.ledgers.with_node("n1", |nl| nl.usage.slots), Some(2));
         server.abort();
+    }
+
+    /// The reconcile's lists go a page at a time, following the continue token, and keep only
+    /// holdings: a ledger that lost a pod gets it back, one holding a deleted pod releases it.
+    #[tokio::test]
+    async fn the_reconcile_lists_a_page_at_a_time() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let server = tokio::spawn(async move {
+            let mut queries = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                let query = req.uri().query().unwrap_or_default().to_string();
+                assert!(query.contains("limit=500"), "{query}");
+                let page = |kind: &str, items: Vec<serde_json::Value>, next: &str| {
+                    json!({"apiVersion": "v1", "kind": kind,
+                           "metadata": {"resourceVersion": "7", "continue": next}, "items": items})
+                };
+                let body = if req.uri().path().ends_with("/api/v1/nodes") {
+                    page(
+                        "NodeList",
+                        vec![json!({
+                            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+                            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+                        })],
+                        "",
+                    )
+                } else if query.contains("continue=page-2") {
+                    page("PodList", vec![pod("c", Some("n1"), "Running")], "")
+                } else {
+                    assert!(query.contains("fieldSelector"), "{query}");
+                    page("PodList", vec![pod("a", Some("n1"), "Running")], "page-2")
+                };
+                queries.push(format!("{}?{query}", req.uri().path()));
+                send.send_response(
+                    Response::builder()
+                        .status(200)
+                        .body(Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                );
+            }
+            queries
+        });
+        let e = ext();
+        let mut r = Relist::default();
+        for uid in ["a", "b"] {
+            apply_pod_event(
+                &e,
+                &mut r,
+                Event::Apply(typed(pod(uid, Some("n1"), "Running"))),
+            );
+        }
+        let listed_at = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let listed = list_compact(&client, "nvidia.com/gpu").await.unwrap();
+        drop(client);
+        let d = reconcile_listed(&e, listed, listed_at);
+        assert_eq!((d.phantom, d.missing, d.nodes), (1, 1, 0));
+        assert_eq!(e.ledgers.uids(), vec!["a", "c"]);
+        let queries = server.await.unwrap();
+        assert_eq!(queries.len(), 3, "{queries:?}");
     }
 
     /// Requeue end to end: a pod rejected for capacity waits; when a holding of its class is

@@ -138,8 +138,10 @@ pub struct ExtenderState {
     /// The caches have synced (always true in `--dev`).
     pub synced: Arc<AtomicBool>,
     /// When the watch last changed a pod (by UID) or a node (`node/<name>`): a reconcile that
-    /// works from an older list leaves those alone.
-    pub touched: moka::sync::Cache<String, Instant>,
+    /// works from an older list leaves those alone. Each reconcile forgets what is older than
+    /// its list (a later list is newer still), so this holds the changes of about one reconcile
+    /// period, not every pod.
+    touched: Mutex<std::collections::HashMap<String, Instant>>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
     pub non_gpu: Mutex<std::collections::HashSet<String>>,
 }
@@ -177,10 +179,7 @@ impl ExtenderState {
                 .build(),
             online: Arc::new(Mutex::new(Online::default())),
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
-            touched: moka::sync::Cache::builder()
-                .max_capacity(200_000)
-                .time_to_live(TOUCHED_TTL)
-                .build(),
+            touched: Mutex::new(std::collections::HashMap::new()),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
         }
     }
@@ -289,6 +288,9 @@ impl ExtenderState {
 
     /// Runs the caches' pending expiries (assumed allocations free themselves here).
     pub fn run_pending(&self) {
+        if let Some(t) = Instant::now().checked_sub(TOUCHED_TTL) {
+            self.forget_touches_before(t);
+        }
         self.assumed.run_pending_tasks();
         self.pods.run_pending_tasks();
         self.waiting.run_pending_tasks();
@@ -305,12 +307,23 @@ impl ExtenderState {
 
     /// Notes that the watch changed `key` (a pod UID, or `node/<name>`) now.
     pub fn touch(&self, key: String) {
-        self.touched.insert(key, Instant::now());
+        lock(&self.touched).insert(key, Instant::now());
     }
 
     /// Whether the watch changed `key` after `t`.
     pub fn touched_after(&self, key: &str, t: Instant) -> bool {
-        self.touched.get(key).is_some_and(|at| at > t)
+        lock(&self.touched).get(key).is_some_and(|at| *at > t)
+    }
+
+    /// Forgets the changes made before `t`: only lists begun before `t` need them. Returns how
+    /// many changes are still remembered.
+    pub fn forget_touches_before(&self, t: Instant) -> usize {
+        let mut touched = lock(&self.touched);
+        touched.retain(|_, at| *at >= t);
+        if touched.capacity() > 4 * touched.len().max(1024) {
+            touched.shrink_to_fit();
+        }
+        touched.len()
     }
 
     /// A pod seen in the API: records or releases its holding.
@@ -510,6 +523,23 @@ mod tests {
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::PodRef;
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
+
+    #[test]
+    fn a_reconcile_forgets_the_changes_older_than_its_list() {
+        let e = ExtenderState::new(Mode::Cluster, DEFAULT_ASSUME_TTL);
+        for i in 0..10_000 {
+            e.touch(format!("uid-{i}"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        let listed_at = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        e.touch("uid-late".into());
+        assert!(e.touched_after("uid-1", listed_at - Duration::from_secs(1)));
+        assert!(!e.touched_after("uid-1", listed_at));
+        assert_eq!(e.forget_touches_before(listed_at), 1);
+        assert!(e.touched_after("uid-late", listed_at));
+        assert!(!e.touched_after("uid-1", listed_at - Duration::from_secs(1)));
+    }
 
     #[test]
     fn a_refreshed_workload_takes_over_once_every_memo_is_filled() {
