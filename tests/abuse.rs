@@ -487,6 +487,9 @@ async fn stalled_bodies_are_bounded_in_time_and_memory() {
     let probes = prober.finish().await;
     rss_stop.store(true, Ordering::Relaxed);
     let peak = rss.join().unwrap();
+    eprintln!(
+        "64 stalled 4 MiB bodies and 60 stalled HTTP/2 streams: RSS peaked at {peak:.0} MiB (baseline {baseline:.0} MiB)"
+    );
     assert_probes(
         "64 stalled 4 MiB bodies and 60 stalled HTTP/2 streams",
         probes,

@@ -96,7 +96,7 @@ pub async fn bounded(State(rule): State<Arc<BodyRule>>, req: Request, next: Next
             human(rule.limit),
             parts.uri.path()
         ))),
-        _ => read_body(&rule, body, declared.map(|n| n as usize)).await,
+        _ => read_body(&rule, body).await,
     };
     let (bytes, held) = match read {
         Ok(x) => x,
@@ -144,11 +144,7 @@ pub async fn bounded(State(rule): State<Arc<BodyRule>>, req: Request, next: Next
     response
 }
 
-async fn read_body(
-    rule: &BodyRule,
-    body: Body,
-    declared: Option<usize>,
-) -> Result<(bytes::Bytes, Held), Refusal> {
+async fn read_body(rule: &BodyRule, body: Body) -> Result<(bytes::Bytes, Held), Refusal> {
     let deadline = tokio::time::Instant::now() + rule.budget.timeout;
     let slow = || {
         Refusal::Slow(format!(
@@ -157,7 +153,12 @@ async fn read_body(
         ))
     };
     let mut body = body;
-    let mut buf = BytesMut::new();
+    // Each chunk is copied out as it arrives (so the connection's read buffer is not kept
+    // alive by it) and the body is joined at the end: the memory a body holds is what it has
+    // taken from the budget, never the size it declares (a stalled body that declared 4 MiB
+    // and sent 16 KiB holds 16 KiB).
+    let mut parts: Vec<bytes::Bytes> = Vec::new();
+    let mut len = 0usize;
     let mut held = Held::default();
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -173,14 +174,14 @@ async fn read_body(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if buf.len() + data.len() > rule.limit {
+        if len + data.len() > rule.limit {
             return Err(Refusal::TooLarge(format!(
                 "request body is over the {} limit",
                 human(rule.limit)
             )));
         }
         // What this chunk takes from each budget.
-        let small = data.len().min(SMALL_PART.saturating_sub(buf.len()));
+        let small = data.len().min(SMALL_PART.saturating_sub(len));
         let large = data.len() - small;
         for (n, pool) in [(small, &rule.budget.small), (large, &rule.budget.large)] {
             if n == 0 {
@@ -199,12 +200,21 @@ async fn read_body(
                     .map_err(|_| Refusal::Busy("the service is shutting down".into()))?;
             held.0.push(permit);
         }
-        if buf.is_empty() {
-            buf.reserve(declared.unwrap_or(data.len()).min(rule.limit));
-        }
-        buf.extend_from_slice(&data);
+        len += data.len();
+        parts.push(bytes::Bytes::copy_from_slice(&data));
     }
-    Ok((buf.freeze(), held))
+    let bytes = match parts.len() {
+        0 => bytes::Bytes::new(),
+        1 => parts.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = BytesMut::with_capacity(len);
+            for p in parts {
+                buf.extend_from_slice(&p);
+            }
+            buf.freeze()
+        }
+    };
+    Ok((bytes, held))
 }
 
 /// `4 MiB`, `64 KiB`, `17 B`.
