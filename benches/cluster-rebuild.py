@@ -224,6 +224,8 @@ def run(args, directory, node_items):
             if any("reconcile" in l for l in f):
                 break
     rss_later = scale.rss_mib(pid)
+    time.sleep(60)
+    rss_settled = scale.rss_mib(pid)
     with open(logfile) as f:
         f.seek(offset)
         reconciled = [json.loads(l) for l in f if l.startswith("{") and "reconcile" in l]
@@ -258,6 +260,7 @@ def run(args, directory, node_items):
         f"| extender start to ready | {ready_s:.1f} s |",
         f"| RSS once ready | {rss_ready:.0f} MiB |",
         f"| RSS after the first reconcile (a second list of everything, a page at a time) | {rss_later:.0f} MiB |",
+        f"| RSS a minute after that | {rss_settled:.0f} MiB |",
         f"| the reconcile found | {reconciled[-1]['message'] if reconciled else 'nothing logged'} |",
         "",
         "The build time is the time spent recording listed pods, measured around each one in the watch "
