@@ -101,7 +101,7 @@ fn serve_dev_becomes_ready_reloads_policy_and_drains_on_sigterm() {
         .spawn()
         .unwrap();
     let mut running = Running(child);
-    wait_for(admin, "/readyz", |b| b == "ok");
+    wait_for(admin, "/readyz", |b| b == "ok\n");
     assert_eq!(http_get(admin, "/livez").unwrap().0, 200);
 
     // An invalid policy is refused and counted; a valid change is loaded.
@@ -206,7 +206,7 @@ fn status_reads_a_dev_extender_with_example_nodes() {
         .spawn()
         .unwrap();
     let _guard = Running(child);
-    wait_for(admin, "/readyz", |b| b == "ok");
+    wait_for(admin, "/readyz", |b| b == "ok\n");
     for server in [format!("http://{admin}"), format!("https://{listen}")] {
         let mut args = vec!["status", "--server", &server];
         if server.starts_with("https") {
@@ -280,5 +280,46 @@ fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
         "localhost",
     ] {
         assert!(joined.contains(name), "{joined}");
+    }
+}
+
+/// JSON logs: every line is one JSON object with one `message` key (a denial's text goes in
+/// `denial`), so log pipelines keep both; the probes' bodies end with a newline.
+#[tokio::test]
+async fn json_log_lines_have_one_message_key() {
+    let server = common::serve::DevServer::start(&["--log-format", "json"]);
+    assert_eq!(
+        http_get(server.admin, "/livez"),
+        Some((200, "ok\n".to_string()))
+    );
+    assert_eq!(
+        http_get(server.admin, "/readyz"),
+        Some((200, "ok\n".to_string()))
+    );
+    // A denial: the annotation names a class that does not exist.
+    let body = String::from_utf8(common::serve::mutate_body("deny-1"))
+        .unwrap()
+        .replace("timeslice-50", "timeslice-500");
+    let (status, answer) = common::serve::post(server.https, "/mutate", body.into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"allowed\":false"), "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let log = loop {
+        let log = server.log_text();
+        if log.contains("\"denied\"") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let denied: Vec<&str> = log.lines().filter(|l| l.contains("\"denied\"")).collect();
+    assert_eq!(denied.len(), 1, "{log}");
+    assert!(denied[0].contains("\"denial\":"), "{}", denied[0]);
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v.is_object(), "{line}");
+        assert_eq!(line.matches("\"message\":").count(), 1, "{line}");
     }
 }

@@ -260,7 +260,7 @@ pub async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response
         tracing::Span::current().record("decision", label);
         match &decision {
             Decision::Deny(d) => {
-                tracing::info!(reason = d.reason.as_str(), message = %d.message, "denied")
+                tracing::info!(reason = d.reason.as_str(), denial = %d.message, "denied")
             }
             Decision::Mutate(m) => {
                 tracing::info!(request = %m.request.normalized(), ops = m.patch.len(), "mutated")

@@ -273,7 +273,7 @@ async fn method_not_allowed(
 /// The plain-HTTP admin routes: `/livez`, `/readyz`, `/metrics`.
 pub fn admin_router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/livez", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/nodes", get(local_nodes))
@@ -302,11 +302,11 @@ async fn local_nodes(
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let missing = state.ready.missing();
     if missing.is_empty() {
-        (StatusCode::OK, "ok").into_response()
+        (StatusCode::OK, "ok\n").into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}", missing.join("; ")),
+            format!("not ready: {}\n", missing.join("; ")),
         )
             .into_response()
     }
