@@ -37,7 +37,7 @@ pub enum Error {
     },
     #[error("{flag}: {reason}")]
     Tls { flag: &'static str, reason: String },
-    #[error("--policy {path}: {reason}")]
+    #[error("policy file {path}: {reason}")]
     Policy { path: String, reason: String },
     #[error("{0}")]
     Config(String),

@@ -70,11 +70,24 @@ fn main() -> ExitCode {
 }
 
 fn check_policy(file: &std::path::Path) -> ExitCode {
-    match gpu_share::server::load_policy(&file.to_path_buf()) {
-        Ok(policy) => {
+    match gpu_share::server::load_policy_file(&file.to_path_buf()) {
+        Ok((loaded, _)) => {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "# {}: valid. Effective policy:", file.display());
-            let _ = write!(out, "{}", policy.to_yaml());
+            let _ = writeln!(out, "# {}: valid.", file.display());
+            for w in &loaded.warnings {
+                let _ = writeln!(out, "# warning: {w}");
+            }
+            if loaded.defaulted.is_empty() {
+                let _ = writeln!(out, "# Every field is set in the file.");
+            } else {
+                let _ = writeln!(
+                    out,
+                    "# Left out, so the embedded default's values: {}.",
+                    loaded.defaulted.join(", ")
+                );
+            }
+            let _ = writeln!(out, "# Effective policy:");
+            let _ = write!(out, "{}", loaded.policy.to_yaml());
             ExitCode::SUCCESS
         }
         Err(e) => {

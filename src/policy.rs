@@ -110,12 +110,14 @@ pub struct Toleration {
 pub struct ResourcesPolicy {
     /// Resource that mps and timeslice pods ask for (`nvidia.com/gpu`, or e.g. `nvidia.com/gpu.shared`
     /// when the device plugin runs with `renameByDefault: true`).
+    #[serde(default = "defaults::shared")]
     pub shared: ResourceName,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MigPolicy {
+    #[serde(default = "defaults::mig_strategy")]
     pub strategy: MigStrategy,
     /// Extra MIG models (B200, GH200, ...): same shape as the built-in table.
     #[serde(default)]
@@ -126,9 +128,10 @@ pub struct MigPolicy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MpsPolicy {
     /// Inject `hostIPC: true` into MPS pods.
-    #[serde(rename = "hostIPC")]
+    #[serde(rename = "hostIPC", default = "defaults::mps_host_ipc")]
     pub host_ipc: bool,
     /// Inject `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    #[serde(default = "defaults::mps_active_thread_percentage")]
     pub active_thread_percentage: bool,
     /// A `runAsUser` for MPS pods that set none (one MPS server serves one UID).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,6 +151,7 @@ pub enum PackingPolicyName {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PackingPolicy {
+    #[serde(default)]
     pub policy: PackingPolicyName,
 }
 
@@ -256,21 +260,27 @@ impl NamespaceRule {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Policy {
+    #[serde(default = "defaults::version")]
     pub version: PolicyVersion,
+    #[serde(default = "defaults::resources")]
     pub resources: ResourcesPolicy,
+    #[serde(default = "defaults::mig")]
     pub mig: MigPolicy,
-    #[serde(default)]
+    #[serde(default = "defaults::tolerations")]
     pub tolerations: Vec<Toleration>,
     /// RuntimeClass for GPU pods; empty string: never set one.
-    #[serde(default)]
+    #[serde(default = "defaults::runtime_class_name")]
     pub runtime_class_name: String,
     /// Scheduler for GPU pods; empty string: leave `schedulerName` alone.
-    #[serde(default)]
+    #[serde(default = "defaults::scheduler_name")]
     pub scheduler_name: String,
     /// Add required node affinity to nodes of the right sharing mode.
+    #[serde(default = "defaults::node_affinity")]
     pub node_affinity: bool,
     /// Add `GPU_SHARE_CLASS`, `GPU_SHARE_FRACTION` and `GPU_SHARE_MEMORY_MIB` to the container.
+    #[serde(default = "defaults::workload_env")]
     pub workload_env: bool,
+    #[serde(default = "defaults::mps")]
     pub mps: MpsPolicy,
     #[serde(default)]
     pub packing: PackingPolicy,
@@ -284,15 +294,149 @@ pub enum PolicyVersion {
     V1,
 }
 
+/// Every field a policy file may leave out takes the embedded default's value
+/// (`policies/default.yaml`, which sets every field).
+mod defaults {
+    use super::*;
+
+    static DEFAULT: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(|| {
+        serde_saphyr::from_str(DEFAULT_POLICY_YAML)
+            .expect("the embedded default policy sets every field (tested)")
+    });
+
+    pub fn version() -> PolicyVersion {
+        DEFAULT.version
+    }
+    pub fn resources() -> ResourcesPolicy {
+        DEFAULT.resources.clone()
+    }
+    pub fn shared() -> ResourceName {
+        DEFAULT.resources.shared.clone()
+    }
+    pub fn mig() -> MigPolicy {
+        DEFAULT.mig.clone()
+    }
+    pub fn mig_strategy() -> MigStrategy {
+        DEFAULT.mig.strategy
+    }
+    pub fn tolerations() -> Vec<Toleration> {
+        DEFAULT.tolerations.clone()
+    }
+    pub fn runtime_class_name() -> String {
+        DEFAULT.runtime_class_name.clone()
+    }
+    pub fn scheduler_name() -> String {
+        DEFAULT.scheduler_name.clone()
+    }
+    pub fn node_affinity() -> bool {
+        DEFAULT.node_affinity
+    }
+    pub fn workload_env() -> bool {
+        DEFAULT.workload_env
+    }
+    pub fn mps() -> MpsPolicy {
+        DEFAULT.mps.clone()
+    }
+    pub fn mps_host_ipc() -> bool {
+        DEFAULT.mps.host_ipc
+    }
+    pub fn mps_active_thread_percentage() -> bool {
+        DEFAULT.mps.active_thread_percentage
+    }
+}
+
+/// The fields a policy file may set, by path, parents before their children.
+const FIELDS: &[&str] = &[
+    "version",
+    "resources",
+    "resources.shared",
+    "mig",
+    "mig.strategy",
+    "mig.models",
+    "tolerations",
+    "runtimeClassName",
+    "schedulerName",
+    "nodeAffinity",
+    "workloadEnv",
+    "mps",
+    "mps.hostIPC",
+    "mps.activeThreadPercentage",
+    "packing",
+    "packing.policy",
+    "namespaces",
+];
+
+/// A policy as read from a file: the policy, the fields the file left out (they hold the
+/// embedded default's values) and warnings about values set empty on purpose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedFile {
+    pub policy: Policy,
+    pub defaulted: Vec<&'static str>,
+    pub warnings: Vec<String>,
+}
+
 impl Policy {
     /// Parses and validates a policy. Errors name the line and column and say what is wrong.
     pub fn from_yaml(text: &str) -> Result<Policy, PolicyError> {
+        Ok(Policy::load(text, "<input>")?.policy)
+    }
+
+    /// [`Policy::from_yaml`], with errors naming `source` (the file given), the fields left out
+    /// and the warnings.
+    pub fn load(text: &str, source: &str) -> Result<LoadedFile, PolicyError> {
+        let name = |e: String| e.replace("<input>", source);
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| PolicyError::Yaml(name(e.to_string())))?;
+        let serde_json::Value::Object(_) = &value else {
+            return Err(PolicyError::Yaml(format!(
+                "{source}: the file holds no policy (a mapping of fields such as version, tolerations, namespaces)"
+            )));
+        };
         let policy: Policy =
-            serde_saphyr::from_str(text).map_err(|e| PolicyError::Yaml(e.to_string()))?;
+            serde_saphyr::from_str(text).map_err(|e| PolicyError::Yaml(name(e.to_string())))?;
         policy
             .validate()
             .map_err(|e| PolicyError::Invalid(locate(text, &e)))?;
-        Ok(policy)
+        let present = |path: &str| {
+            let mut v = &value;
+            for key in path.split('.') {
+                match v.get(key) {
+                    Some(next) => v = next,
+                    None => return false,
+                }
+            }
+            true
+        };
+        let mut defaulted: Vec<&'static str> = Vec::new();
+        for f in FIELDS {
+            let parent_defaulted = defaulted
+                .iter()
+                .any(|d| f.strip_prefix(d).is_some_and(|rest| rest.starts_with('.')));
+            if !parent_defaulted && !present(f) {
+                defaulted.push(f);
+            }
+        }
+        let mut warnings = Vec::new();
+        if present("schedulerName") && policy.scheduler_name.is_empty() {
+            warnings.push(
+                "schedulerName is empty: GPU pods keep the scheduler they name (usually default-scheduler), so gpu-share's extender never sees them: their GPU shares are not accounted or packed, and nothing stops two of them from overcommitting a GPU".to_string(),
+            );
+        }
+        if present("runtimeClassName") && policy.runtime_class_name.is_empty() {
+            warnings.push(
+                "runtimeClassName is empty: GPU pods get no runtimeClassName, so on nodes whose default container runtime is not NVIDIA's they start without GPU access".to_string(),
+            );
+        }
+        if present("tolerations") && policy.tolerations.is_empty() {
+            warnings.push(
+                "tolerations is empty: GPU pods get no toleration, so on GPU nodes tainted nvidia.com/gpu (the NVIDIA charts, GKE) they never schedule unless they carry one themselves".to_string(),
+            );
+        }
+        Ok(LoadedFile {
+            policy,
+            defaulted,
+            warnings,
+        })
     }
 
     /// The embedded default policy.
@@ -584,6 +728,54 @@ mod tests {
         assert!(e.contains("maxGpusPerPod") && e.contains("line"), "{e}");
         assert!(Policy::from_yaml("").is_err());
         assert!(Policy::from_yaml(": : :").is_err());
+    }
+
+    /// A file that leaves fields out takes the embedded default's values for them (the
+    /// README's `namespaces:` example is a whole file), says which, and warns about fields set
+    /// empty on purpose; the embedded default itself sets every field.
+    #[test]
+    fn left_out_fields_take_the_defaults_and_empty_ones_warn() {
+        let d = Policy::load(DEFAULT_POLICY_YAML, "default.yaml").unwrap();
+        assert!(d.defaulted.is_empty(), "{:?}", d.defaulted);
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        let only = "namespaces:\n  - names: [research]\n    allowedClasses: [mig, mps]\n";
+        let l = Policy::load(only, "p.yaml").unwrap();
+        let def = Policy::default_policy();
+        assert_eq!(l.policy.scheduler_name, def.scheduler_name);
+        assert_eq!(l.policy.runtime_class_name, def.runtime_class_name);
+        assert_eq!(l.policy.tolerations, def.tolerations);
+        assert_eq!(l.policy.mps, def.mps);
+        assert_eq!(l.policy.namespaces.len(), 1);
+        assert!(l.defaulted.contains(&"schedulerName"), "{:?}", l.defaulted);
+        assert!(!l.defaulted.contains(&"namespaces"));
+        assert!(l.warnings.is_empty());
+        // A section given in part: its other fields are the default's, and named by path.
+        let part = Policy::load("mps:\n  hostIPC: false\n", "p.yaml").unwrap();
+        assert!(!part.policy.mps.host_ipc);
+        assert_eq!(
+            part.policy.mps.active_thread_percentage,
+            def.mps.active_thread_percentage
+        );
+        assert!(part.defaulted.contains(&"mps.activeThreadPercentage"));
+        assert!(!part.defaulted.contains(&"mps"));
+        // Explicitly empty: kept, with the consequence in words.
+        let empty = Policy::load(
+            "schedulerName: \"\"\nruntimeClassName: \"\"\ntolerations: []\n",
+            "p.yaml",
+        )
+        .unwrap();
+        assert_eq!(empty.policy.scheduler_name, "");
+        assert!(empty.policy.tolerations.is_empty());
+        assert_eq!(empty.warnings.len(), 3, "{:?}", empty.warnings);
+        assert!(empty.warnings[0].contains("not accounted"));
+        // Errors name the file given.
+        let e = Policy::load("nodeAffinity: maybe\n", "/etc/gpu-share/policy.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/etc/gpu-share/policy.yaml:1:"), "{e}");
+        assert!(!e.contains("<input>"), "{e}");
+        let e = Policy::load("", "p.yaml").unwrap_err().to_string();
+        assert!(e.contains("p.yaml"), "{e}");
     }
 
     #[test]

@@ -68,6 +68,34 @@ fn check_policy_prints_the_effective_policy_or_the_line() {
     .unwrap();
     let stderr = run_err(["check-policy", bad.to_str().unwrap()]);
     assert!(stderr.contains("line"), "{stderr}");
+    // The error names the file given, not a flag or `<input>`.
+    assert!(stderr.contains(bad.to_str().unwrap()), "{stderr}");
+    assert!(
+        !stderr.contains("<input>") && !stderr.contains("--policy"),
+        "{stderr}"
+    );
+
+    // The README's namespaces example is a whole policy file: the rest comes from the defaults,
+    // and check-policy says which.
+    let partial = dir.path().join("partial.yaml");
+    std::fs::write(
+        &partial,
+        "namespaces:\n  - names: [research]\n    allowedClasses: [mig, mps]\n    maxGpusPerPod: 1\n",
+    )
+    .unwrap();
+    let stdout = run_ok(["check-policy", partial.to_str().unwrap()]);
+    assert!(
+        stdout.contains("schedulerName: gpu-share-scheduler")
+            && stdout.contains("Left out, so the embedded default's values: version, resources"),
+        "{stdout}"
+    );
+    let empty = dir.path().join("empty-scheduler.yaml");
+    std::fs::write(&empty, "schedulerName: \"\"\n").unwrap();
+    let stdout = run_ok(["check-policy", empty.to_str().unwrap()]);
+    assert!(
+        stdout.contains("# warning: schedulerName is empty"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -395,25 +395,42 @@ pub fn connection_limits(
 
 /// Reads and validates a policy file.
 pub fn load_policy(path: &PathBuf) -> Result<Policy> {
-    load_policy_bytes(path).map(|(policy, _)| policy)
+    load_policy_file(path).map(|(loaded, _)| loaded.policy)
 }
 
 /// Reads and validates a policy file, returning the bytes it was read from as well (the
 /// reloader compares against exactly those).
 pub fn load_policy_bytes(path: &PathBuf) -> Result<(Policy, Vec<u8>)> {
+    load_policy_file(path).map(|(loaded, bytes)| (loaded.policy, bytes))
+}
+
+/// Reads and validates a policy file: the policy with the fields it left out and its warnings,
+/// and the bytes it was read from. Errors name the file.
+pub fn load_policy_file(path: &PathBuf) -> Result<(crate::policy::LoadedFile, Vec<u8>)> {
+    let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::Policy {
-        path: path.display().to_string(),
+        path: shown.clone(),
         reason: e.to_string(),
     })?;
     let text = String::from_utf8(bytes).map_err(|e| Error::Policy {
-        path: path.display().to_string(),
+        path: shown.clone(),
         reason: format!("not UTF-8 text: {e}"),
     })?;
-    let policy = Policy::from_yaml(&text).map_err(|e| Error::Policy {
-        path: path.display().to_string(),
+    let loaded = Policy::load(&text, &shown).map_err(|e| Error::Policy {
+        path: shown.clone(),
         reason: e.to_string(),
     })?;
-    Ok((policy, text.into_bytes()))
+    Ok((loaded, text.into_bytes()))
+}
+
+/// Logs what a policy file set empty on purpose, and what it left to the defaults.
+fn log_policy_file(path: &std::path::Path, loaded: &crate::policy::LoadedFile) {
+    for w in &loaded.warnings {
+        tracing::warn!(path = %path.display(), warning = %w, "policy");
+    }
+    if !loaded.defaulted.is_empty() {
+        tracing::info!(path = %path.display(), fields = %loaded.defaulted.join(", "), "policy: fields left out take the embedded default's values");
+    }
 }
 
 /// Re-reads the policy file every `every`; a valid change replaces the policy, an invalid one
@@ -446,9 +463,13 @@ pub fn spawn_policy_reloader(
                 continue;
             }
             last = Some(bytes.clone());
-            match Policy::from_yaml(&String::from_utf8_lossy(&bytes)) {
-                Ok(p) => {
-                    store.replace(p);
+            match Policy::load(
+                &String::from_utf8_lossy(&bytes),
+                &path.display().to_string(),
+            ) {
+                Ok(loaded) => {
+                    log_policy_file(&path, &loaded);
+                    store.replace(loaded.policy);
                     metrics.policy_reload("ok");
                     tracing::info!(path = %path.display(), "policy reloaded");
                 }
@@ -503,7 +524,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 
     // Policy.
     let (policy, policy_bytes) = match &args.policy {
-        Some(path) => load_policy_bytes(path)?,
+        Some(path) => {
+            let (loaded, bytes) = load_policy_file(path)?;
+            log_policy_file(path, &loaded);
+            (loaded.policy, bytes)
+        }
         None => (Policy::default_policy(), Vec::new()),
     };
     tracing::info!(source = %args.policy.as_ref().map_or("embedded default".to_string(), |p| p.display().to_string()), "policy loaded");
