@@ -68,8 +68,9 @@ pub fn render(reports: &[NodeReport]) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    let cap: f64 = reports.iter().map(|r| r.capacity_gpus).sum();
-    let used: f64 = reports.iter().map(|r| r.used_gpus).sum();
+    // + 0.0: an empty f64 sum is -0.0, which would print as -0.00.
+    let cap: f64 = reports.iter().map(|r| r.capacity_gpus).sum::<f64>() + 0.0;
+    let used: f64 = reports.iter().map(|r| r.used_gpus).sum::<f64>() + 0.0;
     out.push_str(&format!(
         "{} GPU nodes, {:.2} of {:.2} GPUs allocated\n",
         reports.len(),
@@ -103,7 +104,7 @@ pub async fn from_server(
     let resp = tokio::time::timeout(std::time::Duration::from_secs(15), client.request(req))
         .await
         .map_err(|_| format!("{url}: no answer within 15s"))?
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| connect_error(url, &e))?;
     let status = resp.status();
     let body = resp
         .into_body()
@@ -118,6 +119,52 @@ pub async fn from_server(
         ));
     }
     serde_json::from_slice(&body).map_err(|e| format!("{url}/v1/nodes: unexpected body: {e}"))
+}
+
+/// Why a request to `url` failed, in words: a certificate this client does not trust and a
+/// server that is not there are told apart, each with what to do.
+fn connect_error(url: &str, e: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain: Vec<&(dyn std::error::Error + 'static)> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        chain.push(err);
+        // io::Error's source() skips the error it wraps: look inside it too.
+        next = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    if let Some(tls) = chain
+        .iter()
+        .find_map(|err| err.downcast_ref::<rustls::Error>())
+    {
+        return format!(
+            "{url}: the server's TLS certificate is not trusted ({tls}): pass --ca FILE with the CA that signed it (for a cluster, the gpu-share-tls Secret's ca.crt), or --insecure for a --dev service on this machine"
+        );
+    }
+    if let Some(io) = chain
+        .iter()
+        .find_map(|err| err.downcast_ref::<std::io::Error>())
+    {
+        match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => {
+                return format!(
+                    "{url}: nothing is listening there (connection refused): is gpu-share running, and is this its address and port?"
+                );
+            }
+            std::io::ErrorKind::TimedOut => {
+                return format!(
+                    "{url}: the connection timed out: is the address reachable from here?"
+                );
+            }
+            _ => {}
+        }
+    }
+    let words: Vec<String> = chain.iter().map(|err| err.to_string()).collect();
+    format!("{url}: {}", words.join(": "))
 }
 
 fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig, String> {

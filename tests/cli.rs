@@ -248,9 +248,27 @@ fn status_reads_a_dev_extender_with_example_nodes() {
         assert!(!table.contains("cpu-1"), "{table}");
         assert!(table.contains("4 GPU nodes"), "{table}");
     }
-    // Without --insecure or --ca the self-signed certificate is refused, in words.
+    // Without --insecure or --ca the self-signed certificate is refused, in words that say so
+    // and what to do; a server that is not there is told apart.
     let stderr = run_err(["status", "--server", &format!("https://{listen}")]);
-    assert!(!stderr.is_empty());
+    assert!(
+        stderr.contains("certificate is not trusted") && stderr.contains("--ca"),
+        "{stderr}"
+    );
+    drop(_guard);
+    let stderr = run_err(["status", "--server", &format!("https://{listen}")]);
+    assert!(
+        stderr.contains("nothing is listening") && !stderr.contains("certificate"),
+        "{stderr}"
+    );
+}
+
+/// With no GPU nodes the totals read 0.00, never -0.00.
+#[test]
+fn status_of_no_gpu_nodes_prints_zero() {
+    let table = gpu_share::status::render(&[]);
+    assert!(table.contains("0 GPU nodes, 0.00 of 0.00 GPUs"), "{table}");
+    assert!(!table.contains("-0.00"), "{table}");
 }
 
 #[test]
