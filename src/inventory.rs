@@ -20,6 +20,20 @@ pub const LABEL_SHARING: &str = "nvidia.com/gpu.sharing-strategy";
 pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
 pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+
+// GKE's own GPU labels. GKE runs its own device plugin (always `nvidia.com/gpu`, one unit per
+// client of a shared GPU, one per MIG partition) and no GPU Feature Discovery.
+// https://cloud.google.com/kubernetes-engine/docs/concepts/timesharing-gpus,
+// https://cloud.google.com/kubernetes-engine/docs/how-to/gpus-multi (MIG),
+// GoogleCloudPlatform/container-engine-accelerators pkg/gpu/nvidia (resource name, virtual devices).
+/// `nvidia-l4`, `nvidia-h100-80gb`, ...
+pub const LABEL_GKE_ACCELERATOR: &str = "cloud.google.com/gke-accelerator";
+/// `time-sharing` or `mps` (auto-provisioned nodes may say `TIME_SHARING` / `MPS`).
+pub const LABEL_GKE_SHARING: &str = "cloud.google.com/gke-gpu-sharing-strategy";
+/// Clients per physical GPU (2-48); allocatable `nvidia.com/gpu` is GPUs times this.
+pub const LABEL_GKE_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gpu";
+/// The MIG partition size of every GPU, e.g. `1g.5gb`; each partition is one `nvidia.com/gpu`.
+pub const LABEL_GKE_PARTITION: &str = "cloud.google.com/gke-gpu-partition-size";
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 
 /// Most GPUs one node is taken to have. The largest GPU nodes hold 8 (16 at most); a node that
@@ -67,6 +81,20 @@ impl Sharing {
     }
 }
 
+/// Where a node's sharing mode was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeSource {
+    /// NVIDIA GPU Feature Discovery's labels (`nvidia.com/gpu.*`, `nvidia.com/mig.*`).
+    #[default]
+    Gfd,
+    /// GKE's own GPU labels (`cloud.google.com/gke-*`).
+    Gke,
+    /// No label says how the GPUs are shared (NVIDIA's device plugin without GFD, common on
+    /// EKS and AKS): each `nvidia.com/gpu` is taken as a whole, unshared GPU, unverified.
+    Unverified,
+}
+
 /// How MIG devices are exposed on the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "strategy", rename_all = "kebab-case")]
@@ -103,6 +131,8 @@ pub struct GpuNode {
     pub cpu_milli: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u64>,
+    /// Where the sharing mode was read from.
+    pub mode_source: ModeSource,
 }
 
 impl GpuNode {
@@ -119,6 +149,7 @@ impl GpuNode {
             mig: MigLayout::None,
             cpu_milli: None,
             memory_mib: None,
+            mode_source: ModeSource::Gfd,
         }
     }
 
@@ -256,19 +287,53 @@ pub fn from_parts(
             ))
         })
         .collect();
-    let has_labels = labels.contains_key(LABEL_PRODUCT) || labels.contains_key(LABEL_COUNT);
+    let has_gfd = [
+        LABEL_PRODUCT,
+        LABEL_COUNT,
+        LABEL_SHARING,
+        LABEL_MIG_STRATEGY,
+    ]
+    .iter()
+    .any(|l| labels.contains_key(*l));
+    let gke_accelerator = labels.get(LABEL_GKE_ACCELERATOR);
+    let gke_sharing = labels
+        .get(LABEL_GKE_SHARING)
+        .map(|v| v.trim().to_ascii_lowercase().replace('_', "-"));
+    let gke_partition = labels
+        .get(LABEL_GKE_PARTITION)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+    let gke =
+        !has_gfd && (gke_accelerator.is_some() || gke_sharing.is_some() || gke_partition.is_some());
     let gpu_alloc = count(RESOURCE_GPU);
     let shared_alloc = count(shared_resource);
-    if !has_labels && gpu_alloc.is_none() && shared_alloc.is_none() && mig_instances.is_empty() {
+    if !has_gfd
+        && gke_accelerator.is_none()
+        && gpu_alloc.is_none()
+        && shared_alloc.is_none()
+        && mig_instances.is_empty()
+    {
         return None;
     }
-    let raw_product = labels.get(LABEL_PRODUCT).cloned();
+    let mode_source = if has_gfd {
+        ModeSource::Gfd
+    } else if gke {
+        ModeSource::Gke
+    } else {
+        ModeSource::Unverified
+    };
+    let raw_product = labels
+        .get(LABEL_PRODUCT)
+        .or(if gke { gke_accelerator } else { None })
+        .cloned();
     let mut product = raw_product
         .as_deref()
         .map(|p| p.strip_suffix("-SHARED").unwrap_or(p).to_string());
     let mig_strategy = labels.get(LABEL_MIG_STRATEGY).map(String::as_str);
     let label_replicas =
         u32::try_from(label_u64(labels, LABEL_REPLICAS).unwrap_or(1).max(1)).unwrap_or(u32::MAX);
+    let gke_clients =
+        u32::try_from(label_u64(labels, LABEL_GKE_CLIENTS).unwrap_or(1).max(1)).unwrap_or(u32::MAX);
     let sharing = match labels.get(LABEL_SHARING).map(String::as_str) {
         Some("mps") => Sharing::Mps {
             replicas: label_replicas,
@@ -280,8 +345,20 @@ pub fn from_parts(
         _ if label_replicas > 1 => Sharing::TimeSlicing {
             replicas: label_replicas,
         },
+        _ if gke => match gke_sharing.as_deref() {
+            Some("mps") => Sharing::Mps {
+                replicas: gke_clients,
+            },
+            Some("time-sharing") => Sharing::TimeSlicing {
+                replicas: gke_clients,
+            },
+            _ => Sharing::None,
+        },
         _ => Sharing::None,
     };
+    if mode_source == ModeSource::Unverified {
+        warn_unverified_once(name);
+    }
     let cpu_milli = allocatable
         .get("cpu")
         .and_then(|q| quantity_milli(q))
@@ -299,14 +376,26 @@ pub fn from_parts(
         p.split_once("-MIG-")
             .map(|(model, profile)| (model.to_string(), profile.to_string()))
     });
-    if mig_strategy == Some("single") || single_profile.is_some() {
-        let profile = single_profile.as_ref().map(|(_, p)| p.clone()).or_else(|| {
-            labels
-                .get(LABEL_MIG_CONFIG)
-                .and_then(|c| c.strip_prefix("all-"))
-                .filter(|p| !matches!(*p, "disabled" | "enabled" | "balanced"))
-                .map(str::to_string)
-        });
+    // GKE's MIG partitions are advertised one nvidia.com/gpu each, as NVIDIA's single strategy.
+    let gke_mig = if gke { gke_partition.clone() } else { None };
+    if mig_strategy == Some("single") || single_profile.is_some() || gke_mig.is_some() {
+        let profile = single_profile
+            .as_ref()
+            .map(|(_, p)| p.clone())
+            .or_else(|| {
+                labels
+                    .get(LABEL_MIG_CONFIG)
+                    .and_then(|c| c.strip_prefix("all-"))
+                    .filter(|p| !matches!(*p, "disabled" | "enabled" | "balanced"))
+                    .map(str::to_string)
+            })
+            .or(gke_mig);
+        if gke && sharing != Sharing::None && profile.is_some() {
+            tracing::warn!(
+                node = name,
+                "GKE node shares its MIG partitions ({LABEL_GKE_SHARING}); gpu-share accounts each unit of nvidia.com/gpu as one MIG device, so its MIG pods there are not isolated from each other"
+            );
+        }
         if let Some(profile) = profile {
             if let Some((model, _)) = single_profile {
                 product = Some(model);
@@ -327,6 +416,7 @@ pub fn from_parts(
                 mig: MigLayout::Single { profile },
                 cpu_milli,
                 memory_mib,
+                mode_source,
             });
         }
     }
@@ -362,7 +452,24 @@ pub fn from_parts(
         mig,
         cpu_milli,
         memory_mib,
+        mode_source,
     })
+}
+
+/// Warns once per node (per process) that its sharing mode is a guess.
+fn warn_unverified_once(node: &str) {
+    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned
+        .get_or_insert_with(Default::default)
+        .insert(node.to_string())
+    {
+        tracing::warn!(
+            node,
+            "no GPU Feature Discovery or GKE labels say how this node's GPUs are shared: gpu-share takes each nvidia.com/gpu as a whole, unshared GPU (exclusive pods only); if the device plugin shares them (time-slicing, MPS, MIG single), install GPU Feature Discovery (the GPU Operator does) or gpu-share may overcommit them"
+        );
+    }
 }
 
 /// Bounds a node's full-GPU pool: more than [`MAX_GPUS_PER_NODE`] GPUs, or more than
@@ -415,6 +522,118 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// Nodes as GKE, EKS and AKS present them, read to what their device plugin enforces.
+    #[test]
+    fn nodes_as_each_platform_presents_them() {
+        let gpu = |n: &str| map(&[("nvidia.com/gpu", n), ("cpu", "8")]);
+        // GKE time-sharing: 2 L4s, 4 clients each: 8 units of nvidia.com/gpu.
+        let ts = from_parts(
+            "gke-ts",
+            &map(&[
+                (LABEL_GKE_ACCELERATOR, "nvidia-l4"),
+                (LABEL_GKE_SHARING, "time-sharing"),
+                (LABEL_GKE_CLIENTS, "4"),
+            ]),
+            &gpu("8"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!(ts.sharing, Sharing::TimeSlicing { replicas: 4 });
+        assert_eq!((ts.gpus, ts.slots), (2, 8));
+        assert_eq!(ts.product.as_deref(), Some("nvidia-l4"));
+        assert_eq!(ts.mode_source, ModeSource::Gke);
+        // GKE MPS, the upper-case form auto-provisioning writes.
+        let mps = from_parts(
+            "gke-mps",
+            &map(&[
+                (LABEL_GKE_ACCELERATOR, "nvidia-h100-80gb"),
+                (LABEL_GKE_SHARING, "MPS"),
+                (LABEL_GKE_CLIENTS, "3"),
+            ]),
+            &gpu("24"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!(mps.sharing, Sharing::Mps { replicas: 3 });
+        assert_eq!((mps.gpus, mps.slots), (8, 24));
+        // GKE MIG: every A100 in 1g.5gb partitions, each one nvidia.com/gpu.
+        let mig = from_parts(
+            "gke-mig",
+            &map(&[
+                (LABEL_GKE_ACCELERATOR, "nvidia-tesla-a100"),
+                (LABEL_GKE_PARTITION, "1g.5gb"),
+            ]),
+            &gpu("14"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!(
+            mig.mig,
+            MigLayout::Single {
+                profile: "1g.5gb".into()
+            }
+        );
+        assert_eq!((mig.gpus, mig.slots), (0, 14));
+        assert_eq!(mig.mode_source, ModeSource::Gke);
+        // GKE without sharing: whole GPUs, read from GKE's labels (verified).
+        let plain = from_parts(
+            "gke-plain",
+            &map(&[(LABEL_GKE_ACCELERATOR, "nvidia-l4")]),
+            &gpu("2"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!((plain.sharing, plain.gpus), (Sharing::None, 2));
+        assert_eq!(plain.mode_source, ModeSource::Gke);
+        // EKS (or AKS) with NVIDIA's device plugin and no GFD: whole GPUs, flagged unverified.
+        let eks = from_parts(
+            "eks-g5",
+            &map(&[
+                ("node.kubernetes.io/instance-type", "g5.12xlarge"),
+                ("eks.amazonaws.com/nodegroup", "gpu"),
+            ]),
+            &gpu("4"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!((eks.sharing, eks.gpus, eks.slots), (Sharing::None, 4, 4));
+        assert_eq!(eks.mode_source, ModeSource::Unverified);
+        // AKS MIG pool with the GPU Operator's GFD (mixed strategy): read from GFD as before.
+        let aks = from_parts(
+            "aks-mig",
+            &map(&[
+                ("kubernetes.azure.com/accelerator", "nvidia"),
+                (LABEL_PRODUCT, "NVIDIA-A100-SXM4-40GB"),
+                (LABEL_COUNT, "8"),
+                (LABEL_MIG_STRATEGY, "mixed"),
+            ]),
+            &map(&[("nvidia.com/gpu", "0"), ("nvidia.com/mig-1g.5gb", "56")]),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!(aks.mode_source, ModeSource::Gfd);
+        assert_eq!(aks.mig_devices(), 56);
+        // GFD labels win over GKE's when both are there.
+        let both = from_parts(
+            "both",
+            &map(&[
+                (LABEL_GKE_SHARING, "time-sharing"),
+                (LABEL_GKE_CLIENTS, "4"),
+                (LABEL_SHARING, "none"),
+                (LABEL_PRODUCT, "NVIDIA-L4"),
+            ]),
+            &gpu("2"),
+            RESOURCE_GPU,
+        )
+        .unwrap();
+        assert_eq!(
+            (both.sharing, both.mode_source),
+            (Sharing::None, ModeSource::Gfd)
+        );
+        // No NVIDIA resource and no GPU label: not a GPU node.
+        assert!(from_parts("cpu", &map(&[]), &map(&[("cpu", "8")]), RESOURCE_GPU).is_none());
     }
 
     #[test]

@@ -402,7 +402,11 @@ impl ExtenderState {
 #[serde(rename_all = "camelCase")]
 pub struct NodeReport {
     pub name: String,
+    /// e.g. `time-slicing x4`; `whole (unverified)` when no label says how the GPUs are shared.
     pub kind: String,
+    /// Where the sharing mode was read from: `gfd`, `gke` or `unverified`.
+    #[serde(default)]
+    pub mode_source: crate::inventory::ModeSource,
     pub product: Option<String>,
     pub gpus: u32,
     /// Capacity, use and free room in GPUs (MIG devices counted by their share of a GPU).
@@ -471,7 +475,12 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     NodeReport {
         name: n.name.clone(),
-        kind: n.kind(),
+        kind: if n.mode_source == crate::inventory::ModeSource::Unverified {
+            format!("{} (unverified)", n.kind())
+        } else {
+            n.kind()
+        },
+        mode_source: n.mode_source,
         product: n.product.clone(),
         gpus: n.gpus,
         capacity_gpus: round(gpu_cap + mig_cap),
@@ -523,6 +532,28 @@ mod tests {
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::PodRef;
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
+
+    /// A node whose sharing no label states says so in `/v1/nodes` (and so in `gpu-share
+    /// status`, which prints the kind).
+    #[test]
+    fn an_unverified_node_says_so_in_its_report() {
+        let labels = std::collections::BTreeMap::from([(
+            "node.kubernetes.io/instance-type".to_string(),
+            "g5.12xlarge".to_string(),
+        )]);
+        let alloc =
+            std::collections::BTreeMap::from([("nvidia.com/gpu".to_string(), "4".to_string())]);
+        let n = crate::inventory::from_parts("eks-1", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let r = report(&NodeLedger::new(n), &crate::mig::MigTable::default());
+        assert_eq!(r.kind, "whole (unverified)");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["modeSource"], "unverified");
+        let gfd = report(
+            &NodeLedger::new(GpuNode::whole("g", "NVIDIA-L4", 1, 23034)),
+            &crate::mig::MigTable::default(),
+        );
+        assert_eq!(gfd.kind, "whole");
+    }
 
     #[test]
     fn a_reconcile_forgets_the_changes_older_than_its_list() {
