@@ -440,8 +440,10 @@ async fn admission(c: &Cluster) -> Check {
             class: "exclusive-2",
             limit: ("nvidia.com/gpu", "2"),
             affinity: &[
-                "nvidia.com/gpu.sharing-strategy In [none]",
+                "nvidia.com/gpu.sharing-strategy NotIn [mps,time-slicing]",
                 "nvidia.com/mig.strategy NotIn [single]",
+                "cloud.google.com/gke-gpu-sharing-strategy DoesNotExist []",
+                "cloud.google.com/gke-gpu-partition-size DoesNotExist []",
             ],
             env: &[("GPU_SHARE_CLASS", "exclusive-2")],
             host_ipc: false,

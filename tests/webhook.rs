@@ -242,7 +242,22 @@ async fn exclusive_leaves_init_containers_alone() {
         .match_expressions
         .clone()
         .unwrap();
-    assert_eq!(exprs[0].values.as_ref().unwrap(), &vec!["none".to_string()]);
+    assert_eq!(
+        (exprs[0].operator.as_str(), exprs[0].values.clone().unwrap()),
+        ("NotIn", vec!["mps".to_string(), "time-slicing".to_string()])
+    );
+    assert_eq!(
+        (
+            exprs[2].key.as_str(),
+            exprs[2].operator.as_str(),
+            exprs[2].values.as_ref()
+        ),
+        (
+            "cloud.google.com/gke-gpu-sharing-strategy",
+            "DoesNotExist",
+            None
+        )
+    );
     assert_eq!(
         (exprs[1].key.as_str(), exprs[1].operator.as_str()),
         ("nvidia.com/mig.strategy", "NotIn")

@@ -20,7 +20,8 @@ pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
 /// Node labels the webhook's affinity uses (GPU Feature Discovery): the inventory's.
 use crate::inventory::{
-    LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY, LABEL_SHARING as LABEL_SHARING_STRATEGY,
+    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY,
+    LABEL_SHARING as LABEL_SHARING_STRATEGY,
 };
 
 /// Whether the policy's RuntimeClass exists in the cluster.
@@ -570,12 +571,22 @@ type Expr = (String, &'static str, Vec<String>);
 
 fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
     let e = |k: &str, op: &'static str, v: &str| (k.to_string(), op, vec![v.to_string()]);
+    let absent = |k: &str| (k.to_string(), "DoesNotExist", Vec::new());
     match class {
         GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
         GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
+        // Any node whose GPUs are not shared: GFD's `none`, and nodes without GFD's label (the
+        // device plugin alone, GKE) — but not GKE's shared or MIG-partitioned nodes, which carry
+        // no GFD label either (NotIn also matches a node without the label).
         GpuClass::Exclusive { .. } => vec![
-            e(LABEL_SHARING_STRATEGY, "In", "none"),
+            (
+                LABEL_SHARING_STRATEGY.to_string(),
+                "NotIn",
+                vec!["mps".to_string(), "time-slicing".to_string()],
+            ),
             e(LABEL_MIG_STRATEGY, "NotIn", "single"),
+            absent(LABEL_GKE_SHARING),
+            absent(LABEL_GKE_PARTITION),
         ],
         GpuClass::Mig { profile } => match policy.mig.strategy {
             MigStrategy::Single => vec![e(
@@ -589,7 +600,12 @@ fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
 }
 
 fn expr_json(e: &Expr) -> Value {
-    json!({ "key": e.0, "operator": e.1, "values": e.2 })
+    if e.2.is_empty() {
+        // Exists and DoesNotExist take no values.
+        json!({ "key": e.0, "operator": e.1 })
+    } else {
+        json!({ "key": e.0, "operator": e.1, "values": e.2 })
+    }
 }
 
 /// ANDs the expressions into every existing required node selector term (terms are ORed), or adds
@@ -976,9 +992,55 @@ mod tests {
         let t = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"][0];
         assert_eq!(
-            t["matchExpressions"][1],
-            json!({"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single"]})
+            t["matchExpressions"],
+            json!([
+                {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn", "values": ["mps", "time-slicing"]},
+                {"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single"]},
+                {"key": "cloud.google.com/gke-gpu-sharing-strategy", "operator": "DoesNotExist"},
+                {"key": "cloud.google.com/gke-gpu-partition-size", "operator": "DoesNotExist"}
+            ])
         );
+        // It matches unshared nodes of every platform, and no shared or MIG one.
+        let term: k8s_openapi::api::core::v1::NodeSelectorTerm =
+            serde_json::from_value(t.clone()).unwrap();
+        let matches = |labels: &[(&str, &str)]| {
+            term.match_expressions.iter().flatten().all(|r| {
+                let v = labels.iter().find(|(k, _)| *k == r.key).map(|(_, v)| *v);
+                let values = r.values.clone().unwrap_or_default();
+                match (r.operator.as_str(), v) {
+                    ("In", Some(v)) => values.iter().any(|x| x == v),
+                    ("In", None) => false,
+                    ("NotIn", Some(v)) => !values.iter().any(|x| x == v),
+                    ("NotIn", None) => true,
+                    ("DoesNotExist", v) => v.is_none(),
+                    ("Exists", v) => v.is_some(),
+                    _ => false,
+                }
+            })
+        };
+        assert!(matches(&[("nvidia.com/gpu.sharing-strategy", "none")]));
+        assert!(matches(&[(
+            "node.kubernetes.io/instance-type",
+            "g5.12xlarge"
+        )]));
+        assert!(matches(&[(
+            "cloud.google.com/gke-accelerator",
+            "nvidia-l4"
+        )]));
+        assert!(!matches(&[("nvidia.com/gpu.sharing-strategy", "mps")]));
+        assert!(!matches(&[(
+            "nvidia.com/gpu.sharing-strategy",
+            "time-slicing"
+        )]));
+        assert!(!matches(&[("nvidia.com/mig.strategy", "single")]));
+        assert!(!matches(&[(
+            "cloud.google.com/gke-gpu-sharing-strategy",
+            "time-sharing"
+        )]));
+        assert!(!matches(&[(
+            "cloud.google.com/gke-gpu-partition-size",
+            "1g.5gb"
+        )]));
         assert_eq!(env_of(&doc, "GPU_SHARE_FRACTION").as_deref(), Some("2"));
     }
 
