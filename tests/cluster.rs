@@ -422,7 +422,10 @@ async fn admission(c: &Cluster) -> Check {
         Want {
             class: "mps-25",
             limit: ("nvidia.com/gpu", "1"),
-            affinity: &["nvidia.com/gpu.sharing-strategy In [mps]"],
+            affinity: &[
+                "nvidia.com/gpu.sharing-strategy In [mps]",
+                "cloud.google.com/gke-gpu-sharing-strategy In [mps,MPS]",
+            ],
             env: &[
                 ("GPU_SHARE_CLASS", "mps-25"),
                 ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
@@ -432,7 +435,10 @@ async fn admission(c: &Cluster) -> Check {
         Want {
             class: "timeslice-50",
             limit: ("nvidia.com/gpu", "1"),
-            affinity: &["nvidia.com/gpu.sharing-strategy In [time-slicing]"],
+            affinity: &[
+                "nvidia.com/gpu.sharing-strategy In [time-slicing]",
+                "cloud.google.com/gke-gpu-sharing-strategy In [time-sharing,TIME_SHARING]",
+            ],
             env: &[("GPU_SHARE_CLASS", "timeslice-50")],
             host_ipc: false,
         },

@@ -185,6 +185,9 @@ async fn mps_targets_the_named_container_and_appends_env() {
 
 #[tokio::test]
 async fn timeslice_is_anded_into_each_affinity_term() {
+    // Each of the pod's 2 terms is crossed with the 2 kinds of time-shared node (GFD's
+    // time-slicing, GKE's time-sharing): 4 terms, each keeping the pod's own requirement, so the
+    // pod's constraint is never weakened.
     let (review, response) = review("timeslice-affinity.json").await;
     let (doc, pod) = apply(&review, &response);
     let spec = pod.spec.as_ref().unwrap();
@@ -200,18 +203,27 @@ async fn timeslice_is_anded_into_each_affinity_term() {
         .as_ref()
         .unwrap()
         .node_selector_terms;
-    assert_eq!(
-        terms.len(),
-        2,
-        "no new ORed term that would weaken the pod's constraint"
-    );
-    for t in terms {
+    assert_eq!(terms.len(), 4);
+    let own = [
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/zone",
+        "node.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+    ];
+    for (i, t) in terms.iter().enumerate() {
         let exprs = t.match_expressions.as_ref().unwrap();
         assert_eq!(exprs.len(), 2);
-        assert_eq!(
-            exprs[1].values.as_ref().unwrap(),
-            &vec!["time-slicing".to_string()]
-        );
+        assert_eq!(exprs[0].key, own[i], "term {i} keeps the pod's requirement");
+        let (key, values) = if i % 2 == 0 {
+            ("nvidia.com/gpu.sharing-strategy", vec!["time-slicing"])
+        } else {
+            (
+                "cloud.google.com/gke-gpu-sharing-strategy",
+                vec!["time-sharing", "TIME_SHARING"],
+            )
+        };
+        assert_eq!(exprs[1].key, key);
+        assert_eq!(exprs[1].values.as_ref().unwrap(), &values);
     }
     assert_eq!(limit(&pod, 0, "nvidia.com/gpu").as_deref(), Some("1"));
     assert_eq!(env(&pod, 0, "GPU_SHARE_FRACTION").as_deref(), Some("0.5"));

@@ -444,7 +444,10 @@ fn plan_pod(
     // 5. Node affinity.
     if policy.node_affinity {
         let exprs = affinity_for(&req.class, policy);
-        add_required_affinity(&mut b, pod, &exprs);
+        match gke_alternative(&req.class) {
+            Some(gke) => cross_required_affinity(&mut b, pod, &[exprs, gke]),
+            None => add_required_affinity(&mut b, pod, &exprs),
+        }
     }
 
     // 6. schedulerName.
@@ -596,6 +599,93 @@ fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
             )],
             MigStrategy::Mixed => vec![],
         },
+    }
+}
+
+/// GKE's own label for the nodes an mps or timeslice pod may also run on (GKE shares GPUs with
+/// its own device plugin and no GFD labels). Auto-provisioned nodes spell the value in capitals.
+/// Never a client count: any number of clients per GPU will do.
+fn gke_alternative(class: &GpuClass) -> Option<Vec<Expr>> {
+    let values = match class {
+        GpuClass::Mps { .. } => vec!["mps".to_string(), "MPS".to_string()],
+        GpuClass::Timeslice { .. } => vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],
+        _ => return None,
+    };
+    Some(vec![(LABEL_GKE_SHARING.to_string(), "In", values)])
+}
+
+/// Requires the pod's own terms and one of `alternatives`: every existing required term is
+/// crossed with every alternative (terms are ORed, expressions within one ANDed), and the
+/// result replaces the terms. Without terms of its own the pod gets one term per alternative.
+fn cross_required_affinity(b: &mut PatchBuilder, pod: &Pod, alternatives: &[Vec<Expr>]) {
+    let spec = pod.spec.as_ref();
+    let affinity = spec.and_then(|s| s.affinity.as_ref());
+    let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
+    let required = node_affinity.and_then(|n| {
+        n.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let own: Vec<Value> = required
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .map(|t| serde_json::to_value(t).unwrap_or_else(|_| json!({})))
+                .collect()
+        })
+        .unwrap_or_default();
+    let own = if own.is_empty() { vec![json!({})] } else { own };
+    let mut terms = Vec::new();
+    let mut changed = required.is_none_or(|r| r.node_selector_terms.is_empty());
+    for term in &own {
+        // A term that already requires one of the alternatives (a second pass) stays as it is.
+        let have: Vec<Value> = term
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if alternatives
+            .iter()
+            .any(|alt| alt.iter().all(|e| have.contains(&expr_json(e))))
+        {
+            terms.push(term.clone());
+            continue;
+        }
+        changed = true;
+        for alt in alternatives {
+            let mut t = term.clone();
+            let mut exprs: Vec<Value> = t
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for e in alt {
+                let e = expr_json(e);
+                if !exprs.contains(&e) {
+                    exprs.push(e);
+                }
+            }
+            t["matchExpressions"] = Value::Array(exprs);
+            terms.push(t);
+        }
+    }
+    if !changed {
+        return;
+    }
+    const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
+    const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+    let new_required = json!({ "nodeSelectorTerms": terms });
+    match (affinity, node_affinity, required) {
+        (None, _, _) => b.add(
+            &["spec", "affinity"],
+            json!({ "nodeAffinity": { REQ: new_required } }),
+        ),
+        (Some(_), None, _) => b.add(&NA, json!({ REQ: new_required })),
+        (Some(_), Some(_), None) => b.add(&[&NA[..], &[REQ]].concat(), new_required),
+        // `add` on an existing member replaces it.
+        (Some(_), Some(_), Some(_)) => b.add(
+            &[&NA[..], &[REQ, "nodeSelectorTerms"]].concat(),
+            new_required["nodeSelectorTerms"].clone(),
+        ),
     }
 }
 
@@ -1051,14 +1141,62 @@ mod tests {
             {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
         ]}}});
-        let (doc, _) = mutated(&pod(json!({"gpu-share": "timeslice-10"}), spec));
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive"}), spec.clone()));
         let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];
         assert_eq!(terms.as_array().unwrap().len(), 2, "no new ORed term");
         assert_eq!(terms[0]["matchExpressions"][0]["key"], "zone");
-        assert_eq!(terms[0]["matchExpressions"][1]["values"][0], "time-slicing");
-        assert_eq!(terms[1]["matchExpressions"][0]["values"][0], "time-slicing");
+        assert_eq!(terms[0]["matchExpressions"][1]["values"][0], "mps");
+        assert_eq!(terms[1]["matchExpressions"][0]["values"][0], "mps");
         assert_eq!(terms[1]["matchFields"][0]["key"], "metadata.name");
+
+        // timeslice: GFD's time-slicing nodes or GKE's time-sharing ones, crossed with each of
+        // the pod's own terms (2 x 2), every term keeping the pod's requirements.
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "timeslice-10"}), spec));
+        let terms = doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(terms.len(), 4);
+        let keys = |t: &Value| -> Vec<String> {
+            t["matchExpressions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| format!("{} {}", e["key"].as_str().unwrap(), e["values"]))
+                .collect()
+        };
+        assert_eq!(
+            keys(&terms[0]),
+            vec![
+                "zone [\"a\"]".to_string(),
+                "nvidia.com/gpu.sharing-strategy [\"time-slicing\"]".to_string()
+            ]
+        );
+        assert_eq!(
+            keys(&terms[1]),
+            vec![
+                "zone [\"a\"]".to_string(),
+                "cloud.google.com/gke-gpu-sharing-strategy [\"time-sharing\",\"TIME_SHARING\"]"
+                    .to_string()
+            ]
+        );
+        assert_eq!(terms[2]["matchFields"][0]["key"], "metadata.name");
+        assert_eq!(terms[3]["matchFields"][0]["key"], "metadata.name");
+        assert_eq!(keys(&terms[3]).len(), 1);
+
+        // No terms of its own: one term per kind of node.
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "mps-25"}), basic_spec()));
+        let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &json!([
+                {"matchExpressions": [{"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["mps"]}]},
+                {"matchExpressions": [{"key": "cloud.google.com/gke-gpu-sharing-strategy", "operator": "In", "values": ["mps", "MPS"]}]}
+            ])
+        );
     }
 
     #[test]
