@@ -46,7 +46,7 @@ fn state() -> Arc<AppState> {
                 let state = AppState::dev(Role::All, Policy::default_policy());
                 let nodes = crate::server::parse_nodes(NODES).expect("example nodes");
                 if let Some(ext) = &state.extender {
-                    ext.learn_nodes(&nodes, "nvidia.com/gpu");
+                    ext.learn_nodes(&nodes, &"nvidia.com/gpu".into());
                 }
                 Arc::new(state)
             })

@@ -93,6 +93,89 @@ pub enum ModeSource {
     /// No label says how the GPUs are shared (NVIDIA's device plugin without GFD, common on
     /// EKS and AKS): each `nvidia.com/gpu` is taken as a whole, unshared GPU, unverified.
     Unverified,
+    /// The policy's `nodeModes` declares it for the node's labels.
+    Declared,
+}
+
+/// How nodes are read: the resource shared pods ask for, and the modes the policy declares for
+/// nodes whose labels do not say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub shared: String,
+    pub declared: Vec<crate::policy::NodeMode>,
+}
+
+impl From<&str> for Reading {
+    fn from(shared: &str) -> Self {
+        Reading {
+            shared: shared.to_string(),
+            declared: Vec::new(),
+        }
+    }
+}
+
+impl Reading {
+    pub fn of(policy: &crate::policy::Policy) -> Self {
+        Reading {
+            shared: policy.resources.shared.to_string(),
+            declared: policy.node_modes.clone(),
+        }
+    }
+}
+
+/// [`from_node`], then the policy's declared mode for a node whose labels do not say; warns
+/// once per node when the mode is still a guess. What the extender and `status` use.
+pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
+    let g = from_node(node, &reading.shared)?;
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let g = declare(g, labels, &reading.declared);
+    if g.mode_source == ModeSource::Unverified {
+        warn_unverified_once(&g.name);
+    }
+    Some(g)
+}
+
+/// Applies the first declared mode whose selector matches `labels` to a node whose mode no
+/// label states (GFD's and GKE's labels win).
+pub fn declare(
+    g: GpuNode,
+    labels: &BTreeMap<String, String>,
+    modes: &[crate::policy::NodeMode],
+) -> GpuNode {
+    use crate::policy::DeclaredSharing;
+    if g.mode_source != ModeSource::Unverified || g.mig != MigLayout::None {
+        return g;
+    }
+    let Some(m) = modes.iter().find(|m| m.selector.matches(labels)) else {
+        return g;
+    };
+    let units = g.slots;
+    if let Some(profile) = &m.mig_profile {
+        return GpuNode {
+            gpus: 0,
+            sharing: Sharing::None,
+            slots: clamp_mig_devices(&g.name, &g.pool_resource, units),
+            mig: MigLayout::Single {
+                profile: profile.clone(),
+            },
+            mode_source: ModeSource::Declared,
+            ..g
+        };
+    }
+    let sharing = match (m.sharing, m.replicas) {
+        (Some(DeclaredSharing::TimeSlicing), Some(r)) => Sharing::TimeSlicing { replicas: r },
+        (Some(DeclaredSharing::Mps), Some(r)) => Sharing::Mps { replicas: r },
+        _ => Sharing::None,
+    };
+    let (gpus, slots) = clamp_pool(&g.name, &g.pool_resource, units, sharing.replicas());
+    GpuNode {
+        gpus,
+        slots,
+        sharing,
+        mode_source: ModeSource::Declared,
+        ..g
+    }
 }
 
 /// How MIG devices are exposed on the node.
@@ -356,9 +439,7 @@ pub fn from_parts(
         },
         _ => Sharing::None,
     };
-    if mode_source == ModeSource::Unverified {
-        warn_unverified_once(name);
-    }
+
     let cpu_milli = allocatable
         .get("cpu")
         .and_then(|q| quantity_milli(q))
@@ -467,7 +548,7 @@ fn warn_unverified_once(node: &str) {
     {
         tracing::warn!(
             node,
-            "no GPU Feature Discovery or GKE labels say how this node's GPUs are shared: gpu-share takes each nvidia.com/gpu as a whole, unshared GPU (exclusive pods only); if the device plugin shares them (time-slicing, MPS, MIG single), install GPU Feature Discovery (the GPU Operator does) or gpu-share may overcommit them"
+            "no GPU Feature Discovery or GKE labels say how this node's GPUs are shared, and no nodeModes rule of the policy matches it: gpu-share takes each nvidia.com/gpu as a whole, unshared GPU (exclusive pods only); if the device plugin shares them (time-slicing, MPS, MIG single), install GPU Feature Discovery (the GPU Operator does) or declare the mode in the policy's nodeModes, or gpu-share may overcommit them"
         );
     }
 }
@@ -522,6 +603,70 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// The policy's nodeModes declare the mode of nodes no label describes; GFD's and GKE's
+    /// labels win, and a node no rule matches stays unverified.
+    #[test]
+    fn declared_modes_apply_to_unlabelled_nodes_only() {
+        let policy = crate::policy::Policy::load(
+            "nodeModes:\n  - selector: {matchLabels: {pool: shared}}\n    sharing: time-slicing\n    replicas: 4\n  - selector: {matchLabels: {pool: mig}}\n    migProfile: 1g.10gb\n",
+            "p.yaml",
+        )
+        .unwrap()
+        .policy;
+        let reading = Reading::of(&policy);
+        let node = |name: &str, labels: serde_json::Value, gpus: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": labels},
+                "status": {"allocatable": {"nvidia.com/gpu": gpus}}
+            }))
+            .unwrap()
+        };
+        let ts = read_node(
+            &node("eks-ts", serde_json::json!({"pool": "shared"}), "16"),
+            &reading,
+        )
+        .unwrap();
+        assert_eq!(ts.sharing, Sharing::TimeSlicing { replicas: 4 });
+        assert_eq!(
+            (ts.gpus, ts.slots, ts.mode_source),
+            (4, 16, ModeSource::Declared)
+        );
+        let mig = read_node(
+            &node("aks-mig", serde_json::json!({"pool": "mig"}), "56"),
+            &reading,
+        )
+        .unwrap();
+        assert_eq!(
+            (mig.mig.clone(), mig.gpus, mig.slots),
+            (
+                MigLayout::Single {
+                    profile: "1g.10gb".into()
+                },
+                0,
+                56
+            )
+        );
+        let other = read_node(
+            &node("eks-2", serde_json::json!({"pool": "other"}), "4"),
+            &reading,
+        )
+        .unwrap();
+        assert_eq!((other.gpus, other.mode_source), (4, ModeSource::Unverified));
+        let gfd = read_node(
+            &node(
+                "gfd",
+                serde_json::json!({"pool": "shared", "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.product": "NVIDIA-L4"}),
+                "2",
+            ),
+            &reading,
+        )
+        .unwrap();
+        assert_eq!(
+            (gfd.sharing, gfd.mode_source),
+            (Sharing::None, ModeSource::Gfd)
+        );
     }
 
     /// Nodes as GKE, EKS and AKS present them, read to what their device plugin enforces.

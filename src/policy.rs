@@ -286,6 +286,35 @@ pub struct Policy {
     pub packing: PackingPolicy,
     #[serde(default)]
     pub namespaces: Vec<NamespaceRule>,
+    /// How GPUs are shared on nodes whose labels do not say (no GPU Feature Discovery, not GKE),
+    /// by node label; the first matching rule wins.
+    #[serde(default)]
+    pub node_modes: Vec<NodeMode>,
+}
+
+/// A declared sharing mode for nodes matching a label selector.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeMode {
+    pub selector: LabelSelector,
+    /// `none` (whole GPUs), `time-slicing` or `mps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<DeclaredSharing>,
+    /// Replicas per GPU, for `time-slicing` and `mps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    /// Single-strategy MIG: every unit of `nvidia.com/gpu` is a MIG device of this profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+}
+
+/// The sharing modes a [`NodeMode`] may declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeclaredSharing {
+    None,
+    TimeSlicing,
+    Mps,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -364,6 +393,7 @@ const FIELDS: &[&str] = &[
     "packing",
     "packing.policy",
     "namespaces",
+    "nodeModes",
 ];
 
 /// A policy as read from a file: the policy, the fields the file left out (they hold the
@@ -447,6 +477,43 @@ impl Policy {
 
     /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
     fn validate(&self) -> Result<(), String> {
+        for (i, m) in self.node_modes.iter().enumerate() {
+            match (m.sharing, m.replicas, &m.mig_profile) {
+                (Some(_), _, Some(_)) | (None, _, None) => {
+                    return Err(format!(
+                        "nodeModes[{i}]: give either sharing (none, time-slicing, mps) or migProfile"
+                    ));
+                }
+                (Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps), r, None)
+                    if !r.is_some_and(|r| {
+                        (2..=crate::inventory::MAX_REPLICAS_PER_GPU).contains(&r)
+                    }) =>
+                {
+                    return Err(format!(
+                        "nodeModes[{i}].replicas must be 2-{} for time-slicing and mps",
+                        crate::inventory::MAX_REPLICAS_PER_GPU
+                    ));
+                }
+                (Some(DeclaredSharing::None), Some(_), _) | (None, Some(_), Some(_)) => {
+                    return Err(format!(
+                        "nodeModes[{i}].replicas applies to time-slicing and mps only"
+                    ));
+                }
+                (None, None, Some(p))
+                    if crate::request::parse_class(&format!("mig-{p}")).is_err() =>
+                {
+                    return Err(format!(
+                        "nodeModes[{i}].migProfile: {p:?} is not a profile name like 1g.10gb"
+                    ));
+                }
+                _ => {}
+            }
+            if m.selector.match_labels.is_empty() && m.selector.match_expressions.is_empty() {
+                return Err(format!(
+                    "nodeModes[{i}].selector must name at least one label"
+                ));
+            }
+        }
         for (i, rule) in self.namespaces.iter().enumerate() {
             if let Some(max) = rule.max_gpus_per_pod
                 && !(max.is_finite() && max > 0.0)
@@ -776,6 +843,40 @@ mod tests {
         assert!(!e.contains("<input>"), "{e}");
         let e = Policy::load("", "p.yaml").unwrap_err().to_string();
         assert!(e.contains("p.yaml"), "{e}");
+    }
+
+    #[test]
+    fn node_modes_are_checked_in_words() {
+        let bad = |yaml: &str, why: &str| {
+            let e = Policy::load(yaml, "p.yaml").unwrap_err().to_string();
+            assert!(e.contains(why), "{yaml}: {e}");
+        };
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: mps\n",
+            "replicas must be 2-48",
+        );
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n",
+            "either sharing",
+        );
+        bad(
+            "nodeModes:\n  - selector: {}\n    sharing: none\n",
+            "at least one label",
+        );
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    migProfile: big\n",
+            "not a profile name",
+        );
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: none\n    replicas: 2\n",
+            "time-slicing and mps only",
+        );
+        let ok = Policy::load(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: time-slicing\n    replicas: 4\n",
+            "p.yaml",
+        )
+        .unwrap();
+        assert_eq!(ok.policy.node_modes[0].replicas, Some(4));
     }
 
     #[test]

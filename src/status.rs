@@ -264,9 +264,10 @@ pub async fn from_cluster(policy: &Policy) -> Result<Vec<NodeReport>, String> {
     let client = kube::Client::try_default().await.map_err(|e| {
         format!("no Kubernetes configuration found ({e}): set KUBECONFIG or use --server URL")
     })?;
-    let listed = crate::cluster::watch::list_compact(&client, policy.resources.shared.as_str())
-        .await
-        .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
+    let listed =
+        crate::cluster::watch::list_compact(&client, &crate::inventory::Reading::of(policy))
+            .await
+            .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
     Ok(reports_of(policy, listed))
 }
 
@@ -280,10 +281,10 @@ pub fn reports_of(policy: &Policy, listed: crate::cluster::watch::Listed) -> Vec
 
 /// The reports for listed nodes and pods.
 pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeReport> {
-    let shared = policy.resources.shared.as_str();
+    let reading = crate::inventory::Reading::of(policy);
     let mut listed = crate::cluster::watch::Listed::default();
     for n in nodes {
-        listed.node(n, shared);
+        listed.node(n, &reading);
     }
     for p in pods {
         listed.pod(p);

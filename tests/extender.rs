@@ -29,7 +29,7 @@ fn state() -> Arc<AppState> {
         .extender
         .as_ref()
         .unwrap()
-        .learn_nodes(&nodes, "nvidia.com/gpu");
+        .learn_nodes(&nodes, &"nvidia.com/gpu".into());
     assert_eq!(gpu, 4);
     Arc::new(state)
 }
@@ -427,7 +427,7 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
             .extender
             .as_ref()
             .unwrap()
-            .learn_nodes(&nodes, "nvidia.com/gpu"),
+            .learn_nodes(&nodes, &"nvidia.com/gpu".into()),
         2
     );
     let s = Arc::new(state);

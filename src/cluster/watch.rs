@@ -60,7 +60,7 @@ pub fn apply_node_event(
     ext: &ExtenderState,
     relist: &mut Relist,
     event: Event<Node>,
-    shared: &str,
+    reading: &inventory::Reading,
 ) -> bool {
     match event {
         Event::Init => {
@@ -69,7 +69,7 @@ pub fn apply_node_event(
         }
         Event::InitApply(n) => {
             let started = Instant::now();
-            apply_node_event(ext, relist, Event::Apply(n), shared);
+            apply_node_event(ext, relist, Event::Apply(n), reading);
             relist.build += started.elapsed();
             false
         }
@@ -79,7 +79,7 @@ pub fn apply_node_event(
             if let Some(seen) = relist.seen.as_mut() {
                 seen.insert(name.clone());
             }
-            match inventory::from_node(&n, shared) {
+            match inventory::read_node(&n, reading) {
                 Some(inv) => ext.ledgers.upsert_node(inv),
                 None => ext.ledgers.remove_node(&name),
             }
@@ -200,8 +200,8 @@ pub fn spawn_watches(
         "nodes",
         shutdown.clone(),
         move |ev| {
-            let shared = p.current().policy.resources.shared.to_string();
-            apply_node_event(&e, &mut relist, ev, &shared)
+            let reading = inventory::Reading::of(&p.current().policy);
+            apply_node_event(&e, &mut relist, ev, &reading)
         },
     ));
 
@@ -261,12 +261,12 @@ pub fn reconcile_with(
     ext: &ExtenderState,
     nodes: &[Node],
     pods: &[Pod],
-    shared: &str,
+    reading: &inventory::Reading,
     listed_at: Instant,
 ) -> Drift {
     let mut listed = Listed::default();
     for n in nodes {
-        listed.node(n, shared);
+        listed.node(n, reading);
     }
     for p in pods {
         listed.pod(p);
@@ -283,8 +283,8 @@ pub struct Listed {
 }
 
 impl Listed {
-    pub fn node(&mut self, n: &Node, shared: &str) {
-        if let Some(g) = inventory::from_node(n, shared) {
+    pub fn node(&mut self, n: &Node, reading: &inventory::Reading) {
+        if let Some(g) = inventory::read_node(n, reading) {
             self.nodes.insert(g.name.clone(), g);
         }
     }
@@ -398,8 +398,8 @@ pub fn spawn_reconcile(
                 continue;
             }
             let listed_at = Instant::now();
-            let shared = policy.current().policy.resources.shared.to_string();
-            match list_compact(&client, &shared).await {
+            let reading = inventory::Reading::of(&policy.current().policy);
+            match list_compact(&client, &reading).await {
                 Ok(listed) => {
                     let (nodes, pods) = listed.len();
                     let list_seconds = listed_at.elapsed().as_secs_f64();
@@ -437,14 +437,17 @@ pub const LIST_PAGE: u32 = 500;
 
 /// Lists nodes and pods a page at a time (one consistent snapshot each), keeping only what a
 /// reconcile compares.
-pub async fn list_compact(client: &Client, shared: &str) -> Result<Listed, kube::Error> {
+pub async fn list_compact(
+    client: &Client,
+    reading: &inventory::Reading,
+) -> Result<Listed, kube::Error> {
     let mut listed = Listed::default();
     let nodes = Api::<Node>::all(client.clone());
     let mut lp = ListParams::default().limit(LIST_PAGE);
     loop {
         let page = nodes.list(&lp).await?;
         for n in &page.items {
-            listed.node(n, shared);
+            listed.node(n, reading);
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => lp = lp.continue_token(&token),
@@ -730,13 +733,13 @@ mod tests {
         assume(&e, "gone-too", Some(Instant::now()));
         std::thread::sleep(Duration::from_millis(2));
         let listed_at = Instant::now();
-        let d = reconcile_with(&e, &nodes, &[], "nvidia.com/gpu", listed_at);
+        let d = reconcile_with(&e, &nodes, &[], &"nvidia.com/gpu".into(), listed_at);
         assert_eq!(d.phantom, 1);
         assert!(e.ledgers.uids().is_empty());
         // But not one bound after its list began.
         reserve(&e, "late");
         assume(&e, "late", Some(Instant::now()));
-        let d = reconcile_with(&e, &nodes, &[], "nvidia.com/gpu", listed_at);
+        let d = reconcile_with(&e, &nodes, &[], &"nvidia.com/gpu".into(), listed_at);
         assert_eq!(d.phantom, 0);
         assert_eq!(e.ledgers.uids(), vec!["late"]);
     }
@@ -756,37 +759,42 @@ mod tests {
         )
         .unwrap();
         let mut r = Relist::default();
-        apply_node_event(&e, &mut r, Event::Init, "nvidia.com/gpu");
+        apply_node_event(&e, &mut r, Event::Init, &"nvidia.com/gpu".into());
         apply_node_event(
             &e,
             &mut r,
             Event::InitApply(node("g1", "4")),
-            "nvidia.com/gpu",
+            &"nvidia.com/gpu".into(),
         );
         apply_node_event(
             &e,
             &mut r,
             Event::InitApply(node("g2", "2")),
-            "nvidia.com/gpu",
+            &"nvidia.com/gpu".into(),
         );
-        apply_node_event(&e, &mut r, Event::InitApply(cpu), "nvidia.com/gpu");
+        apply_node_event(&e, &mut r, Event::InitApply(cpu), &"nvidia.com/gpu".into());
         assert!(apply_node_event(
             &e,
             &mut r,
             Event::InitDone,
-            "nvidia.com/gpu"
+            &"nvidia.com/gpu".into()
         ));
         assert_eq!(e.ledgers.node_names(), vec!["g1", "g2"]);
-        apply_node_event(&e, &mut r, Event::Apply(node("g1", "8")), "nvidia.com/gpu");
+        apply_node_event(
+            &e,
+            &mut r,
+            Event::Apply(node("g1", "8")),
+            &"nvidia.com/gpu".into(),
+        );
         assert_eq!(e.ledgers.with_node("g1", |nl| nl.node.slots), Some(8));
-        apply_node_event(&e, &mut r, Event::Init, "nvidia.com/gpu");
+        apply_node_event(&e, &mut r, Event::Init, &"nvidia.com/gpu".into());
         apply_node_event(
             &e,
             &mut r,
             Event::InitApply(node("g1", "8")),
-            "nvidia.com/gpu",
+            &"nvidia.com/gpu".into(),
         );
-        apply_node_event(&e, &mut r, Event::InitDone, "nvidia.com/gpu");
+        apply_node_event(&e, &mut r, Event::InitDone, &"nvidia.com/gpu".into());
         assert_eq!(e.ledgers.node_names(), vec!["g1"]);
     }
 
@@ -805,11 +813,11 @@ mod tests {
         }))
         .unwrap()];
         let pods = vec![typed(pod("missed", Some("n1"), "Running"))];
-        let d = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", Instant::now());
+        let d = reconcile_with(&e, &nodes, &pods, &"nvidia.com/gpu".into(), Instant::now());
         assert_eq!(d.phantom, 1);
         assert_eq!(d.missing, 1);
         assert_eq!(e.ledgers.uids(), vec!["missed"]);
-        let again = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", Instant::now());
+        let again = reconcile_with(&e, &nodes, &pods, &"nvidia.com/gpu".into(), Instant::now());
         assert_eq!(again, Drift::default());
 
         // A list taken before the watch saw a new pod and a deletion is older than the watch:
@@ -826,12 +834,12 @@ mod tests {
             &mut r,
             Event::Delete(typed(pod("missed", Some("n1"), "Running"))),
         );
-        let stale = reconcile_with(&e, &nodes, &pods, "nvidia.com/gpu", listed_at);
+        let stale = reconcile_with(&e, &nodes, &pods, &"nvidia.com/gpu".into(), listed_at);
         assert_eq!(stale, Drift::default());
         assert_eq!(e.ledgers.uids(), vec!["late"]);
         // The next list, taken after both, agrees.
         let fresh = vec![typed(pod("late", Some("n1"), "Running"))];
-        let d = reconcile_with(&e, &nodes, &fresh, "nvidia.com/gpu", Instant::now());
+        let d = reconcile_with(&e, &nodes, &fresh, &"nvidia.com/gpu".into(), Instant::now());
         assert_eq!(d, Drift::default());
     }
 
@@ -989,7 +997,9 @@ mod tests {
         }
         let listed_at = Instant::now();
         std::thread::sleep(Duration::from_millis(2));
-        let listed = list_compact(&client, "nvidia.com/gpu").await.unwrap();
+        let listed = list_compact(&client, &"nvidia.com/gpu".into())
+            .await
+            .unwrap();
         drop(client);
         let d = reconcile_listed(&e, listed, listed_at);
         assert_eq!((d.phantom, d.missing, d.nodes), (1, 1, 0));

@@ -93,7 +93,7 @@ fn node_name(v: &Value) -> String {
 }
 
 /// `--dev`: learns the inventory from full Node objects (in a cluster the watch has it).
-fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
+fn learn_nodes(ext: &ExtenderState, items: &[Value], policy: &crate::policy::Policy) {
     use serde::Deserialize;
     // Parsing up to thousands of Nodes per call would duplicate what the watch keeps.
     if ext.mode == Mode::Cluster {
@@ -103,7 +103,7 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], shared: &str) {
         .iter()
         .filter_map(|i| Node::deserialize(i).ok())
         .collect();
-    ext.learn_nodes(&nodes, shared);
+    ext.learn_nodes(&nodes, &crate::inventory::Reading::of(policy));
 }
 
 /// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
@@ -151,7 +151,7 @@ pub fn filter(
     let full_names: Vec<String> = match &set {
         NodeSet::Names(_) => Vec::new(),
         NodeSet::Full(items) => {
-            learn_nodes(ext, items, policy.policy.resources.shared.as_str());
+            learn_nodes(ext, items, &policy.policy);
             items.iter().map(node_name).collect()
         }
     };
@@ -289,7 +289,7 @@ pub fn prioritize(
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
         NodeSet::Full(items) => {
-            learn_nodes(ext, &items, policy.policy.resources.shared.as_str());
+            learn_nodes(ext, &items, &policy.policy);
             items.iter().map(node_name).collect()
         }
     };

@@ -246,11 +246,15 @@ impl ExtenderState {
 
     /// Learns nodes: GPU nodes go into the inventory, the others are remembered as non-GPU.
     /// Returns the number of GPU nodes.
-    pub fn learn_nodes(&self, nodes: &[k8s_openapi::api::core::v1::Node], shared: &str) -> usize {
+    pub fn learn_nodes(
+        &self,
+        nodes: &[k8s_openapi::api::core::v1::Node],
+        reading: &crate::inventory::Reading,
+    ) -> usize {
         let mut gpu = 0;
         for n in nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
-            match crate::inventory::from_node(n, shared) {
+            match crate::inventory::read_node(n, reading) {
                 Some(inv) => {
                     lock(&self.non_gpu).remove(&name);
                     self.ledgers.upsert_node(inv);
@@ -404,7 +408,8 @@ pub struct NodeReport {
     pub name: String,
     /// e.g. `time-slicing x4`; `whole (unverified)` when no label says how the GPUs are shared.
     pub kind: String,
-    /// Where the sharing mode was read from: `gfd`, `gke` or `unverified`.
+    /// Where the sharing mode was read from: `gfd`, `gke`, `declared` (the policy's nodeModes)
+    /// or `unverified`.
     #[serde(default)]
     pub mode_source: crate::inventory::ModeSource,
     pub product: Option<String>,
@@ -475,10 +480,10 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     NodeReport {
         name: n.name.clone(),
-        kind: if n.mode_source == crate::inventory::ModeSource::Unverified {
-            format!("{} (unverified)", n.kind())
-        } else {
-            n.kind()
+        kind: match n.mode_source {
+            crate::inventory::ModeSource::Unverified => format!("{} (unverified)", n.kind()),
+            crate::inventory::ModeSource::Declared => format!("{} (declared)", n.kind()),
+            _ => n.kind(),
         },
         mode_source: n.mode_source,
         product: n.product.clone(),

@@ -581,9 +581,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             Duration::from_secs(args.assume_ttl_seconds.max(1)),
         ));
         if let Some(path) = &args.nodes {
-            let shared = store.current().policy.resources.shared.to_string();
+            let reading = crate::inventory::Reading::of(&store.current().policy);
             let nodes = load_nodes(path)?;
-            let gpu = ext.learn_nodes(&nodes, &shared);
+            let gpu = ext.learn_nodes(&nodes, &reading);
             tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
         }
         Some(ext)
