@@ -469,3 +469,88 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
     // CPU for all of its GPUs.
     assert!(score("ts-b") > score("ts-a"), "{r}");
 }
+
+/// The extender over nodes as GKE, EKS and AKS present them (tests/fixtures/extender/
+/// platform-nodes.yaml): each class passes exactly the nodes that can hold it, and the others
+/// say why in words.
+#[tokio::test]
+async fn platform_nodes_take_the_classes_they_can_hold() {
+    let state = AppState::dev(Role::All, Policy::default_policy());
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/extender/platform-nodes.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let nodes = parse_nodes(&text).unwrap();
+    let gpu = state
+        .extender
+        .as_ref()
+        .unwrap()
+        .learn_nodes(&nodes, &"nvidia.com/gpu".into());
+    assert_eq!(gpu, 5);
+    let s = Arc::new(state);
+    let all = [
+        "gke-l4-ts",
+        "gke-h100-mps",
+        "gke-a100-mig",
+        "eks-g5",
+        "aks-a100-mig",
+    ];
+    let cases: [(&str, &[&str]); 5] = [
+        ("timeslice-25", &["gke-l4-ts"]),
+        ("mps-33", &["gke-h100-mps"]),
+        ("exclusive-2", &["eks-g5"]),
+        ("mig-1g.5gb", &["gke-a100-mig", "aks-a100-mig"]),
+        ("exclusive-8", &[]),
+    ];
+    for (i, (class, want)) in cases.iter().enumerate() {
+        let mut pod = ts_pod(&format!("platform-{i}"), 25);
+        pod["metadata"]["annotations"]["gpu-share.io/request"] = json!(class);
+        let (status, r) = post(
+            s.clone(),
+            "/scheduler/filter",
+            body(&json!({"Pod": pod, "Nodes": null, "NodeNames": all})),
+        )
+        .await;
+        assert_eq!(status, 200, "{class}: {r}");
+        let mut got = names(&r["NodeNames"]);
+        got.sort();
+        let mut want: Vec<String> = want.iter().map(|n| n.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want, "{class}: {r}");
+        let failed = r["FailedNodes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .chain(
+                r["FailedAndUnresolvableNodes"]
+                    .as_object()
+                    .into_iter()
+                    .flatten(),
+            )
+            .count();
+        assert_eq!(
+            failed + got.len(),
+            all.len(),
+            "{class}: every node answered: {r}"
+        );
+    }
+    // /v1/nodes says where each node's mode was read from.
+    let report: Vec<Value> = serde_json::from_value(
+        gpu_share::status::reports_from(&Policy::default_policy(), &nodes, &[])
+            .into_iter()
+            .map(|r| serde_json::to_value(r).unwrap())
+            .collect::<Vec<_>>()
+            .into(),
+    )
+    .unwrap();
+    let source = |n: &str| {
+        report
+            .iter()
+            .find(|r| r["name"] == n)
+            .map(|r| r["modeSource"].as_str().unwrap().to_string())
+    };
+    assert_eq!(source("gke-l4-ts").as_deref(), Some("gke"));
+    assert_eq!(source("eks-g5").as_deref(), Some("unverified"));
+    assert_eq!(source("aks-a100-mig").as_deref(), Some("gfd"));
+}
