@@ -444,10 +444,9 @@ fn plan_pod(
     // 5. Node affinity.
     if policy.node_affinity {
         let exprs = affinity_for(&req.class, policy);
-        match gke_alternative(&req.class) {
-            Some(gke) => cross_required_affinity(&mut b, pod, &[exprs, gke]),
-            None => add_required_affinity(&mut b, pod, &exprs),
-        }
+        let mut alternatives = vec![exprs];
+        alternatives.extend(gke_alternative(&req.class));
+        require_affinity(&mut b, pod, &alternatives);
     }
 
     // 6. schedulerName.
@@ -616,8 +615,13 @@ fn gke_alternative(class: &GpuClass) -> Option<Vec<Expr>> {
 
 /// Requires the pod's own terms and one of `alternatives`: every existing required term is
 /// crossed with every alternative (terms are ORed, expressions within one ANDed), and the
-/// result replaces the terms. Without terms of its own the pod gets one term per alternative.
-fn cross_required_affinity(b: &mut PatchBuilder, pod: &Pod, alternatives: &[Vec<Expr>]) {
+/// result replaces the terms; with one alternative, that ANDs it into every term. Without terms
+/// of its own the pod gets one term per alternative. A term that already requires an
+/// alternative (a second pass) stays as it is. Creates the missing parents whole.
+fn require_affinity(b: &mut PatchBuilder, pod: &Pod, alternatives: &[Vec<Expr>]) {
+    if alternatives.iter().all(Vec::is_empty) {
+        return;
+    }
     let spec = pod.spec.as_ref();
     let affinity = spec.and_then(|s| s.affinity.as_ref());
     let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
@@ -695,69 +699,6 @@ fn expr_json(e: &Expr) -> Value {
         json!({ "key": e.0, "operator": e.1 })
     } else {
         json!({ "key": e.0, "operator": e.1, "values": e.2 })
-    }
-}
-
-/// ANDs the expressions into every existing required node selector term (terms are ORed), or adds
-/// a new term if there is none. Creates the missing parents whole.
-fn add_required_affinity(b: &mut PatchBuilder, pod: &Pod, exprs: &[Expr]) {
-    if exprs.is_empty() {
-        return;
-    }
-    let spec = pod.spec.as_ref();
-    let affinity = spec.and_then(|s| s.affinity.as_ref());
-    let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
-    let required = node_affinity.and_then(|n| {
-        n.required_during_scheduling_ignored_during_execution
-            .as_ref()
-    });
-    let all: Vec<Value> = exprs.iter().map(expr_json).collect();
-    let new_term = json!({ "nodeSelectorTerms": [{ "matchExpressions": all }] });
-    const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
-    const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
-    match (affinity, node_affinity, required) {
-        (None, _, _) => b.add(
-            &["spec", "affinity"],
-            json!({ "nodeAffinity": { REQ: new_term } }),
-        ),
-        (Some(_), None, _) => b.add(&NA, json!({ REQ: new_term })),
-        (Some(_), Some(_), None) => b.add(&[&NA[..], &[REQ]].concat(), new_term),
-        (Some(_), Some(_), Some(r)) if r.node_selector_terms.is_empty() => b.add(
-            &[&NA[..], &[REQ, "nodeSelectorTerms"]].concat(),
-            new_term["nodeSelectorTerms"].clone(),
-        ),
-        (Some(_), Some(_), Some(r)) => {
-            for (i, term) in r.node_selector_terms.iter().enumerate() {
-                let i = i.to_string();
-                let path = [
-                    &NA[..],
-                    &[REQ, "nodeSelectorTerms", i.as_str(), "matchExpressions"],
-                ]
-                .concat();
-                let have = term.match_expressions.as_deref().unwrap_or_default();
-                let missing: Vec<Value> = exprs
-                    .iter()
-                    .filter(|e| {
-                        !have.iter().any(|h| {
-                            h.key == e.0
-                                && h.operator == e.1
-                                && h.values.as_deref().unwrap_or_default() == e.2
-                        })
-                    })
-                    .map(expr_json)
-                    .collect();
-                if missing.is_empty() {
-                    continue;
-                }
-                if term.match_expressions.is_none() {
-                    b.add(&path, Value::Array(missing));
-                } else {
-                    for m in missing {
-                        b.add(&[&path[..], &["-"]].concat(), m);
-                    }
-                }
-            }
-        }
     }
 }
 
