@@ -22,15 +22,11 @@ import http.client
 import importlib.util
 import json
 import os
-import ssl
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
-import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("cluster_scale", os.path.join(REPO, "benches", "cluster-scale.py"))
@@ -109,29 +105,8 @@ def main():
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     args = ap.parse_args()
 
-    binary = args.gpu_share_bin
-    if not binary:
-        log("cargo build --release --bin gpu-share")
-        subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO, check=True)
-        binary = os.path.join(REPO, "target/release/gpu-share")
-    directory = tempfile.mkdtemp(prefix="gpu-share-rebuild-")
     node_items = scale.nodes(args.nodes)
-    node_file = os.path.join(directory, "rebuild-nodes.yaml")
-    with open(node_file, "w") as f:
-        yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": node_items}, f)
-    env = dict(os.environ, GPU_SHARE_BIN=os.path.abspath(binary), GPU_SHARE_CLUSTER_NODES=node_file)
-    log(f"tests/cluster/up.sh {directory} with {args.nodes} nodes")
-    try:
-        subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        report = run(args, directory, node_items)
-    finally:
-        if not args.keep:
-            subprocess.run(["bash", os.path.join(REPO, "tests/cluster/down.sh"), directory], check=False)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(report)
-    print(report)
+    scale.with_cluster(args, "rebuild", node_items, lambda directory: run(args, directory, node_items))
 
 
 def run(args, directory, node_items):

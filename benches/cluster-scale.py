@@ -255,23 +255,31 @@ def main():
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     args = ap.parse_args()
 
+    with_cluster(args, "scale", nodes(args.nodes), lambda directory: run(args, directory))
+
+
+def with_cluster(args, name, node_items, work):
+    """Builds gpu-share (unless --gpu-share-bin), starts tests/cluster/up.sh with `node_items`,
+    runs work(directory) for the report, stops the cluster (unless --keep), and writes the report
+    to --out and standard output."""
     binary = args.gpu_share_bin
     if not binary:
         log("cargo build --release --bin gpu-share")
         subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO, check=True)
         binary = os.path.join(REPO, "target/release/gpu-share")
-    directory = tempfile.mkdtemp(prefix="gpu-share-scale-")
-    node_file = os.path.join(directory, "scale-nodes.yaml")
+    directory = tempfile.mkdtemp(prefix=f"gpu-share-{name}-")
+    node_file = os.path.join(directory, f"{name}-nodes.yaml")
     with open(node_file, "w") as f:
-        yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": nodes(args.nodes)}, f)
+        yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": node_items}, f)
     env = dict(os.environ, GPU_SHARE_BIN=os.path.abspath(binary),
                GPU_SHARE_CLUSTER_NODES=node_file)
-    log(f"tests/cluster/up.sh {directory} with {args.nodes} nodes")
+    log(f"tests/cluster/up.sh {directory} with {len(node_items)} nodes")
     t = time.time()
     try:
-        subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True)
+        subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), directory], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
         log(f"cluster up in {time.time() - t:.0f} s")
-        report = run(args, directory)
+        report = work(directory)
     finally:
         if not args.keep:
             subprocess.run(["bash", os.path.join(REPO, "tests/cluster/down.sh"), directory], check=False)

@@ -536,19 +536,14 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
         );
     }
     // /v1/nodes says where each node's mode was read from.
-    let report: Vec<Value> = serde_json::from_value(
-        gpu_share::status::reports_from(&Policy::default_policy(), &nodes, &[])
-            .into_iter()
-            .map(|r| serde_json::to_value(r).unwrap())
-            .collect::<Vec<_>>()
-            .into(),
-    )
-    .unwrap();
+    let report = gpu_share::status::reports_from(&Policy::default_policy(), &nodes, &[]);
     let source = |n: &str| {
-        report
-            .iter()
-            .find(|r| r["name"] == n)
-            .map(|r| r["modeSource"].as_str().unwrap().to_string())
+        report.iter().find(|r| r.name == n).map(|r| {
+            serde_json::to_value(r).unwrap()["modeSource"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
     };
     assert_eq!(source("gke-l4-ts").as_deref(), Some("gke"));
     assert_eq!(source("eks-g5").as_deref(), Some("unverified"));

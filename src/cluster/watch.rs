@@ -303,7 +303,7 @@ impl Listed {
     }
 
     /// How many GPU nodes and bound pods it holds.
-    pub fn len(&self) -> (usize, usize) {
+    pub fn counts(&self) -> (usize, usize) {
         (self.nodes.len(), self.pods.len())
     }
 }
@@ -401,7 +401,7 @@ pub fn spawn_reconcile(
             let reading = inventory::Reading::of(&policy.current().policy);
             match list_compact(&client, &reading).await {
                 Ok(listed) => {
-                    let (nodes, pods) = listed.len();
+                    let (nodes, pods) = listed.counts();
                     let list_seconds = listed_at.elapsed().as_secs_f64();
                     let d = reconcile_listed(&ext, listed, listed_at);
                     ext.forget_touches_before(listed_at);
