@@ -216,6 +216,10 @@ pub struct GpuNode {
     pub memory_mib: Option<u64>,
     /// Where the sharing mode was read from.
     pub mode_source: ModeSource,
+    /// GFD's `nvidia.com/gpu.count` on a mixed-strategy MIG node, where it counts physical GPUs
+    /// (a MIG layout that leaves slices unused cannot tell them); see [`GpuNode::physical_gpus`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labelled_gpus: Option<u32>,
 }
 
 impl GpuNode {
@@ -233,7 +237,32 @@ impl GpuNode {
             cpu_milli: None,
             memory_mib: None,
             mode_source: ModeSource::Gfd,
+            labelled_gpus: None,
         }
+    }
+
+    /// Physical GPUs: the full GPUs, and the GPUs the MIG devices are cut from (single
+    /// strategy: the devices over how many of the profile one GPU holds; mixed: the devices'
+    /// compute share, rounded up, or GFD's count when larger); at most [`MAX_GPUS_PER_NODE`].
+    /// The one GPU count `/v1/nodes`, `gpu-share status` and the simulator show.
+    pub fn physical_gpus(&self) -> u32 {
+        let mig = match &self.mig {
+            MigLayout::None => 0,
+            MigLayout::Single { profile } => self
+                .slots
+                .div_ceil(crate::packing::mig_profile_per_gpu(profile)),
+            MigLayout::Mixed { instances } => {
+                let milli: u64 = instances
+                    .iter()
+                    .map(|(p, c)| u64::from(*c) * u64::from(crate::packing::mig_profile_milli(p)))
+                    .sum();
+                u32::try_from(milli.div_ceil(1000)).unwrap_or(u32::MAX)
+            }
+        };
+        self.gpus
+            .saturating_add(mig)
+            .max(self.labelled_gpus.unwrap_or(0))
+            .min(MAX_GPUS_PER_NODE)
     }
 
     /// A node whose GPUs are shared with `sharing` (`replicas` per GPU).
@@ -498,6 +527,7 @@ pub fn from_parts(
                 cpu_milli,
                 memory_mib,
                 mode_source,
+                labelled_gpus: None,
             });
         }
     }
@@ -522,6 +552,8 @@ pub fn from_parts(
             instances: mig_instances,
         }
     };
+    let labelled_gpus =
+        (label_count > 0 && matches!(mig, MigLayout::Mixed { .. })).then_some(label_count);
     Some(GpuNode {
         name: name.to_string(),
         product,
@@ -534,6 +566,7 @@ pub fn from_parts(
         cpu_milli,
         memory_mib,
         mode_source,
+        labelled_gpus,
     })
 }
 

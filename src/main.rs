@@ -99,7 +99,9 @@ fn check_policy(file: &std::path::Path) -> ExitCode {
 
 async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
     let reports = match &args.server {
-        Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure).await,
+        Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure)
+            .await
+            .map(|r| (r, None)),
         None => {
             let policy = match &args.policy {
                 Some(p) => match gpu_share::server::load_policy(p) {
@@ -111,15 +113,21 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
                 },
                 None => gpu_share::policy::Policy::default_policy(),
             };
-            gpu_share::status::from_cluster(&policy).await
+            gpu_share::status::from_cluster(&policy)
+                .await
+                .map(|(r, pending)| (r, Some(pending)))
         }
     };
     match reports {
-        Ok(r) => {
+        Ok((r, pending)) => {
             let text = if args.json {
                 serde_json::to_string_pretty(&r).unwrap_or_default() + "\n"
             } else {
+                // Pending pods come from the cluster only: a service's /v1/nodes has its ledger.
                 gpu_share::status::render(&r)
+                    + &pending
+                        .map(|p| gpu_share::status::render_pending(&p))
+                        .unwrap_or_default()
             };
             let _ = write!(std::io::stdout().lock(), "{text}");
             ExitCode::SUCCESS

@@ -41,11 +41,15 @@ pub fn render(reports: &[NodeReport]) -> String {
             r.name.clone(),
             r.kind.clone(),
             r.product.clone().unwrap_or_else(|| "-".into()),
-            format!("{:.2}", r.capacity_gpus),
+            r.gpus.to_string(),
             format!("{:.2}", r.used_gpus),
             format!("{:.2}", r.free_gpus),
             r.slots.clone(),
-            if mig.is_empty() { "-".into() } else { mig },
+            if mig.is_empty() {
+                "-".into()
+            } else {
+                format!("{mig} (={:.2} GPUs)", r.mig_gpus)
+            },
             if pods.is_empty() { "-".into() } else { pods },
         ]);
     }
@@ -68,16 +72,28 @@ pub fn render(reports: &[NodeReport]) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    // + 0.0: an empty f64 sum is -0.0, which would print as -0.00.
-    let cap: f64 = reports.iter().map(|r| r.capacity_gpus).sum::<f64>() + 0.0;
-    let used: f64 = reports.iter().map(|r| r.used_gpus).sum::<f64>() + 0.0;
-    out.push_str(&format!(
-        "{} GPU nodes, {:.2} of {:.2} GPUs allocated\n",
-        reports.len(),
-        used,
-        cap
-    ));
+    out.push_str(&totals(reports));
     out
+}
+
+/// The last line of the table: physical GPUs, then use and free room in GPUs, with the MIG
+/// devices' worth apart (MIG devices that leave slices unused make used + free less than the
+/// GPUs).
+fn totals(reports: &[NodeReport]) -> String {
+    let gpus: u64 = reports.iter().map(|r| u64::from(r.gpus)).sum();
+    // + 0.0: an empty f64 sum is -0.0, which would print as -0.00.
+    let used: f64 = reports.iter().map(|r| r.used_gpus).sum::<f64>() + 0.0;
+    let free: f64 = reports.iter().map(|r| r.free_gpus).sum::<f64>() + 0.0;
+    let mig: f64 = reports.iter().map(|r| r.mig_gpus).sum::<f64>() + 0.0;
+    let mig = if mig > 0.0 {
+        format!("; MIG devices count by compute share, {mig:.2} GPUs of them in all")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} GPU nodes, {gpus} GPUs: {used:.2} allocated, {free:.2} free{mig}\n",
+        reports.len()
+    )
 }
 
 /// Reads `/v1/nodes` from a running service (`http://` admin port or `https://` service port).
@@ -259,8 +275,8 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 }
 
 /// Builds the reports from the cluster: lists nodes and pods and rebuilds the ledger as the
-/// extender does.
-pub async fn from_cluster(policy: &Policy) -> Result<Vec<NodeReport>, String> {
+/// extender does; and lists the gpu-share pods still waiting for a node.
+pub async fn from_cluster(policy: &Policy) -> Result<(Vec<NodeReport>, Vec<PendingPod>), String> {
     let client = kube::Client::try_default().await.map_err(|e| {
         format!("no Kubernetes configuration found ({e}): set KUBECONFIG or use --server URL")
     })?;
@@ -268,7 +284,112 @@ pub async fn from_cluster(policy: &Policy) -> Result<Vec<NodeReport>, String> {
         crate::cluster::watch::list_compact(&client, &crate::inventory::Reading::of(policy))
             .await
             .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
-    Ok(reports_of(policy, listed))
+    let pending = list_pending(&client)
+        .await
+        .map_err(|e| format!("cannot list pending pods: {e}"))?;
+    Ok((reports_of(policy, listed), pending))
+}
+
+/// A gpu-share pod no node has taken yet, with kube-scheduler's last word on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingPod {
+    pub namespace: String,
+    pub name: String,
+    /// The normalized request (`gpu-share.io/request`), else the `gpu-share` annotation.
+    pub class: String,
+    /// When the pod was last found unschedulable (the PodScheduled condition's transition).
+    pub since: Option<String>,
+    /// The condition's message (kube-scheduler's FailedScheduling text, gpu-share's reasons in
+    /// it), or its reason, or that the scheduler has not tried yet.
+    pub reason: String,
+}
+
+/// Lists unbound, pending pods (a page of 500 at a time) and keeps the gpu-share ones.
+async fn list_pending(client: &kube::Client) -> Result<Vec<PendingPod>, kube::Error> {
+    let pods: kube::Api<Pod> = kube::Api::all(client.clone());
+    let mut params = kube::api::ListParams::default()
+        .fields("spec.nodeName=,status.phase=Pending")
+        .limit(500);
+    let mut out = Vec::new();
+    loop {
+        let page = pods.list(&params).await?;
+        out.extend(pending_of(&page.items));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Ok(out)
+}
+
+/// PURE: the gpu-share pods among `pods` that are pending without a node.
+pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
+    use crate::request::{ANNOTATION, ANNOTATION_REQUEST};
+    pods.iter()
+        .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending")
+                == "Pending"
+        })
+        .filter_map(|p| {
+            let annotations = p.metadata.annotations.as_ref()?;
+            let class = annotations
+                .get(ANNOTATION_REQUEST)
+                .or_else(|| annotations.get(ANNOTATION))?
+                .clone();
+            let condition = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| {
+                    c.iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                });
+            let reason = match condition {
+                Some(c) => c
+                    .message
+                    .clone()
+                    .filter(|m| !m.is_empty())
+                    .or_else(|| c.reason.clone())
+                    .unwrap_or_else(|| "unschedulable".into()),
+                None => "not tried by the scheduler yet".into(),
+            };
+            Some(PendingPod {
+                namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                name: p.metadata.name.clone().unwrap_or_default(),
+                class,
+                since: condition
+                    .and_then(|c| c.last_transition_time.as_ref())
+                    .map(|t| t.0.to_string()),
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// The pending pods under the node table: one line per pod, its reason after it.
+pub fn render_pending(pending: &[PendingPod]) -> String {
+    if pending.is_empty() {
+        return "no gpu-share pod is pending\n".to_string();
+    }
+    let mut out = format!("{} gpu-share pods pending:\n", pending.len());
+    for p in pending {
+        let since = p
+            .since
+            .as_deref()
+            .map(|s| format!(" since {s}"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  {}/{} ({}){since}: {}\n",
+            p.namespace, p.name, p.class, p.reason
+        ));
+    }
+    out
 }
 
 /// The reports for what a list kept.
@@ -312,19 +433,88 @@ mod tests {
         assert_eq!(reports.len(), 4);
         let a100 = reports.iter().find(|r| r.name == "a100-mig").unwrap();
         assert_eq!(a100.mig["3g.40gb"], "1/8");
-        // MIG devices count by their compute share: 1 full GPU + 21 x 1/7 + 8 x 3/7; 3/7 used.
-        // Each device counts in whole thousandths, rounded down (29 devices: under 0.03 lost).
-        let expected = 1.0 + 21.0 / 7.0 + 8.0 * 3.0 / 7.0;
+        // One GPU count, the physical GPUs (GFD's nvidia.com/gpu.count), and the MIG devices
+        // apart, by their compute share: 21 x 1/7 + 8 x 3/7; 3/7 used. Each device counts in
+        // whole thousandths, rounded down (29 devices: under 0.03 lost).
+        assert_eq!(a100.gpus, 8);
+        let mig = 21.0 / 7.0 + 8.0 * 3.0 / 7.0;
         assert!(
-            a100.capacity_gpus <= expected && expected - a100.capacity_gpus < 0.03,
+            a100.mig_gpus <= mig && mig - a100.mig_gpus < 0.03,
             "{}",
-            a100.capacity_gpus
+            a100.mig_gpus
         );
         assert!((a100.used_gpus - 0.429).abs() < 0.01, "{}", a100.used_gpus);
         let table = render(&reports);
         assert!(table.starts_with("NODE"));
         assert!(table.contains("ml/trainer(mig-3g.40gb)"), "{table}");
         assert!(table.contains("time-slicing x4"));
-        assert!(table.contains("4 GPU nodes"));
+        // The same total as the simulator's (tests/simulate.rs: 8, 8, 8, 4 GPUs).
+        let total: u32 = reports.iter().map(|r| r.gpus).sum();
+        assert_eq!(total, 28);
+        assert!(table.contains("4 GPU nodes, 28 GPUs: "), "{table}");
+        assert!(table.contains("in all\n"), "{table}");
+    }
+
+    #[test]
+    fn physical_gpus_of_every_mig_layout() {
+        use crate::inventory::{GpuNode, MigLayout};
+        let mut single = GpuNode::whole("s", "A100-40GB", 0, 40960);
+        single.slots = 14;
+        single.mig = MigLayout::Single {
+            profile: "1g.5gb".into(),
+        };
+        assert_eq!(single.physical_gpus(), 2);
+        single.mig = MigLayout::Single {
+            profile: "3g.20gb".into(),
+        };
+        single.slots = 3;
+        assert_eq!(single.physical_gpus(), 2, "3 devices, 2 per GPU");
+        let mut mixed = GpuNode::whole("m", "A100-80GB", 1, 81920);
+        mixed.mig = MigLayout::Mixed {
+            instances: [("3g.40gb".to_string(), 4)].into(),
+        };
+        assert_eq!(mixed.physical_gpus(), 3, "1 full + 12/7 by compute share");
+        mixed.labelled_gpus = Some(4);
+        assert_eq!(
+            mixed.physical_gpus(),
+            4,
+            "GFD's count when larger: 3g + 3g per GPU"
+        );
+    }
+
+    #[test]
+    fn pending_gpu_share_pods_with_their_last_reason() {
+        let pods: Vec<Pod> = serde_json::from_value(serde_json::json!([
+            {"metadata": {"name": "waits", "namespace": "ml",
+                          "annotations": {"gpu-share": "mps-75", "gpu-share.io/request": "mps-75"}},
+             "spec": {"containers": [{"name": "c"}]},
+             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "lastTransitionTime": "2026-11-24T05:00:00Z",
+                "message": "0/12 nodes are available: 3 MPS replicas on this node are smaller than the request."}]}},
+            {"metadata": {"name": "new", "namespace": "ml", "annotations": {"gpu-share": "exclusive"}},
+             "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Pending"}},
+            {"metadata": {"name": "plain", "namespace": "ml"},
+             "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Pending"}},
+            {"metadata": {"name": "bound", "namespace": "ml", "annotations": {"gpu-share": "exclusive"}},
+             "spec": {"containers": [{"name": "c"}], "nodeName": "n1"}, "status": {"phase": "Pending"}},
+            {"metadata": {"name": "failed", "namespace": "ml", "annotations": {"gpu-share": "exclusive"}},
+             "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Failed"}}
+        ]))
+        .unwrap();
+        let pending = pending_of(&pods);
+        assert_eq!(
+            pending.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["waits", "new"]
+        );
+        let text = render_pending(&pending);
+        assert!(
+            text.contains("ml/waits (mps-75) since 2026-11-24T05:00:00Z: 0/12 nodes are available: 3 MPS replicas"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ml/new (exclusive): not tried by the scheduler yet"),
+            "{text}"
+        );
+        assert_eq!(render_pending(&[]), "no gpu-share pod is pending\n");
     }
 }

@@ -267,7 +267,10 @@ fn status_reads_a_dev_extender_with_example_nodes() {
 #[test]
 fn status_of_no_gpu_nodes_prints_zero() {
     let table = gpu_share::status::render(&[]);
-    assert!(table.contains("0 GPU nodes, 0.00 of 0.00 GPUs"), "{table}");
+    assert!(
+        table.contains("0 GPU nodes, 0 GPUs: 0.00 allocated, 0.00 free\n"),
+        "{table}"
+    );
     assert!(!table.contains("-0.00"), "{table}");
 }
 

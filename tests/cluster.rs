@@ -15,7 +15,7 @@
 //!    denial under Pod Security `baseline`;
 //! 2. pods bound by the real kube-scheduler through the extender onto nodes of their class, and
 //!    a pod that fits nowhere Pending with gpu-share's reasons grouped by kube-scheduler;
-//! 3. no overcommit with 200 pods created at once, and at least 90% of the capacity bound;
+//! 3. no overcommit with 220 pods created at once, and at least 90% of the capacity bound;
 //! 4. requeue: a pod waiting for capacity bound within 5 s of a holder's deletion;
 //! 5. preemption of pods of the preemptor's class only;
 //! 6. an extender killed and restarted rebuilds the same ledger;
@@ -585,10 +585,11 @@ async fn scheduling(c: &Cluster) -> Check {
     let cases: &[(&str, &[&str])] = &[
         ("mig-1g.10gb", &["a100-mig-mixed"]),
         ("mig-3g.40gb", &["a100-mig-mixed"]),
-        ("mps-25", &["h100-mps-4", "l4-mps-2"]),
+        ("mig-1g.5gb", &["aks-a100-mig"]),
+        ("mps-25", &["h100-mps-4", "l4-mps-2", "gke-t4-mps"]),
         ("mps-50", &["l4-mps-2"]),
-        ("timeslice-50", &["l4-timeslice-4"]),
-        ("exclusive-1", &["l40s-plain"]),
+        ("timeslice-50", &["l4-timeslice-4", "gke-l4-ts"]),
+        ("exclusive-1", &["l40s-plain", "eks-t4-plain"]),
     ];
     for (class, _) in cases {
         create(
@@ -607,6 +608,7 @@ async fn scheduling(c: &Cluster) -> Check {
             format!("{class} bound to {node} (gpus {gpus:?}); expected one of {nodes:?}"),
         )?;
     }
+    platform_nodes(c, ns).await?;
 
     // Fits nowhere: MPS replicas here are 25% and 50% of a GPU.
     create(c, ns, &gpu_pod("unfit", "mps-75"))?;
@@ -616,12 +618,121 @@ async fn scheduling(c: &Cluster) -> Check {
         p.spec.and_then(|s| s.node_name).is_none(),
         "the unfit pod was bound",
     )?;
+    let all = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .len();
     ensure(
-        message.starts_with("0/7 nodes are available:")
-            && message.contains("2 MPS replicas on this node are smaller than the request"),
+        message.starts_with(&format!("0/{all} nodes are available:"))
+            && message.contains("3 MPS replicas on this node are smaller than the request"),
         format!("FailedScheduling does not group gpu-share's reasons: {message}"),
     )?;
+    // `gpu-share status` read from the cluster lists it, with that reason.
+    let out = std::process::Command::new(common::BIN)
+        .arg("status")
+        .env("KUBECONFIG", c.dir.join("kubeconfig"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success()
+            && text.contains("scheduling/unfit (mps-75) since ")
+            && text.contains("3 MPS replicas on this node are smaller than the request"),
+        format!(
+            "gpu-share status does not show the pending pod and its reason:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
     c.delete_pods(ns).await
+}
+
+/// Each managed platform's kind of node takes the pods of its class, as admitted by the webhook
+/// (GKE's labels in the node affinity) and placed by the extender: a pod pinned to the node by a
+/// nodeSelector binds there, and a pod of a class the node cannot hold stays Pending with the
+/// affinity as the reason. `/v1/nodes` says where each node's mode was read from.
+async fn platform_nodes(c: &Cluster, ns: &str) -> Check {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let pinned = |name: &str, class: Option<&str>, node: &str| {
+        let mut p = match class {
+            Some(class) => gpu_pod(name, class),
+            // The device plugin's own unit, with no gpu-share annotation (GKE's MIG partitions).
+            None => {
+                let mut p = pod(
+                    name,
+                    json!({}),
+                    json!({
+                        "schedulerName": SCHEDULER,
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    }),
+                );
+                p["spec"]["containers"][0]["resources"] =
+                    json!({"limits": {"nvidia.com/gpu": "1"}});
+                p
+            }
+        };
+        p["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        p
+    };
+    let fits: &[(&str, Option<&str>, &str)] = &[
+        ("p-gke-ts", Some("timeslice-50"), "gke-l4-ts"),
+        ("p-gke-mps", Some("mps-25"), "gke-t4-mps"),
+        ("p-gke-mig", None, "gke-a100-mig"),
+        ("p-eks", Some("exclusive-1"), "eks-t4-plain"),
+        ("p-aks", Some("mig-1g.5gb"), "aks-a100-mig"),
+    ];
+    for (name, class, node) in fits {
+        create(c, ns, &pinned(name, *class, node))?;
+    }
+    for (name, class, node) in fits {
+        let (on, _) = bound(&pods, name, Duration::from_secs(60))
+            .await
+            .map_err(|e| format!("{class:?} pinned to {node}: {e}"))?;
+        ensure(on == *node, format!("{name} bound to {on}, not {node}"))?;
+    }
+    // Classes a node cannot hold: exclusive on GKE's shared and MIG nodes, mps on time-sharing.
+    let misfits: &[(&str, &str, &str)] = &[
+        ("m-gke-ts", "exclusive-1", "gke-l4-ts"),
+        ("m-gke-mig", "exclusive-1", "gke-a100-mig"),
+        ("m-gke-mps", "timeslice-25", "gke-t4-mps"),
+    ];
+    for (name, class, node) in misfits {
+        create(c, ns, &pinned(name, Some(class), node))?;
+    }
+    for (name, class, node) in misfits {
+        let message = failed_scheduling(c, ns, name).await?;
+        ensure(
+            message.contains("didn't match Pod's node affinity/selector")
+                && !message.contains(" 0/"),
+            format!("{class} pinned to {node}: {message}"),
+        )?;
+    }
+    let nodes = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
+    let source = |name: &str| {
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["name"] == name)
+            .map(|n| format!("{} {}", n["kind"].as_str().unwrap_or("?"), n["modeSource"]))
+            .unwrap_or_else(|| format!("{name} missing"))
+    };
+    for (node, want) in [
+        ("gke-l4-ts", "\"gke\""),
+        ("gke-t4-mps", "\"gke\""),
+        ("gke-a100-mig", "\"gke\""),
+        ("eks-t4-plain", "\"unverified\""),
+        ("aks-a100-mig", "\"gfd\""),
+        ("l40s-plain", "\"gfd\""),
+    ] {
+        let got = source(node);
+        ensure(
+            got.ends_with(want),
+            format!("/v1/nodes: {node} is {got}, expected mode source {want}"),
+        )?;
+    }
+    Ok(())
 }
 
 // ---- 3. no overcommit ----------------------------------------------------------------------------
@@ -708,17 +819,26 @@ async fn capacity_check(c: &Cluster) -> Result<(f64, Vec<String>), String> {
                 errors.push(format!("{name}: {n} {k} bound, {cap} allocatable"));
             }
         }
-        let gpus: u32 = labels
-            .get("nvidia.com/gpu.count")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let sharing = labels
-            .get("nvidia.com/gpu.sharing-strategy")
-            .map(String::as_str);
-        let replicas: u32 = labels
-            .get("nvidia.com/gpu.replicas")
+        // GFD's labels, or GKE's (which count clients, not GPUs: the GPUs are the units over the
+        // clients).
+        let label = |k: &str| labels.get(k).map(String::as_str);
+        let gke_sharing = label("cloud.google.com/gke-gpu-sharing-strategy")
+            .map(|s| s.to_ascii_lowercase().replace('_', "-"));
+        let sharing = match gke_sharing.as_deref() {
+            Some("time-sharing") => Some("time-slicing"),
+            Some("mps") => Some("mps"),
+            Some(_) => Some("unknown"),
+            None => label("nvidia.com/gpu.sharing-strategy"),
+        };
+        let replicas: u32 = label("nvidia.com/gpu.replicas")
+            .or(label("cloud.google.com/gke-max-shared-clients-per-gpu"))
             .and_then(|s| s.parse().ok())
             .unwrap_or(1);
+        let gpus: u32 = label("nvidia.com/gpu.count")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| alloc.get("nvidia.com/gpu").map_or(0, |n| *n as u32) / replicas);
+        let mig = labels.contains_key("nvidia.com/mig.strategy")
+            || labels.contains_key("cloud.google.com/gke-gpu-partition-size");
         let mut fill = used.values().sum::<i64>() as f64 / capacity as f64;
         match sharing {
             Some("time-slicing") => {
@@ -741,7 +861,7 @@ async fn capacity_check(c: &Cluster) -> Result<(f64, Vec<String>), String> {
                     }
                 }
             }
-            _ if !labels.contains_key("nvidia.com/mig.strategy") => {
+            _ if !mig => {
                 for (i, (n, milli)) in &per_gpu {
                     if *milli > 1000 || *n > 1 && *milli >= 1000 {
                         errors.push(format!("{name}: whole GPU {i} held {n} times ({milli})"));
@@ -768,10 +888,11 @@ async fn no_overcommit(c: &Cluster) -> Check {
     let ns = "fill";
     c.namespace(ns, json!({})).await?;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-    // 200 pods, more than every class's capacity: 45 slots in all.
+    // 220 pods, more than every class's capacity: 66 slots in all.
     let mix: &[(&str, usize)] = &[
         ("mig-1g.10gb", 30),
         ("mig-3g.40gb", 15),
+        ("mig-1g.5gb", 20),
         ("timeslice-25", 30),
         ("timeslice-50", 15),
         ("mps-50", 25),
@@ -779,19 +900,24 @@ async fn no_overcommit(c: &Cluster) -> Check {
         ("exclusive-1", 25),
         ("device", 25),
     ];
+    let total: usize = mix.iter().map(|(_, n)| n).sum();
     let mut objects = Vec::new();
     for (class, n) in mix {
         for i in 0..*n {
             let name = format!("f-{}-{i}", class.replace('.', "-"));
             let p = if *class == "device" {
-                // No annotation: plain device-plugin requests on the MIG single node, scheduled
-                // by gpu-share's scheduler (the extender accounts them as units).
+                // No annotation: plain device-plugin requests on the single-strategy MIG nodes
+                // (GFD's, and GKE's partitioned one), scheduled by gpu-share's scheduler (the
+                // extender accounts them as units).
                 let mut p = pod(
                     &name,
                     json!({}),
                     json!({
                         "schedulerName": SCHEDULER,
-                        "nodeSelector": {"nvidia.com/mig.strategy": "single"},
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "nvidia.com/mig.strategy", "operator": "In", "values": ["single"]}]},
+                            {"matchExpressions": [{"key": "cloud.google.com/gke-gpu-partition-size", "operator": "Exists"}]},
+                        ]}}},
                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     }),
                 );
@@ -844,7 +970,7 @@ async fn no_overcommit(c: &Cluster) -> Check {
         eprintln!("cluster test:   {l}");
     }
     eprintln!(
-        "cluster test:   {last} of 200 pods bound, {:.1}% of the usable capacity, settled after {:.1} s",
+        "cluster test:   {last} of {total} pods bound, {:.1}% of the usable capacity, settled after {:.1} s",
         share * 100.0,
         start.elapsed().as_secs_f64()
     );
@@ -875,7 +1001,12 @@ fn filter_calls(c: &Cluster) -> Result<f64, String> {
     extender_counter(c, "gpu_share_requests_total{", "endpoint=\"filter\"")
 }
 
-/// One requeue measurement: the time-sliced node's budget held by two pods, a third waiting;
+/// The time-sliced nodes (GFD's and GKE's), which the requeue point keeps, and their GPUs.
+const TIME_SLICED: [&str; 2] = ["l4-timeslice-4", "gke-l4-ts"];
+const TIME_SLICED_GPUS: usize = 3;
+
+/// One requeue measurement: the time-sliced nodes' budget held by one pod per GPU, one more
+/// waiting;
 /// returns (filter calls per minute for the waiting pod, seconds from a holder's deletion to the
 /// waiting pod's binding, or None if not bound within `limit`).
 async fn requeue_once(
@@ -884,9 +1015,10 @@ async fn requeue_once(
     limit: Duration,
 ) -> Result<(f64, Option<f64>), String> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-    for name in ["hold-a", "hold-b"] {
-        create(c, ns, &gpu_pod(name, "timeslice-100"))?;
-        bound(&pods, name, Duration::from_secs(30)).await?;
+    for i in 0..TIME_SLICED_GPUS {
+        let name = format!("hold-{i}");
+        create(c, ns, &gpu_pod(&name, "timeslice-100"))?;
+        bound(&pods, &name, Duration::from_secs(30)).await?;
     }
     create(c, ns, &gpu_pod("waiter", "timeslice-100"))?;
     let message = failed_scheduling(c, ns, "waiter").await?;
@@ -903,14 +1035,14 @@ async fn requeue_once(
 
     let start = Instant::now();
     pods.delete(
-        "hold-a",
+        "hold-0",
         &kube::api::DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()
         },
     )
     .await
-    .map_err(|e| format!("delete hold-a: {e}"))?;
+    .map_err(|e| format!("delete hold-0: {e}"))?;
     let delay = match bound(&pods, "waiter", limit).await {
         Ok(_) => Some(start.elapsed().as_secs_f64()),
         Err(_) => None,
@@ -920,19 +1052,22 @@ async fn requeue_once(
 }
 
 /// Point 4, measured four ways: a pod rejected by the extender alone (the cluster cut down to the
-/// time-sliced node) or also by in-tree plugins (every node), with the requeue nudge on and off.
+/// time-sliced nodes) or also by in-tree plugins (every node), with the requeue nudge on and off.
 /// The assertion is on the shipped configuration (nudge on): bound within 5 s, with no hot loop.
 async fn requeue(c: &Cluster) -> Check {
     let ns = "requeue";
     c.namespace(ns, json!({})).await?;
-    let others = [
-        "a100-mig-mixed",
-        "a100-mig-single",
-        "l4-mps-2",
-        "h100-mps-4",
-        "l40s-plain",
-        "cpu-only",
-    ];
+    let all = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let others: Vec<String> = all
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .filter(|n| !TIME_SLICED.contains(&n.as_str()))
+        .collect();
+    let others: Vec<&str> = others.iter().map(String::as_str).collect();
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     let measured = requeue_runs(c, ns, &others, &mut rows, &mut failures).await;
@@ -1043,16 +1178,17 @@ async fn preemption(c: &Cluster) -> Check {
         pc.status.success(),
         "create PriorityClass gpu-share-test-high",
     )?;
-    // Low-priority holders: both whole GPUs of the plain node, and every MPS replica of both
-    // MPS nodes (another class, which must be left alone).
+    // Low-priority holders: every whole GPU of the unshared nodes (GFD's and the device-plugin-
+    // only one), and every MPS replica of the MPS nodes (another class, which must be left alone).
+    let whole = ["l40s-plain", "eks-t4-plain"];
     let mut low = vec![];
-    for i in 0..2 {
+    for i in 0..3 {
         low.push((format!("low-exclusive-{i}"), "exclusive-1"));
     }
     for i in 0..4 {
         low.push((format!("low-mps50-{i}"), "mps-50"));
     }
-    for i in 0..8 {
+    for i in 0..12 {
         low.push((format!("low-mps25-{i}"), "mps-25"));
     }
     for (name, class) in &low {
@@ -1066,8 +1202,8 @@ async fn preemption(c: &Cluster) -> Check {
     create(c, ns, &high)?;
     let (node, _) = bound(&pods, "high", Duration::from_secs(60)).await?;
     ensure(
-        node == "l40s-plain",
-        format!("the preemptor was bound to {node}"),
+        whole.contains(&node.as_str()),
+        format!("the preemptor was bound to {node}, not one of {whole:?}"),
     )?;
     let left: BTreeSet<String> = pods
         .list(&ListParams::default())
@@ -1172,8 +1308,9 @@ async fn api_bound(c: &Cluster, ns: &str) -> Result<BTreeSet<String>, String> {
 async fn apiserver_outage(c: &Cluster) -> Check {
     let ns = "outage";
     c.namespace(ns, json!({})).await?;
-    // 30 pods, created one after another (retrying while the API is down): more than the
-    // cluster holds of each class, so binds, refusals and waiting pods all meet the outage.
+    // 30 pods, created one after another (retrying while the API is down): ten of each class,
+    // more than the cluster holds of mig-1g.10gb (7) and as many as it holds of timeslice-25, so
+    // binds, refusals and waiting pods all meet the outage.
     let classes = ["timeslice-25", "mps-25", "mig-1g.10gb"];
     let names: Vec<String> = (0..30).map(|i| format!("load-{i:02}")).collect();
     let creator = {

@@ -134,7 +134,7 @@ async fn a_thousand_concurrent_binds_across_ten_nodes_never_overcommit() {
             used.parse::<u32>().unwrap() <= total.parse::<u32>().unwrap(),
             "{node}: {r}"
         );
-        assert!(r["usedGpus"].as_f64().unwrap() <= r["capacityGpus"].as_f64().unwrap());
+        assert!(r["usedGpus"].as_f64().unwrap() <= r["gpus"].as_f64().unwrap());
     }
     assert_eq!(held, bound, "the ledger holds exactly the successful binds");
 }

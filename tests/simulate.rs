@@ -187,8 +187,84 @@ fn cli_writes_the_table_json_and_svg() {
     let first = &v["policies"][0]["curve"][0];
     assert_eq!(first["arrived_pct"], 0);
     assert!(first["frag_ratio_pct"].is_number());
+    // Units and the direction of every column.
+    assert!(table.contains("Lower is better"), "{table}");
+    for header in [
+        "unalloc%@100",
+        "unalloc%@130",
+        "frag%@100",
+        "frag/idle%",
+        "placed/asked",
+    ] {
+        assert!(table.contains(header), "{header}: {table}");
+    }
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("gpu-share") && svg.contains("fgd"));
+    assert!(svg.contains("lower is better") && svg.contains("the 2 lowest, zoomed in"));
+    // Every x label inside the picture (the last one was clipped), the legend right of the
+    // plots (it covered the start of the curves).
+    let width: f64 = attr(&svg, "<svg", "width").unwrap();
+    let texts: Vec<(f64, String)> = svg
+        .split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let x = attr(t, "", "x")?;
+            let body = t.split_once('>')?.1.split_once("</text>")?.0;
+            Some((x, body.trim().to_string()))
+        })
+        .collect();
+    let label = texts
+        .iter()
+        .find(|(_, t)| t == "130")
+        .expect("the 130% label");
+    assert!(
+        label.0 + 15.0 < width,
+        "the last x label at {} of {width}",
+        label.0
+    );
+    for name in ["fgd", "gpu-share"] {
+        let (x, _) = texts.iter().find(|(_, t)| t == name).unwrap();
+        assert!(*x > 780.0, "legend entry {name} at x {x}, inside the plots");
+    }
+}
+
+/// A numeric attribute of the first element starting with `tag` in `text`.
+fn attr(text: &str, tag: &str, name: &str) -> Option<f64> {
+    let at = text.find(tag)?;
+    let rest = &text[at..];
+    let key = format!(" {name}=\"");
+    let start = rest.find(&key)? + key.len();
+    let end = rest[start..].find('"')? + start;
+    rest[start..end].trim_end_matches("px").parse().ok()
+}
+
+/// A Kubernetes-shaped replay (`--tune 0`: the pods as given) says how many pods were placed of
+/// those asked: the number that matters when the pods never ask for the whole cluster.
+#[test]
+fn cli_kubernetes_shaped_replay_shows_pods_placed_of_asked() {
+    let (nodes, pods) = example_cluster();
+    let table = run_ok([
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--tune",
+        "0",
+        "--seeds",
+        "1..3",
+        "--policy",
+        "gpu-share",
+    ]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("gpu-share "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cell = row.split_whitespace().last().unwrap();
+    let (placed, asked) = cell.split_once('/').unwrap_or_else(|| panic!("{row}"));
+    let placed: f64 = placed.parse().unwrap();
+    assert_eq!(asked, "48", "{row}");
+    assert!((38.0..=40.0).contains(&placed), "{row}");
 }
 
 #[test]

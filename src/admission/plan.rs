@@ -445,7 +445,7 @@ fn plan_pod(
     if policy.node_affinity {
         let exprs = affinity_for(&req.class, policy);
         let mut alternatives = vec![exprs];
-        alternatives.extend(gke_alternative(&req.class));
+        alternatives.extend(gke_alternative(&req.class, policy));
         require_affinity(&mut b, pod, &alternatives);
     }
 
@@ -601,16 +601,29 @@ fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
     }
 }
 
-/// GKE's own label for the nodes an mps or timeslice pod may also run on (GKE shares GPUs with
-/// its own device plugin and no GFD labels). Auto-provisioned nodes spell the value in capitals.
-/// Never a client count: any number of clients per GPU will do.
-fn gke_alternative(class: &GpuClass) -> Option<Vec<Expr>> {
-    let values = match class {
-        GpuClass::Mps { .. } => vec!["mps".to_string(), "MPS".to_string()],
-        GpuClass::Timeslice { .. } => vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],
+/// GKE's own label for the nodes a pod may also run on: GKE shares and partitions GPUs with its
+/// own device plugin and no GFD labels. mps and timeslice pods match the sharing strategy
+/// (auto-provisioned nodes spell the value in capitals), never a client count: any number of
+/// clients per GPU will do. MIG pods match the partition size, but only under the single
+/// strategy: GKE advertises each partition as one `nvidia.com/gpu`, which is what a MIG pod asks
+/// for then; under the mixed strategy it asks for `nvidia.com/mig-<profile>`, which no GKE node
+/// advertises.
+fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<Expr>> {
+    let (key, values) = match class {
+        GpuClass::Mps { .. } => (
+            LABEL_GKE_SHARING,
+            vec!["mps".to_string(), "MPS".to_string()],
+        ),
+        GpuClass::Timeslice { .. } => (
+            LABEL_GKE_SHARING,
+            vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],
+        ),
+        GpuClass::Mig { profile } if policy.mig.strategy == MigStrategy::Single => {
+            (LABEL_GKE_PARTITION, vec![profile.clone()])
+        }
         _ => return None,
     };
-    Some(vec![(LABEL_GKE_SHARING.to_string(), "In", values)])
+    Some(vec![(key.to_string(), "In", values)])
 }
 
 /// Requires the pod's own terms and one of `alternatives`: every existing required term is
@@ -943,6 +956,27 @@ mod tests {
             term["matchExpressions"][0],
             json!({"key": "nvidia.com/mig.config", "operator": "In", "values": ["all-3g.40gb"]})
         );
+        // Or a GKE node partitioned in that size (one nvidia.com/gpu per partition).
+        let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(terms.as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            terms[1]["matchExpressions"],
+            json!([{"key": "cloud.google.com/gke-gpu-partition-size", "operator": "In", "values": ["3g.40gb"]}])
+        );
+
+        // Under the mixed strategy the pod asks for nvidia.com/mig-3g.40gb, which GKE never
+        // advertises: no GKE term, and no required affinity at all (the resource selects).
+        let p = Policy::default_policy();
+        let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
+            panic!()
+        };
+        let doc = apply(&obj, &m);
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"],
+            "2"
+        );
+        assert!(doc["spec"].get("affinity").is_none(), "{}", doc["spec"]);
     }
 
     #[test]

@@ -413,9 +413,14 @@ pub struct NodeReport {
     #[serde(default)]
     pub mode_source: crate::inventory::ModeSource,
     pub product: Option<String>,
+    /// Physical GPUs, MIG-partitioned ones included ([`crate::inventory::GpuNode::physical_gpus`]).
     pub gpus: u32,
-    /// Capacity, use and free room in GPUs (MIG devices counted by their share of a GPU).
-    pub capacity_gpus: f64,
+    /// What the node's MIG devices add up to, in GPUs by compute share (seven `1g.10gb` are
+    /// 7/7 = 1; `3g.40gb` + `3g.40gb` are 6/7 of their GPU): the allocatable part of its
+    /// MIG-partitioned GPUs. 0 without MIG.
+    #[serde(default)]
+    pub mig_gpus: f64,
+    /// Use and free room in GPUs: whole GPUs, shares of GPUs, and MIG devices by compute share.
     pub used_gpus: f64,
     pub free_gpus: f64,
     /// Enforced units: pool slots and MIG devices per profile, as `used/total`.
@@ -487,8 +492,8 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
         },
         mode_source: n.mode_source,
         product: n.product.clone(),
-        gpus: n.gpus,
-        capacity_gpus: round(gpu_cap + mig_cap),
+        gpus: n.physical_gpus(),
+        mig_gpus: round(mig_cap),
         used_gpus: round(gpu_used + mig_used),
         free_gpus: round((gpu_cap - gpu_used).max(0.0) + (mig_cap - mig_used).max(0.0)),
         slots: format!("{}/{}", u.slots, n.slots),

@@ -50,6 +50,16 @@ pub fn mig_profile_milli(profile: &str) -> u32 {
     }
 }
 
+/// How many MIG devices of a profile one GPU holds at most, from the built-in MIG table; a
+/// profile the table does not know: as many as its compute share allows.
+pub fn mig_profile_per_gpu(profile: &str) -> u32 {
+    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
+    match TABLE.find(profile) {
+        Some((_, p)) => u32::from(p.max).max(1),
+        None => (GPU_MILLI / mig_profile_milli(profile).max(1)).max(1),
+    }
+}
+
 /// What a pod asks of the GPU side of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]

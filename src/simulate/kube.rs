@@ -14,28 +14,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::partition::ClusterNode;
 use super::trace::TracePod;
-use crate::inventory::{
-    self, GpuNode, LABEL_COUNT, LABEL_PRODUCT, MAX_GPUS_PER_NODE, RESOURCE_GPU,
-};
+use crate::inventory::{self, LABEL_PRODUCT, RESOURCE_GPU};
 use crate::ledger;
-use crate::packing::{Demand, GPU_MILLI, GpuDemand};
+use crate::packing::{Demand, GpuDemand};
 use crate::{documents, request};
-
-/// Physical GPUs: GFD's `nvidia.com/gpu.count`, else the full GPUs plus the GPUs the MIG
-/// devices fill (by compute share); at most [`MAX_GPUS_PER_NODE`].
-fn physical_gpus(node: &Node, g: &GpuNode) -> u32 {
-    let label = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_COUNT))
-        .and_then(|v| v.trim().parse::<u32>().ok());
-    let capacity = super::trace::node_capacity_milli(g).div_ceil(u64::from(GPU_MILLI));
-    label
-        .unwrap_or(0)
-        .max(u32::try_from(capacity).unwrap_or(u32::MAX))
-        .min(MAX_GPUS_PER_NODE)
-}
 
 /// Reads the GPU nodes of a NodeList.
 pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
@@ -46,7 +28,7 @@ pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
             continue;
         };
         out.push(ClusterNode {
-            physical_gpus: physical_gpus(&node, &g),
+            physical_gpus: g.physical_gpus(),
             node: g,
         });
     }
@@ -178,7 +160,7 @@ items:
             vec![2, 1],
             "GFD's gpu.count; MIG devices fill one GPU"
         );
-        let nodes: Vec<GpuNode> = cluster.into_iter().map(|c| c.node).collect();
+        let nodes: Vec<crate::inventory::GpuNode> = cluster.into_iter().map(|c| c.node).collect();
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[0].sharing, Sharing::TimeSlicing { replicas: 4 });
         assert_eq!(nodes[0].cpu_milli, Some(32_000));

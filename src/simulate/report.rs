@@ -210,15 +210,24 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<15} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "unalloc%: GPUs left unallocated, % of all GPUs, once the arrived pods ask for 100% (130%)\n\
+         \x20 of them (mean of the seeds; median: at 100%); vs fgd: difference from fgd, in points\n\
+         frag%: GPUs idle in pieces too small for the workload's pods, % of all GPUs, at 100%;\n\
+         \x20 frag/idle%: the same, % of the idle GPUs. Lower is better in all of these.\n\
+         placed/asked: pods placed of the pods that arrived (mean of the seeds)"
+    );
+    let _ = writeln!(
+        out,
+        "{:<15}  {:>12}  {:>6}  {:>6}  {:>12}  {:>6}  {:>9}  {:>10}  {:>15}",
         "policy",
-        "unalloc@100",
+        "unalloc%@100",
         "median",
         "vs fgd",
-        "unalloc@130",
+        "unalloc%@130",
         "vs fgd",
-        "frag@100",
-        "fragratio@100"
+        "frag%@100",
+        "frag/idle%",
+        "placed/asked"
     );
     for p in &r.policies {
         let margin = |at: u32| -> String {
@@ -232,7 +241,7 @@ pub fn table(r: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<15} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10} {:>13}",
+            "{:<15}  {:>12}  {:>6}  {:>6}  {:>12}  {:>6}  {:>9}  {:>10}  {:>15}",
             p.name,
             cell(&p.unallocated_gpu_pct, 100),
             cell(&p.unallocated_gpu_pct_median, 100),
@@ -241,9 +250,22 @@ pub fn table(r: &Report) -> String {
             margin(130),
             cell(&p.frag_amount_pct, 100),
             cell(&p.frag_ratio_pct, 100),
+            placed_of_asked(p.pods_placed, p.pods_placed + p.pods_failed),
         );
     }
     out
+}
+
+/// `39.4/48`: a mean of placed pods over the pods asked, whole numbers without decimals.
+fn placed_of_asked(placed: f64, asked: f64) -> String {
+    let num = |x: f64| {
+        if (x - x.round()).abs() < 0.05 {
+            format!("{x:.0}")
+        } else {
+            format!("{x:.1}")
+        }
+    };
+    format!("{}/{}", num(placed), num(asked))
 }
 
 /// `42..51` for a contiguous range, else a comma list.

@@ -109,6 +109,7 @@ pub fn trace_node(name: &str, cpu_milli: u64, memory_mib: u64, gpus: u32, model:
         cpu_milli: Some(cpu_milli),
         memory_mib: Some(memory_mib),
         mode_source: crate::inventory::ModeSource::Gfd,
+        labelled_gpus: None,
     }
 }
 
