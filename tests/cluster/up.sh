@@ -17,7 +17,8 @@
 # DIR/env holds the addresses, ports and paths (KEY=VALUE lines); DIR/logs/ every log;
 # DIR/start/NAME.sh starts one gpu-share or scheduler process again (the tests restart them).
 # Environment: GPU_SHARE_BIN (a built gpu-share; default: cargo build), GPU_SHARE_CLUSTER_NODES,
-# GPU_SHARE_CACHE (the control plane's build cache, default ~/.cache/gpu-share).
+# GPU_SHARE_CACHE (the control plane's build cache, default ~/.cache/gpu-share),
+# GPU_SHARE_CLUSTER_INSTALL=none (the control plane and nodes only: nothing of gpu-share).
 set -euo pipefail
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
@@ -173,6 +174,30 @@ export KUBECONFIG="$dir/kubeconfig"
 wait_for kube-apiserver 120 "$kubectl" get --raw /readyz
 say "kube-apiserver ready"
 
+register_nodes() {
+  local nodes="${GPU_SHARE_CLUSTER_NODES:-$here/nodes.yaml}"
+  if [[ $nodes != none ]]; then
+    say "nodes from $nodes"
+    python3 "$here/nodes.py" "$dir" "$nodes"
+  fi
+}
+
+# GPU_SHARE_CLUSTER_INSTALL=none: the control plane and the nodes only, for installing gpu-share
+# by hand (the README's commands: tests/readme/check.py). Nothing of gpu-share is applied or run.
+if [[ ${GPU_SHARE_CLUSTER_INSTALL:-shipped} == none ]]; then
+  register_nodes
+  cat >"$dir/env" <<EOF
+GPU_SHARE_CLUSTER_DIR=$dir
+KUBECONFIG=$dir/kubeconfig
+KUBECTL=$kubectl
+CONTROL_PLANE_BIN=$bin
+API_SERVER=https://127.0.0.1:$api_port
+ETCD=http://127.0.0.1:$etcd_port
+EOF
+  say "ready (control plane only): export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
+  exit 0
+fi
+
 # ---- the manifests, as shipped -------------------------------------------------------------------
 # The self-signed overlay reads its certificates from its own certs/ directory: render a copy.
 rm -rf "$dir/manifests"
@@ -266,11 +291,7 @@ launch_env="" launcher kube-scheduler "$bin/kube-scheduler" --config "$dir/sched
   --v 2
 
 # ---- nodes ---------------------------------------------------------------------------------------
-nodes="${GPU_SHARE_CLUSTER_NODES:-$here/nodes.yaml}"
-if [[ $nodes != none ]]; then
-  say "nodes from $nodes"
-  python3 "$here/nodes.py" "$dir" "$nodes"
-fi
+register_nodes
 
 # ---- ready ---------------------------------------------------------------------------------------
 wait_for "gpu-share webhook /readyz" 120 curl -sf "http://127.0.0.1:$webhook_admin/readyz"

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Runs every shell command of README.md as written, the way a new user would.
+
+Usage: tests/readme/check.py            (from anywhere; CI runs it in .ci/run)
+
+Each ```sh block of the README carries a marker on the line before it, which says where its
+commands run; a block without one fails the check, so no command goes unchecked:
+
+  <!-- check: local -->          on this machine, no cluster
+  <!-- check: dev ARGS -->       with `gpu-share serve --dev ARGS` running (the block starts it)
+  <!-- check: fresh -->          on a bare control plane (tests/cluster/up.sh with
+                                 GPU_SHARE_CLUSTER_INSTALL=none): the install and uninstall steps
+  <!-- check: skip: REASON -->   not run here, and the reason says where it is checked instead
+
+Within a block, a command whose comment says `needs a kubelet` or `needs cert-manager` (there is
+neither here) is run with `--dry-run=server`: the API server admits it without persisting it,
+through every admission step, gpu-share's webhook included. Such commands run against a second
+control plane with gpu-share installed and running (tests/cluster/up.sh), so the webhook answers
+and the namespace exists, and with cert-manager's CRDs (from its Go module) installed, so its
+objects are validated against them. A read-only command that needs a running pod is reported as
+not run.
+
+The commands run in a copy of the repository (only the files git knows, with `target/` linked in)
+beside a link to ../shared, so nothing they write lands in the checkout. `kubectl` is the control
+plane's own (v1.37) and `gpu-share` the release build, both first on PATH.
+"""
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CERT_MANAGER = "github.com/cert-manager/cert-manager@v1.16.2"
+MUTATING = {"apply", "create", "run", "patch", "delete", "taint", "label", "annotate"}
+CA_PLACEHOLDER = "<caBundle printed by gpu-share certs>"
+
+
+class Failed(Exception):
+    pass
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, shell=isinstance(cmd, str), check=True, text=True,
+                          capture_output=True, **kw)
+
+
+def blocks(text):
+    """(line, marker, [logical commands with their first line]) for every ```sh block."""
+    lines = text.split("\n")
+    out = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```sh":
+            start = i + 1
+            marker = None
+            if i > 0:
+                m = re.match(r"<!-- check: (.*?) -->$", lines[i - 1].strip())
+                marker = m.group(1) if m else None
+            body = []
+            i += 1
+            while lines[i].strip() != "```":
+                body.append((i + 1, lines[i]))
+                i += 1
+            cmds = []
+            pending, first = "", None
+            for n, l in body:
+                if first is None:
+                    first = n
+                if l.rstrip().endswith("\\"):
+                    pending += l.rstrip()[:-1] + " "
+                    continue
+                cmds.append((first, pending + l))
+                pending, first = "", None
+            out.append((start, marker, [(n, c) for n, c in cmds if c.strip() and not c.strip().startswith("#")]))
+        i += 1
+    return out
+
+
+def comment_of(cmd):
+    """The command and its trailing comment (a # outside quotes, after a space)."""
+    quote = None
+    for i, ch in enumerate(cmd):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or cmd[i - 1].isspace()):
+            return cmd[:i].rstrip(), cmd[i + 1:].strip()
+    return cmd, ""
+
+
+def dry_run(cmd):
+    """`cmd` with --dry-run=server after kubectl's verb's arguments (before a `--`)."""
+    words = shlex.split(cmd)
+    if words[0] != "kubectl" or not MUTATING & set(words):
+        return None
+    if "--" in words:
+        k = words.index("--")
+        words = words[:k] + ["--dry-run=server"] + words[k:]
+    else:
+        words.append("--dry-run=server")
+    return shlex.join(words)
+
+
+class Cluster:
+    def __init__(self, work, name, install):
+        self.dir = os.path.join(work, name)
+        env = dict(os.environ, GPU_SHARE_BIN=os.path.join(REPO, "target/release/gpu-share"))
+        if not install:
+            env["GPU_SHARE_CLUSTER_INSTALL"] = "none"
+        print(f"readme check: starting the {name} control plane", flush=True)
+        r = subprocess.run(["bash", os.path.join(REPO, "tests/cluster/up.sh"), self.dir], env=env,
+                           text=True, capture_output=True)
+        if r.returncode != 0:
+            raise Failed(f"up.sh {name}: {r.stderr[-2000:]}")
+        self.env = dict(l.split("=", 1) for l in open(os.path.join(self.dir, "env")).read().split("\n") if "=" in l)
+        self.kubeconfig = self.env["KUBECONFIG"]
+        self.stopped = True
+
+    def finalize_namespaces(self):
+        """Stands in for kube-controller-manager's namespace controller, which up.sh does not run:
+        a namespace being deleted is finalized at once, so `kubectl delete` of a namespace returns
+        as it does on a real cluster (what the namespace held is not garbage-collected here)."""
+        import json
+        import threading
+
+        def loop():
+            while not self.stopped:
+                out = self.kubectl("get", "namespaces", "-o", "json")
+                if out.returncode == 0:
+                    for ns in json.loads(out.stdout)["items"]:
+                        if ns["metadata"].get("deletionTimestamp") and ns.get("spec", {}).get("finalizers"):
+                            ns["spec"]["finalizers"] = []
+                            self.kubectl("replace", "--raw", f"/api/v1/namespaces/{ns['metadata']['name']}/finalize",
+                                         "-f", "-", stdin=json.dumps(ns))
+                time.sleep(0.5)
+
+        self.stopped = False
+        threading.Thread(target=loop, daemon=True).start()
+
+    def kubectl(self, *args, stdin=None):
+        return subprocess.run([self.env["KUBECTL"], "--kubeconfig", self.kubeconfig, *args], input=stdin,
+                              text=True, capture_output=True)
+
+    def down(self):
+        self.stopped = True
+        subprocess.run(["bash", os.path.join(REPO, "tests/cluster/down.sh"), self.dir], capture_output=True)
+
+
+def cert_manager_crds():
+    r = subprocess.run(["go", "mod", "download", "-json", CERT_MANAGER], text=True, capture_output=True,
+                       cwd=tempfile.gettempdir(), env=dict(os.environ, GOFLAGS="-mod=mod", GO111MODULE="on"))
+    if r.returncode != 0:
+        raise Failed(f"go mod download {CERT_MANAGER}: {r.stderr}")
+    d = re.search(r'"Dir": "([^"]+)"', r.stdout).group(1)
+    docs = []
+    crds = os.path.join(d, "deploy/crds")
+    for f in sorted(os.listdir(crds)):
+        if f.endswith(".yaml"):
+            # The Helm chart's templates are in comments and quoted label values.
+            docs.append(re.sub(r"'\{\{[^']*\}\}'", "cert-manager", open(os.path.join(crds, f)).read()))
+    return "\n---\n".join(docs)
+
+
+def wait_ready(url, proc, seconds=120):
+    end = time.time() + seconds
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise Failed(f"the server exited ({proc.returncode}): {proc.stdout.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise Failed(f"{url} not ready within {seconds} s")
+
+
+def main():
+    text = open(os.path.join(REPO, "README.md")).read()
+    found = blocks(text)
+    unmarked = [line for line, marker, _ in found if marker is None]
+    if unmarked:
+        print(f"readme check: ```sh blocks without a check marker at lines {unmarked}", file=sys.stderr)
+        return 1
+
+    work = tempfile.mkdtemp(prefix="gpu-share-readme-")
+    checkout = os.path.join(work, "work", "main")
+    os.makedirs(checkout)
+    for f in sh(["git", "ls-files"], cwd=REPO).stdout.split("\n"):
+        if f and os.path.isfile(os.path.join(REPO, f)):
+            os.makedirs(os.path.dirname(os.path.join(checkout, f)), exist_ok=True)
+            shutil.copy2(os.path.join(REPO, f), os.path.join(checkout, f))
+    os.symlink(os.path.join(REPO, "target"), os.path.join(checkout, "target"))
+    shared = os.path.join(os.path.dirname(REPO), "shared")
+    if os.path.isdir(shared):
+        os.symlink(shared, os.path.join(work, "work", "shared"))
+
+    before = sh(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO).stdout
+    fresh = installed = None
+    servers = []
+    ran, dry, skipped, failures = 0, 0, [], []
+    try:
+        sh(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO)
+        control_plane = sh(["bash", os.path.join(REPO, "tests/cluster/build.sh")]).stdout.strip()
+        bindir = os.path.join(work, "bin")
+        os.makedirs(bindir)
+        os.symlink(os.path.join(control_plane, "kubectl"), os.path.join(bindir, "kubectl"))
+        os.symlink(os.path.join(REPO, "target/release/gpu-share"), os.path.join(bindir, "gpu-share"))
+        base_env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"])
+        base_env.pop("KUBECONFIG", None)
+
+        for line, marker, cmds in found:
+            mode, _, arg = marker.partition(" ")
+            mode = mode.rstrip(":")
+            if mode == "skip":
+                skipped.append(f"README.md:{line}: {len(cmds)} command(s) not run here: {arg}")
+                continue
+            # Placeholders a user fills in: NAME=VALUE words of the marker.
+            subs = [w.split("=", 1) for w in shlex.split(arg) if "=" in w] if mode != "dev" else []
+            env = dict(base_env)
+            if mode == "fresh":
+                if fresh is None:
+                    fresh = Cluster(work, "fresh", install=False)
+                    fresh.finalize_namespaces()
+                env["KUBECONFIG"] = fresh.kubeconfig
+            if mode == "dev":
+                args = ["gpu-share", "serve", "--dev", *shlex.split(arg)]
+                proc = subprocess.Popen(args, cwd=checkout, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                servers.append(proc)
+                wait_ready("http://127.0.0.1:8080/readyz", proc)
+            # One script per block, so variables carry from line to line; each command is
+            # announced on stderr first, so a failure names its line.
+            script = ["set -eo pipefail"]
+            for n, cmd in cmds:
+                cmd, comment = comment_of(cmd)
+                for old, new in subs:
+                    cmd = cmd.replace(old, new)
+                if mode == "dev" and "serve --dev" in cmd:
+                    script.append(f"echo {shlex.quote(f'README.md:{n}: (started by the check) {cmd}')} >&2")
+                    continue
+                prefix = ""
+                if comment.startswith(("needs a kubelet", "needs cert-manager")):
+                    d = dry_run(cmd)
+                    if d is None:
+                        skipped.append(f"README.md:{n}: not run ({comment}): {cmd}")
+                        continue
+                    if installed is None:
+                        installed = Cluster(work, "installed", install=True)
+                        applied = installed.kubectl("apply", "--server-side", "-f", "-", stdin=cert_manager_crds())
+                        if applied.returncode != 0:
+                            raise Failed(f"cert-manager CRDs: {applied.stderr}")
+                    words = shlex.split(cmd)
+                    if "-n" in words:
+                        ns = words[words.index("-n") + 1]
+                        installed.kubectl("create", "namespace", ns)
+                        installed.kubectl("-n", ns, "create", "serviceaccount", "default")
+                    prefix = f"KUBECONFIG={shlex.quote(installed.kubeconfig)} "
+                    cmd = d
+                    dry += 1
+                # The caBundle sits in a single-quoted JSON patch: close the quotes around it.
+                cmd = cmd.replace(CA_PLACEHOLDER, "'\"$(base64 -w0 certs/out/ca.crt)\"'")
+                script.append(f"echo {shlex.quote(f'README.md:{n}: {prefix}{cmd}')} >&2")
+                script.append(prefix + cmd)
+                ran += 1
+            r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=checkout, env=env, text=True,
+                               capture_output=True, timeout=900)
+            for l in r.stderr.split("\n"):
+                if l.startswith("README.md:"):
+                    print(f"readme check: {l}", flush=True)
+            if r.returncode != 0:
+                failures.append(f"block at README.md:{line} exited {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
+            for proc in servers:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            servers.clear()
+        # The checkout is as it was: nothing the commands wrote landed in the repository.
+        after = sh(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO).stdout
+        if after != before:
+            failures.append(f"the commands changed the checkout:\n{after}")
+    except (Failed, subprocess.CalledProcessError) as e:
+        failures.append(str(e) + (getattr(e, "stderr", "") or ""))
+    finally:
+        for proc in servers:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for c in (fresh, installed):
+            if c:
+                c.down()
+        shutil.rmtree(work, ignore_errors=True)
+    for s in skipped:
+        print(f"readme check: {s}")
+    print(f"readme check: {ran} commands run ({dry} with --dry-run=server), {len(skipped)} skipped with a reason, "
+          f"{len(failures)} failed")
+    for f in failures:
+        print(f"readme check: FAILED {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
