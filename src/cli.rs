@@ -8,10 +8,19 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::telemetry::LogFormat;
 
+/// `gpu-share --version`: the crate's version and the git revision it was built from
+/// (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GPU_SHARE_REVISION"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpu-share",
-    version,
+    version = VERSION,
     about = "Share NVIDIA GPUs in Kubernetes: admission webhook and scheduler extender"
 )]
 pub struct Cli {

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cluster;
 pub mod documents;
 pub mod extender;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod inventory;
 pub mod ledger;

@@ -372,3 +372,25 @@ async fn json_log_lines_have_one_message_key() {
         assert_eq!(line.matches("\"message\":").count(), 1, "{line}");
     }
 }
+
+/// `--version` names the crate version and the git revision the binary was built from.
+#[test]
+fn version_names_the_crate_version_and_git_revision() {
+    let out = run_ok(["--version"]);
+    let want = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let revision = std::env::var("GPU_SHARE_GIT_REVISION")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or(want);
+    assert_eq!(
+        out.trim(),
+        format!("gpu-share {} ({revision})", env!("CARGO_PKG_VERSION"))
+    );
+}

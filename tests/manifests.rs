@@ -166,3 +166,30 @@ fn webhook_match_condition_names_both_annotations() {
         "either annotation must be enough: {expr}"
     );
 }
+
+/// The image the manifests run is the one this crate's version builds (Dockerfile), and the
+/// Dockerfile's example tag says so too.
+#[test]
+fn image_tag_is_the_crate_version() {
+    let kustomization: serde_json::Value =
+        serde_saphyr::from_str(&read("manifests/base/kustomization.yaml")).unwrap();
+    let image = kustomization["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "gpu-share")
+        .expect("an images entry for gpu-share");
+    assert_eq!(
+        image["newTag"].as_str(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "manifests/base/kustomization.yaml tags gpu-share {}; Cargo.toml is at {}",
+        image["newTag"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let dockerfile = read("Dockerfile");
+    let tag = format!("ghcr.io/gpu-share/gpu-share:{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        dockerfile.contains(&tag),
+        "the Dockerfile's example says {tag}"
+    );
+}
