@@ -104,6 +104,17 @@ pub struct StatusArgs {
     /// Print JSON (the /v1/nodes shape) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The kubeconfig file to read the cluster with (default: KUBECONFIG, ~/.kube/config, or
+    /// the in-cluster configuration), as kubectl's flag.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: the current one), as kubectl's flag.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// List only this namespace's pending pods and pod names (the GPU accounting still counts
+    /// every namespace). As kubectl's flag, so `kubectl gpu-share status -n ml` works.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -113,7 +113,12 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
                 },
                 None => gpu_share::policy::Policy::default_policy(),
             };
-            gpu_share::status::from_cluster(&policy)
+            let access = gpu_share::status::ClusterAccess {
+                kubeconfig: args.kubeconfig.clone(),
+                context: args.context.clone(),
+                namespace: args.namespace.clone(),
+            };
+            gpu_share::status::from_cluster(&policy, &access)
                 .await
                 .map(|(r, pending)| (r, Some(pending)))
         }

@@ -276,18 +276,65 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 
 /// Builds the reports from the cluster: lists nodes and pods and rebuilds the ledger as the
 /// extender does; and lists the gpu-share pods still waiting for a node.
-pub async fn from_cluster(policy: &Policy) -> Result<(Vec<NodeReport>, Vec<PendingPod>), String> {
-    let client = kube::Client::try_default().await.map_err(|e| {
-        format!("no Kubernetes configuration found ({e}): set KUBECONFIG or use --server URL")
-    })?;
+pub async fn from_cluster(
+    policy: &Policy,
+    access: &ClusterAccess,
+) -> Result<(Vec<NodeReport>, Vec<PendingPod>), String> {
+    let client = access.client().await?;
     let listed =
         crate::cluster::watch::list_compact(&client, &crate::inventory::Reading::of(policy))
             .await
             .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
-    let pending = list_pending(&client)
+    let mut pending = list_pending(&client)
         .await
         .map_err(|e| format!("cannot list pending pods: {e}"))?;
-    Ok((reports_of(policy, listed), pending))
+    let mut reports = reports_of(policy, listed);
+    if let Some(ns) = &access.namespace {
+        pending.retain(|p| &p.namespace == ns);
+        for r in &mut reports {
+            r.pods.retain(|p| &p.namespace == ns);
+        }
+    }
+    Ok((reports, pending))
+}
+
+/// How `status` reaches the cluster: kubectl's `--kubeconfig`, `--context` and `--namespace`,
+/// so that it works as the kubectl plugin `kubectl gpu-share` (installed as `kubectl-gpu_share`).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterAccess {
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub context: Option<String>,
+    pub namespace: Option<String>,
+}
+
+impl ClusterAccess {
+    async fn client(&self) -> Result<kube::Client, String> {
+        if self.kubeconfig.is_none() && self.context.is_none() {
+            return kube::Client::try_default().await.map_err(|e| {
+                format!(
+                    "no Kubernetes configuration found ({e}): set KUBECONFIG, pass --kubeconfig, or use --server URL"
+                )
+            });
+        }
+        let kubeconfig = match &self.kubeconfig {
+            Some(path) => kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?,
+            None => kube::config::Kubeconfig::read().map_err(|e| {
+                format!("cannot read the kubeconfig (KUBECONFIG or ~/.kube/config): {e}")
+            })?,
+        };
+        let options = kube::config::KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|e| match &self.context {
+                Some(c) => format!("--context {c}: {e}"),
+                None => e.to_string(),
+            })?;
+        kube::Client::try_from(config).map_err(|e| e.to_string())
+    }
 }
 
 /// A gpu-share pod no node has taken yet, with kube-scheduler's last word on it.

@@ -652,6 +652,64 @@ async fn scheduling_in(c: &Cluster, ns: &str) -> Check {
             "gpu-share status does not show the pending pod and its reason:\n{text}{}",
             String::from_utf8_lossy(&out.stderr)
         ),
+    )?;
+    kubectl_plugin(c, ns)
+}
+
+/// `kubectl gpu-share status`: the binary on PATH as `kubectl-gpu_share` is a kubectl plugin,
+/// reading the cluster with kubectl's current context, `--context` and `--namespace`.
+fn kubectl_plugin(c: &Cluster, ns: &str) -> Check {
+    let plugins = c.dir.join("plugins");
+    std::fs::create_dir_all(&plugins).map_err(|e| e.to_string())?;
+    let link = plugins.join("kubectl-gpu_share");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(common::BIN, &link).map_err(|e| e.to_string())?;
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: &[&str]| {
+        std::process::Command::new(c.var("KUBECTL"))
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", c.dir.join("kubeconfig"))
+            .output()
+            .map_err(|e| e.to_string())
+    };
+    let out = kubectl(&[
+        "gpu-share",
+        "status",
+        "-n",
+        ns,
+        "--context",
+        "gpu-share-test",
+    ])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success()
+            && text.starts_with("NODE")
+            && text.contains(&format!("{ns}/unfit (mps-75)"))
+            && text.contains("1 gpu-share pods pending"),
+        format!(
+            "kubectl gpu-share status -n {ns}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    // Another namespace: the same nodes, none of this namespace's pods.
+    let out = kubectl(&["gpu-share", "status", "--namespace", "default"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success()
+            && text.contains("no gpu-share pod is pending")
+            && !text.contains(&format!("{ns}/")),
+        format!("kubectl gpu-share status --namespace default:\n{text}"),
+    )?;
+    let out = kubectl(&["gpu-share", "status", "--context", "nowhere"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure(
+        !out.status.success() && stderr.contains("--context nowhere"),
+        format!("an unknown context is not named: {stderr}"),
     )
 }
 

@@ -293,7 +293,11 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
     .await?;
     ensure(!gpus.is_empty(), "empty gpu-share.io/gpus annotation")?;
 
-    let (reports, _pending) = gpu_share::status::from_cluster(&Policy::default_policy()).await?;
+    let (reports, _pending) = gpu_share::status::from_cluster(
+        &Policy::default_policy(),
+        &gpu_share::status::ClusterAccess::default(),
+    )
+    .await?;
     let report = reports
         .iter()
         .find(|r| r.name == node)
