@@ -10,6 +10,9 @@ commands run; a block without one fails the check, so no command goes unchecked:
   <!-- check: dev ARGS -->       with `gpu-share serve --dev ARGS` running (the block starts it)
   <!-- check: fresh -->          on a bare control plane (tests/cluster/up.sh with
                                  GPU_SHARE_CLUSTER_INSTALL=none): the install and uninstall steps
+  <!-- check: helm -->           on another bare control plane: the Helm install, upgrade and
+                                 uninstall (helm from tools/build.sh; no --wait: without a kubelet
+                                 nothing becomes ready)
   <!-- check: skip: REASON -->   not run here, and the reason says where it is checked instead
 
 Within a block, a command whose comment says `needs a kubelet` or `needs cert-manager` (there is
@@ -22,7 +25,7 @@ not run.
 
 The commands run in a copy of the repository (only the files git knows, with `target/` linked in)
 beside a link to ../shared, so nothing they write lands in the checkout. `kubectl` is the control
-plane's own (v1.37) and `gpu-share` the release build, both first on PATH.
+plane's own (v1.37), `helm` tools/build.sh's and `gpu-share` the release build, all first on PATH.
 """
 import os
 import re
@@ -205,7 +208,7 @@ def main():
         os.symlink(shared, os.path.join(work, "work", "shared"))
 
     before = sh(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO).stdout
-    fresh = installed = None
+    fresh = installed = bare_helm = None
     servers = []
     ran, dry, skipped, failures = 0, 0, [], []
     try:
@@ -215,6 +218,8 @@ def main():
         os.makedirs(bindir)
         os.symlink(os.path.join(control_plane, "kubectl"), os.path.join(bindir, "kubectl"))
         os.symlink(os.path.join(REPO, "target/release/gpu-share"), os.path.join(bindir, "gpu-share"))
+        tools = sh(["bash", os.path.join(REPO, "tools/build.sh")]).stdout.strip()
+        os.symlink(os.path.join(tools, "helm"), os.path.join(bindir, "helm"))
         base_env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"])
         base_env.pop("KUBECONFIG", None)
 
@@ -232,6 +237,11 @@ def main():
                     fresh = Cluster(work, "fresh", install=False)
                     fresh.finalize_namespaces()
                 env["KUBECONFIG"] = fresh.kubeconfig
+            if mode == "helm":
+                if bare_helm is None:
+                    bare_helm = Cluster(work, "helm", install=False)
+                    bare_helm.finalize_namespaces()
+                env["KUBECONFIG"] = bare_helm.kubeconfig
             if mode == "dev":
                 args = ["gpu-share", "serve", "--dev", *shlex.split(arg)]
                 proc = subprocess.Popen(args, cwd=checkout, env=env, stdout=subprocess.PIPE,
@@ -292,7 +302,7 @@ def main():
     finally:
         for proc in servers:
             os.killpg(proc.pid, signal.SIGTERM)
-        for c in (fresh, installed):
+        for c in (fresh, installed, bare_helm):
             if c:
                 c.down()
         shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,39 @@
+{{/*
+Helm's standard labels, added to every object beside the ones the kustomize base sets
+(app.kubernetes.io/name, part-of, component), which the selectors use and which never change.
+*/}}
+{{- define "gpu-share.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{- define "gpu-share.image" -}}
+{{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
+{{- end }}
+
+{{/* The Secret with tls.crt, tls.key and ca.crt: cert-manager's, or one that exists. */}}
+{{- define "gpu-share.tlsSecret" -}}
+{{ .Values.certificates.secretName }}
+{{- end }}
+
+{{/*
+The policy: the values' inline YAML, else the embedded default (files/policy.yaml, a copy of
+policies/default.yaml), whose schedulerName follows .Values.schedulerName.
+*/}}
+{{- define "gpu-share.policy" -}}
+{{- if .Values.policy -}}
+{{ .Values.policy }}
+{{- else -}}
+{{ .Files.Get "files/policy.yaml" | replace "schedulerName: gpu-share-scheduler" (printf "schedulerName: %s" .Values.schedulerName) }}
+{{- end -}}
+{{- end }}
+
+{{/*
+The KubeSchedulerConfiguration (files/scheduler-config.yaml, a copy of the base's): its profile
+is .Values.schedulerName, its Lease in the release's namespace.
+*/}}
+{{- define "gpu-share.schedulerConfig" -}}
+{{ .Files.Get "files/scheduler-config.yaml" | replace "- schedulerName: gpu-share-scheduler" (printf "- schedulerName: %s" .Values.schedulerName) | replace "resourceNamespace: gpu-share" (printf "resourceNamespace: %s" .Release.Namespace) }}
+{{- end }}
