@@ -23,8 +23,9 @@ and the namespace exists, and with cert-manager's CRDs (from its Go module) inst
 objects are validated against them. A read-only command that needs a running pod is reported as
 not run.
 
-The commands run in a copy of the repository (only the files git knows, with `target/` linked in)
-beside a link to ../shared, so nothing they write lands in the checkout. `kubectl` is the control
+The commands run in a copy of the repository (only the files git knows; its `target/` is
+target/readme-check, kept between runs) beside a link to ../shared, so nothing they write lands in
+the checkout. `kubectl` is the control
 plane's own (v1.37), `helm` tools/build.sh's and `gpu-share` the release build, all first on PATH.
 """
 import os
@@ -202,7 +203,11 @@ def main():
         if f and os.path.isfile(os.path.join(REPO, f)):
             os.makedirs(os.path.dirname(os.path.join(checkout, f)), exist_ok=True)
             shutil.copy2(os.path.join(REPO, f), os.path.join(checkout, f))
-    os.symlink(os.path.join(REPO, "target"), os.path.join(checkout, "target"))
+    # The copy builds into a target directory of its own, kept between runs (the checkout's would
+    # be overwritten with binaries built from the copy, which has no git revision).
+    own_target = os.path.join(REPO, "target", "readme-check")
+    os.makedirs(own_target, exist_ok=True)
+    os.symlink(own_target, os.path.join(checkout, "target"))
     shared = os.path.join(os.path.dirname(REPO), "shared")
     if os.path.isdir(shared):
         os.symlink(shared, os.path.join(work, "work", "shared"))
