@@ -182,11 +182,9 @@ register_nodes() {
   fi
 }
 
-# GPU_SHARE_CLUSTER_INSTALL=none: the control plane and the nodes only, for installing gpu-share
-# by hand (the README's commands: tests/readme/check.py). Nothing of gpu-share is applied or run.
-if [[ ${GPU_SHARE_CLUSTER_INSTALL:-shipped} == none ]]; then
-  register_nodes
-  cat >"$dir/env" <<EOF
+# DIR/env's lines for the control plane itself (the gpu-share ones follow when it runs).
+control_plane_env() {
+  cat <<EOF
 GPU_SHARE_CLUSTER_DIR=$dir
 KUBECONFIG=$dir/kubeconfig
 KUBECTL=$kubectl
@@ -194,6 +192,13 @@ CONTROL_PLANE_BIN=$bin
 API_SERVER=https://127.0.0.1:$api_port
 ETCD=http://127.0.0.1:$etcd_port
 EOF
+}
+
+# GPU_SHARE_CLUSTER_INSTALL=none: the control plane and the nodes only, for installing gpu-share
+# by hand (the README's commands: tests/readme/check.py). Nothing of gpu-share is applied or run.
+if [[ ${GPU_SHARE_CLUSTER_INSTALL:-shipped} == none ]]; then
+  register_nodes
+  control_plane_env >"$dir/env"
   say "ready (control plane only): export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
   exit 0
 fi
@@ -304,14 +309,10 @@ until [[ -n $(holder 2>/dev/null) ]]; do
   sleep 0.3
 done
 
-cat >"$dir/env" <<EOF
-GPU_SHARE_CLUSTER_DIR=$dir
-KUBECONFIG=$dir/kubeconfig
-KUBECTL=$kubectl
-CONTROL_PLANE_BIN=$bin
+{
+  control_plane_env
+  cat <<EOF
 GPU_SHARE_BIN=$GPU_SHARE_BIN
-API_SERVER=https://127.0.0.1:$api_port
-ETCD=http://127.0.0.1:$etcd_port
 SCHEDULER=https://127.0.0.1:$sched_port
 WEBHOOK=https://127.0.0.1:$webhook_port
 WEBHOOK_ADMIN=http://127.0.0.1:$webhook_admin
@@ -320,4 +321,5 @@ EXTENDER_ADMIN=http://127.0.0.1:$extender_admin
 GPU_SHARE_CA=$dir/tls/ca.crt
 GPU_SHARE_E2E_READYZ=http://127.0.0.1:$webhook_admin/readyz,http://127.0.0.1:$extender_admin/readyz
 EOF
+} >"$dir/env"
 say "ready: export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
