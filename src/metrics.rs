@@ -1,5 +1,7 @@
 //! Prometheus metrics (prometheus-client), served as text on the admin listener's `/metrics`.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -37,6 +39,20 @@ struct ClosedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeGpuLabels {
+    node: String,
+    class: String,
+    state: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -63,6 +79,22 @@ pub struct Metrics {
     gpu_nodes: Gauge,
     connections: Family<ListenerLabels, Gauge>,
     closed: Family<ClosedLabels, Counter>,
+    node_gpus: Family<NodeGpuLabels, FloatGauge>,
+    pending_pods: Family<ClassLabels, Gauge>,
+    pending_oldest: Family<ClassLabels, FloatGauge>,
+    ready: Gauge,
+    /// Held while the scrape-time gauges are replaced and encoded, so two scrapes at once never
+    /// see a half-replaced family.
+    scrape: Mutex<()>,
+}
+
+/// One node's GPUs of one class for [`Metrics::node_gpus`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeGpus<'a> {
+    pub node: &'a str,
+    pub class: &'a str,
+    pub allocated: f64,
+    pub free: f64,
 }
 
 impl Default for Metrics {
@@ -146,8 +178,58 @@ impl Metrics {
             "Connections the service closed or refused, by listener and reason (idle, no_request, handshake_timeout, evicted, refused)",
             closed.clone(),
         );
+        let node_gpus = Family::<NodeGpuLabels, FloatGauge>::default();
+        let pending_pods = Family::<ClassLabels, Gauge>::default();
+        let pending_oldest = Family::<ClassLabels, FloatGauge>::default();
+        let ready = Gauge::default();
+        registry.register(
+            "node_gpus",
+            "GPUs on each GPU node by the class of pod they take (exclusive, timeslice, mps, mig), allocated and free; MIG devices count by compute share",
+            node_gpus.clone(),
+        );
+        registry.register(
+            "pending_pods",
+            "gpu-share pods without a node yet, by class",
+            pending_pods.clone(),
+        );
+        registry.register(
+            "pending_oldest_seconds",
+            "How long the oldest gpu-share pod without a node has waited, by class (since its creation)",
+            pending_oldest.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 when this process answers /readyz with 200 (certificates loaded; the extender's caches synced), else 0",
+            ready.clone(),
+        );
+        // Series that exist from the start at 0, so `increase()` and `rate()` see the first
+        // event and dashboards show a flat line rather than no data.
+        for kind in ["phantom", "missing", "node"] {
+            drift.get_or_create(&ResultLabels {
+                result: kind.into(),
+            });
+        }
+        for listener in ["https", "admin"] {
+            for reason in [
+                "idle",
+                "no_request",
+                "handshake_timeout",
+                "evicted",
+                "refused",
+            ] {
+                closed.get_or_create(&ClosedLabels {
+                    listener: listener.into(),
+                    reason: reason.into(),
+                });
+            }
+        }
         Metrics {
             registry,
+            node_gpus,
+            pending_pods,
+            pending_oldest,
+            ready,
+            scrape: Mutex::new(()),
             connections,
             closed,
             requests,
@@ -241,6 +323,45 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Replaces the per-node GPU gauges (nodes gone since the last call disappear).
+    pub fn node_gpus(&self, rows: &[NodeGpus<'_>]) {
+        self.node_gpus.clear();
+        for r in rows {
+            for (state, v) in [("allocated", r.allocated), ("free", r.free)] {
+                self.node_gpus
+                    .get_or_create(&NodeGpuLabels {
+                        node: r.node.into(),
+                        class: r.class.into(),
+                        state: state.into(),
+                    })
+                    .set(v);
+            }
+        }
+    }
+
+    /// Replaces the pending-pod gauges: `(class, pods, oldest wait in seconds)`; a class with
+    /// none pending has no series.
+    pub fn pending(&self, rows: &[(&str, usize, f64)]) {
+        self.pending_pods.clear();
+        self.pending_oldest.clear();
+        for (class, pods, oldest) in rows {
+            let labels = ClassLabels {
+                class: (*class).into(),
+            };
+            self.pending_pods.get_or_create(&labels).set(*pods as i64);
+            self.pending_oldest.get_or_create(&labels).set(*oldest);
+        }
+    }
+
+    pub fn ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// Taken around setting the scrape-time gauges and encoding them.
+    pub fn scrape_lock(&self) -> MutexGuard<'_, ()> {
+        self.scrape.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The Prometheus text exposition.

@@ -14,7 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
-use crate::extender::state::{ExtenderState, Released, fragmented_gpus};
+use crate::extender::state::{ExtenderState, Released};
 use crate::inventory;
 use crate::ledger::{self, ObservedPod};
 use crate::metrics::Metrics;
@@ -539,16 +539,14 @@ pub fn spawn_requeuer(
     });
 }
 
-/// Updates the ledger gauges every `every`.
-pub fn spawn_gauges(
+/// Runs the caches' pending maintenance (expiries) every `every`.
+pub fn spawn_maintenance(
     ext: Arc<ExtenderState>,
-    metrics: Arc<Metrics>,
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     tokio::spawn(async move {
         loop {
-            update_gauges(&ext, &metrics);
             tokio::select! {
                 _ = stopped(&mut shutdown) => return,
                 _ = tokio::time::sleep(every) => {}
@@ -558,9 +556,10 @@ pub fn spawn_gauges(
     });
 }
 
-/// Computes the gauges once.
-pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
-    let nodes = ext.ledgers.snapshot();
+/// Computes the extender's gauges from the live state (at scrape time): fragmentation, held
+/// pods, GPU nodes, each node's GPUs by class, and the pending pods by class. Each node is read
+/// under its own lock, one at a time; nothing is copied.
+pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics, mig: &crate::mig::MigTable) {
     let common = ext
         .online
         .lock()
@@ -568,9 +567,36 @@ pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics) {
         .recent
         .most_common()
         .cloned();
-    let frag = common.map_or(0.0, |d| fragmented_gpus(nodes.values(), &d));
-    let pods: usize = nodes.values().map(|n| n.holdings.len()).sum();
-    metrics.ledger(frag, pods, nodes.len());
+    let mut frag = 0.0;
+    let mut pods = 0;
+    let mut rows: Vec<(String, crate::extender::state::ClassGpus)> = Vec::new();
+    let nodes = ext.ledgers.for_each_node(|nl| {
+        if let Some(d) = &common {
+            frag += crate::extender::state::fragmented_on(nl, d);
+        }
+        pods += nl.holdings.len();
+        for c in crate::extender::state::gpus_by_class(nl, mig) {
+            rows.push((nl.node.name.clone(), c));
+        }
+    });
+    metrics.ledger(frag, pods, nodes);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let rows: Vec<crate::metrics::NodeGpus<'_>> = rows
+        .iter()
+        .map(|(node, c)| crate::metrics::NodeGpus {
+            node,
+            class: c.class,
+            allocated: round(c.used),
+            free: round((c.total - c.used).max(0.0)),
+        })
+        .collect();
+    metrics.node_gpus(&rows);
+    let pending: Vec<_> = ext
+        .pending_by_class(std::time::SystemTime::now())
+        .into_iter()
+        .map(|p| (p.class, p.pods, p.oldest_seconds.round()))
+        .collect();
+    metrics.pending(&pending);
 }
 
 #[cfg(test)]

@@ -220,6 +220,16 @@ pub fn filter(
         }
     }
     let fit = names.len() - failed_count - unresolvable_count;
+    // Without a pod watch (`--dev`), a pod this filter found no node for counts as pending.
+    if ext.mode == super::state::Mode::Dev
+        && let (Some(uid), Ok(Some(demand))) = (&pod.metadata.uid, &seen.demand)
+    {
+        if fit == 0 && !names.is_empty() {
+            ext.note_unscheduled(uid, demand.gpu.class(), std::time::SystemTime::now());
+        } else {
+            ext.clear_unscheduled(uid);
+        }
+    }
     tracing::info!(pod = %key, nodes = names.len(), fit, failed = failed_count, unresolvable = unresolvable_count, "filter");
     // The names move into the answer (thousands of them: not copied), each with its reason.
     let mut failed = wire::NodeReasons::with_capacity(failed_count);
@@ -660,6 +670,7 @@ async fn bind(
     }
     ext.waiting.invalidate(&args.pod_uid);
     ext.pods.invalidate(&args.pod_uid);
+    ext.clear_unscheduled(&args.pod_uid);
     tracing::info!(pod = %key, node = %args.node, "bound");
     Ok(())
 }

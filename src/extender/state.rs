@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use moka::notification::RemovalCause;
@@ -45,6 +45,26 @@ pub struct Waiting {
     pub namespace: String,
     pub name: String,
     pub class: &'static str,
+}
+
+/// A gpu-share pod without a node yet: what the pending-pod gauges count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unscheduled {
+    pub class: &'static str,
+    /// Since when it waits: the pod's creation (from the API), or the first filter that found
+    /// it no node (`--dev`).
+    pub since: SystemTime,
+}
+
+/// The most pods without a node the pending gauges track (beyond it new ones are not counted).
+pub const UNSCHEDULED_CAP: usize = 100_000;
+
+/// Pending gpu-share pods of one class: how many, and how long the oldest has waited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PendingClass {
+    pub class: &'static str,
+    pub pods: usize,
+    pub oldest_seconds: f64,
 }
 
 /// A released allocation (sent to the requeuer).
@@ -144,6 +164,9 @@ pub struct ExtenderState {
     touched: Mutex<std::collections::HashMap<String, Instant>>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
     pub non_gpu: Mutex<std::collections::HashSet<String>>,
+    /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
+    /// filter turned it away), or in `--dev` from filter.
+    unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
 }
 
 impl ExtenderState {
@@ -181,7 +204,45 @@ impl ExtenderState {
             synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
             touched: Mutex::new(std::collections::HashMap::new()),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
+            unscheduled: Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Counts a gpu-share pod as waiting for a node (keeps the earlier `since` of a pod already
+    /// counted).
+    pub fn note_unscheduled(&self, uid: &str, class: &'static str, since: SystemTime) {
+        let mut u = lock(&self.unscheduled);
+        if let Some(e) = u.get_mut(uid) {
+            e.class = class;
+            return;
+        }
+        if u.len() < UNSCHEDULED_CAP {
+            u.insert(uid.to_string(), Unscheduled { class, since });
+        }
+    }
+
+    /// The pod has a node, is gone, or no longer waits.
+    pub fn clear_unscheduled(&self, uid: &str) {
+        lock(&self.unscheduled).remove(uid);
+    }
+
+    /// Pending gpu-share pods by class, with the oldest's wait at `now`; sorted by class.
+    pub fn pending_by_class(&self, now: SystemTime) -> Vec<PendingClass> {
+        let mut by: BTreeMap<&'static str, PendingClass> = BTreeMap::new();
+        for u in lock(&self.unscheduled).values() {
+            let waited = now
+                .duration_since(u.since)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let e = by.entry(u.class).or_insert(PendingClass {
+                class: u.class,
+                pods: 0,
+                oldest_seconds: 0.0,
+            });
+            e.pods += 1;
+            e.oldest_seconds = e.oldest_seconds.max(waited);
+        }
+        by.into_values().collect()
     }
 
     /// Counts a pod's demand in the online workload (call once per pod).
@@ -336,6 +397,10 @@ impl ExtenderState {
             return;
         };
         self.touch(uid.clone());
+        match unscheduled_of(pod) {
+            Some(u) => self.note_unscheduled(&uid, u.class, u.since),
+            None => self.clear_unscheduled(&uid),
+        }
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
                 self.ledgers.record(&o);
@@ -378,6 +443,7 @@ impl ExtenderState {
         self.assumed.invalidate(uid);
         self.waiting.invalidate(uid);
         self.pods.invalidate(uid);
+        self.clear_unscheduled(uid);
         self.ledgers.release(uid);
     }
 
@@ -389,6 +455,8 @@ impl ExtenderState {
         seen: &std::collections::HashSet<String>,
         listed_from: Instant,
     ) -> usize {
+        lock(&self.unscheduled)
+            .retain(|uid, _| seen.contains(uid) || self.touched_after(uid, listed_from));
         let mut dropped = 0;
         for uid in self.ledgers.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
@@ -399,6 +467,34 @@ impl ExtenderState {
         }
         dropped
     }
+}
+
+/// PURE: a pod gpu-share admitted (it carries `gpu-share.io/request`) that has no node yet and
+/// is neither finished nor being deleted, with its class and creation time.
+pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
+    let has_request = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::request::ANNOTATION_REQUEST));
+    let unbound = pod.spec.as_ref().is_none_or(|s| s.node_name.is_none());
+    if !has_request
+        || !unbound
+        || pod.metadata.deletion_timestamp.is_some()
+        || crate::ledger::is_terminal(pod)
+    {
+        return None;
+    }
+    let class = match crate::ledger::gpu_demand_of_pod(pod) {
+        Ok(Some(g)) if g.class() != "none" => g.class(),
+        _ => return None,
+    };
+    let since = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
+    Some(Unscheduled { class, since })
 }
 
 /// `/v1/nodes`: every GPU node with its capacity, use and holders.
@@ -440,8 +536,8 @@ pub struct PodReport {
     pub model: String,
 }
 
-/// Builds the `/v1/nodes` report for one node ledger.
-pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
+/// One node's MIG devices in GPUs by compute share: capacity, use, and `used/total` per profile.
+fn mig_use(nl: &NodeLedger, mig: &crate::mig::MigTable) -> (f64, f64, BTreeMap<String, String>) {
     let n = &nl.node;
     let u = &nl.usage;
     let mig_share = |profile: &str| -> f64 {
@@ -451,7 +547,7 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
         };
         f64::from(milli) / 1000.0
     };
-    let (mig_cap, mig_used, mig_counts) = match &n.mig {
+    match &n.mig {
         crate::inventory::MigLayout::None => (0.0, 0.0, BTreeMap::new()),
         crate::inventory::MigLayout::Single { profile } => (
             f64::from(n.slots) * mig_share(profile),
@@ -479,7 +575,50 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
                 .collect();
             (cap, used, counts)
         }
-    };
+    }
+}
+
+/// One node's GPUs by the class of pod they take, in GPUs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassGpus {
+    /// `exclusive`, `timeslice`, `mps` or `mig` (`shared` for the simulator's per-GPU model).
+    pub class: &'static str,
+    pub total: f64,
+    pub used: f64,
+}
+
+/// A node's GPUs by class: its full GPUs under its sharing mode, and its MIG devices as `mig`.
+pub fn gpus_by_class(nl: &NodeLedger, mig: &crate::mig::MigTable) -> Vec<ClassGpus> {
+    let n = &nl.node;
+    let mut out = Vec::with_capacity(2);
+    if n.gpus > 0 {
+        out.push(ClassGpus {
+            class: match n.sharing {
+                crate::inventory::Sharing::None => "exclusive",
+                crate::inventory::Sharing::TimeSlicing { .. } => "timeslice",
+                crate::inventory::Sharing::Mps { .. } => "mps",
+                crate::inventory::Sharing::PerGpu => "shared",
+            },
+            total: f64::from(n.gpus),
+            used: nl.usage.allocated_milli() as f64 / 1000.0,
+        });
+    }
+    let (total, used, _) = mig_use(nl, mig);
+    if total > 0.0 {
+        out.push(ClassGpus {
+            class: "mig",
+            total,
+            used,
+        });
+    }
+    out
+}
+
+/// Builds the `/v1/nodes` report for one node ledger.
+pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
+    let n = &nl.node;
+    let u = &nl.usage;
+    let (mig_cap, mig_used, mig_counts) = mig_use(nl, mig);
     let gpu_cap = f64::from(n.gpus);
     let gpu_used = u.allocated_milli() as f64 / 1000.0;
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
@@ -518,13 +657,13 @@ pub fn fragmented_gpus<'a>(
     nodes: impl IntoIterator<Item = &'a NodeLedger>,
     demand: &Demand,
 ) -> f64 {
-    nodes
-        .into_iter()
-        .filter(|nl| match packing::fit(&nl.node, &nl.usage, demand) {
-            Err(r) => r.resolvable(),
-            Ok(()) => false,
-        })
-        .map(|nl| {
+    nodes.into_iter().map(|nl| fragmented_on(nl, demand)).sum()
+}
+
+/// One node's share of [`fragmented_gpus`].
+pub fn fragmented_on(nl: &NodeLedger, demand: &Demand) -> f64 {
+    match packing::fit(&nl.node, &nl.usage, demand) {
+        Err(r) if r.resolvable() => {
             let free: u64 = nl
                 .usage
                 .gpu_milli
@@ -532,8 +671,9 @@ pub fn fragmented_gpus<'a>(
                 .map(|m| u64::from(1000u32.saturating_sub(*m)))
                 .sum();
             free as f64 / 1000.0
-        })
-        .sum()
+        }
+        _ => 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -678,5 +818,106 @@ mod tests {
         let nodes = vec![a, b, plain];
         assert!((fragmented_gpus(&nodes, &d(50)) - 0.3).abs() < 1e-9);
         assert_eq!(fragmented_gpus(&nodes, &d(20)), 0.0);
+    }
+
+    fn pod_json(uid: &str, request: Option<&str>, node: Option<&str>, phase: &str) -> Pod {
+        let mut annotations = serde_json::Map::new();
+        if let Some(r) = request {
+            annotations.insert("gpu-share.io/request".into(), r.into());
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("p-{uid}"), "namespace": "ml", "uid": uid,
+                         "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                     "nodeName": node},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn unscheduled_pods_are_gpu_share_pods_without_a_node() {
+        let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let u = unscheduled_of(&pod_json("a", Some("timeslice-50"), None, "Pending")).unwrap();
+        assert_eq!(u.class, "timeslice");
+        assert_eq!(u.since, created);
+        assert_eq!(
+            unscheduled_of(&pod_json("b", Some("exclusive"), None, "Pending")).map(|u| u.class),
+            Some("exclusive")
+        );
+        // Bound, finished, or not admitted by gpu-share: not pending for it.
+        assert!(unscheduled_of(&pod_json("c", Some("exclusive"), Some("n1"), "Pending")).is_none());
+        assert!(unscheduled_of(&pod_json("d", Some("exclusive"), None, "Failed")).is_none());
+        assert!(unscheduled_of(&pod_json("e", None, None, "Pending")).is_none());
+    }
+
+    #[test]
+    fn pending_pods_are_counted_by_class_with_the_oldest_wait() {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        e.note_unscheduled("a", "mps", t0);
+        e.note_unscheduled("b", "mps", t0 + Duration::from_secs(50));
+        e.note_unscheduled("c", "mig", t0 + Duration::from_secs(90));
+        // Seen again later: the first time stays.
+        e.note_unscheduled("a", "mps", t0 + Duration::from_secs(95));
+        let now = t0 + Duration::from_secs(100);
+        assert_eq!(
+            e.pending_by_class(now),
+            [
+                PendingClass {
+                    class: "mig",
+                    pods: 1,
+                    oldest_seconds: 10.0
+                },
+                PendingClass {
+                    class: "mps",
+                    pods: 2,
+                    oldest_seconds: 100.0
+                },
+            ]
+        );
+        // Watched: bound (a), deleted (c).
+        e.observe_pod(&pod_json("a", Some("mps-25"), Some("n1"), "Pending"));
+        e.forget_pod("c");
+        assert_eq!(
+            e.pending_by_class(now),
+            [PendingClass {
+                class: "mps",
+                pods: 1,
+                oldest_seconds: 50.0
+            }]
+        );
+        // A relist that no longer has b drops it.
+        e.retain_pods(&Default::default(), Instant::now());
+        assert!(e.pending_by_class(now).is_empty());
+    }
+
+    #[test]
+    fn a_nodes_gpus_are_split_by_class() {
+        let mut mixed = GpuNode::whole("m", "A100", 2, 40960);
+        mixed.mig = crate::inventory::MigLayout::Mixed {
+            instances: [("3g.20gb".to_string(), 2)].into(),
+        };
+        let nl = NodeLedger::new(mixed);
+        let by = gpus_by_class(&nl, &crate::mig::MigTable::default());
+        assert_eq!(by.len(), 2);
+        assert_eq!(
+            (by[0].class, by[0].total, by[0].used),
+            ("exclusive", 2.0, 0.0)
+        );
+        assert_eq!(by[1].class, "mig");
+        assert!((by[1].total - 6.0 / 7.0).abs() < 0.01, "{by:?}");
+        let ts = NodeLedger::new(GpuNode::shared(
+            "t",
+            "L4",
+            1,
+            23034,
+            Sharing::Mps { replicas: 4 },
+        ));
+        assert_eq!(
+            gpus_by_class(&ts, &crate::mig::MigTable::default())[0].class,
+            "mps"
+        );
     }
 }

@@ -313,12 +313,20 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = {
+        let _scrape = state.metrics.scrape_lock();
+        state.metrics.ready(state.ready.missing().is_empty());
+        if let Some(ext) = &state.extender {
+            crate::cluster::watch::update_gauges(ext, &state.metrics, &state.policy.current().mig);
+        }
+        state.metrics.encode()
+    };
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.encode(),
+        text,
     )
         .into_response()
 }
@@ -668,9 +676,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
 
     if let Some(ext) = &extender {
-        crate::cluster::watch::spawn_gauges(
+        crate::cluster::watch::spawn_maintenance(
             ext.clone(),
-            metrics.clone(),
             Duration::from_secs(10),
             shutdown_rx.clone(),
         );

@@ -40,7 +40,6 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CERT_MANAGER = "github.com/cert-manager/cert-manager@v1.16.2"
 MUTATING = {"apply", "create", "run", "patch", "delete", "taint", "label", "annotate"}
 CA_PLACEHOLDER = "<caBundle printed by gpu-share certs>"
 
@@ -159,18 +158,12 @@ class Cluster:
 
 
 def cert_manager_crds():
-    r = subprocess.run(["go", "mod", "download", "-json", CERT_MANAGER], text=True, capture_output=True,
-                       cwd=tempfile.gettempdir(), env=dict(os.environ, GOFLAGS="-mod=mod", GO111MODULE="on"))
-    if r.returncode != 0:
-        raise Failed(f"go mod download {CERT_MANAGER}: {r.stderr}")
-    d = re.search(r'"Dir": "([^"]+)"', r.stdout).group(1)
-    docs = []
-    crds = os.path.join(d, "deploy/crds")
-    for f in sorted(os.listdir(crds)):
-        if f.endswith(".yaml"):
-            # The Helm chart's templates are in comments and quoted label values.
-            docs.append(re.sub(r"'\{\{[^']*\}\}'", "cert-manager", open(os.path.join(crds, f)).read()))
-    return "\n---\n".join(docs)
+    sys.path.insert(0, os.path.join(REPO, "tests/cluster"))
+    import crds
+    try:
+        return crds.crds("cert-manager")
+    except RuntimeError as e:
+        raise Failed(str(e))
 
 
 def wait_ready(url, proc, seconds=120):
