@@ -205,9 +205,11 @@ impl Metrics {
         // Series that exist from the start at 0, so `increase()` and `rate()` see the first
         // event and dashboards show a flat line rather than no data.
         for kind in ["phantom", "missing", "node"] {
-            drift.get_or_create(&ResultLabels {
-                result: kind.into(),
-            });
+            drift
+                .get_or_create(&ResultLabels {
+                    result: kind.into(),
+                })
+                .inc_by(0);
         }
         for listener in ["https", "admin"] {
             for reason in [
@@ -217,10 +219,12 @@ impl Metrics {
                 "evicted",
                 "refused",
             ] {
-                closed.get_or_create(&ClosedLabels {
-                    listener: listener.into(),
-                    reason: reason.into(),
-                });
+                closed
+                    .get_or_create(&ClosedLabels {
+                        listener: listener.into(),
+                        reason: reason.into(),
+                    })
+                    .inc_by(0);
             }
         }
         Metrics {

@@ -920,4 +920,35 @@ mod tests {
             "mps"
         );
     }
+
+    /// The pods kept for bind are bounded by bytes, not by count: 128 MiB of pods (each with a
+    /// 64 KiB reason) leave at most POD_CACHE_BYTES held.
+    #[test]
+    fn the_bind_cache_is_bounded_by_bytes() {
+        let e = ExtenderState::new(Mode::Dev, Duration::from_secs(60));
+        let reason = "x".repeat(64 << 10);
+        for i in 0..2048 {
+            let uid = format!("u{i}");
+            let pod = crate::ledger::BindPod {
+                pod: PodRef {
+                    uid: uid.clone(),
+                    namespace: "ml".into(),
+                    name: format!("p{i}"),
+                    priority: 0,
+                },
+                key: format!("ml/p{i}"),
+                demand: Err(reason.clone()),
+            };
+            assert!(pod.size() as usize > reason.len(), "size counts the reason");
+            e.pods.insert(uid, Arc::new(pod));
+        }
+        e.pods.run_pending_tasks();
+        let held = e.pods.weighted_size();
+        assert!(held <= POD_CACHE_BYTES, "{held} bytes held");
+        assert!(
+            held > POD_CACHE_BYTES / 2,
+            "filled to its budget, not emptied: {held}"
+        );
+        assert!(e.pods.entry_count() < 2048);
+    }
 }

@@ -289,7 +289,8 @@ async fn local_nodes(
     peer: Option<axum::Extension<conn::Peer>>,
 ) -> Response {
     match peer {
-        Some(axum::Extension(conn::Peer(addr))) if addr.ip().is_loopback() => {
+        // An IPv4 client on a dual-stack socket reads ::ffff:127.0.0.1: canonical first.
+        Some(axum::Extension(conn::Peer(addr))) if addr.ip().to_canonical().is_loopback() => {
             ext::nodes_handler(state).await
         }
         _ => json_error(
@@ -747,6 +748,46 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/v1/nodes` on the admin port: to loopback clients only, IPv4 seen through a dual-stack
+    /// socket included.
+    #[tokio::test]
+    async fn v1_nodes_on_the_admin_port_is_for_loopback_clients_only() {
+        use tower::ServiceExt;
+        let mut state = AppState::dev(Role::All, Policy::default_policy());
+        state.extender = Some(Arc::new(crate::extender::state::ExtenderState::new(
+            crate::extender::state::Mode::Dev,
+            Duration::from_secs(60),
+        )));
+        let state = Arc::new(state);
+        let ask = |peer: Option<&str>| {
+            let router = admin_router(state.clone());
+            let mut req = axum::http::Request::get("/v1/nodes")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            if let Some(p) = peer {
+                req.extensions_mut().insert(conn::Peer(p.parse().unwrap()));
+            }
+            async move { router.oneshot(req).await.unwrap() }
+        };
+        for ok in ["127.0.0.1:5000", "[::1]:5000", "[::ffff:127.0.0.1]:5000"] {
+            assert_eq!(ask(Some(ok)).await.status(), StatusCode::OK, "{ok}");
+        }
+        for refused in ["10.0.0.7:5000", "[::ffff:10.0.0.7]:5000", "[fd00::7]:5000"] {
+            let r = ask(Some(refused)).await;
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{refused}");
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            assert!(
+                String::from_utf8_lossy(&body).contains("loopback clients only"),
+                "{refused}: refused in words"
+            );
+        }
+        assert_eq!(
+            ask(None).await.status(),
+            StatusCode::FORBIDDEN,
+            "no peer known"
+        );
+    }
 
     #[test]
     fn draining_is_not_ready() {

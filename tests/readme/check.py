@@ -12,7 +12,8 @@ commands run; a block without one fails the check, so no command goes unchecked:
                                  GPU_SHARE_CLUSTER_INSTALL=none): the install and uninstall steps
   <!-- check: helm -->           on another bare control plane: the Helm install, upgrade and
                                  uninstall (helm from tools/build.sh; no --wait: without a kubelet
-                                 nothing becomes ready)
+                                 nothing becomes ready), and the monitoring values (that cluster
+                                 has prometheus-operator's CRDs and a monitoring namespace)
   <!-- check: skip: REASON -->   not run here, and the reason says where it is checked instead
 
 Within a block, a command whose comment says `needs a kubelet` or `needs cert-manager` (there is
@@ -239,6 +240,18 @@ def main():
                 if bare_helm is None:
                     bare_helm = Cluster(work, "helm", install=False)
                     bare_helm.finalize_namespaces()
+                    # What the monitoring block needs first: prometheus-operator's CRDs, and
+                    # Prometheus's namespace.
+                    sys.path.insert(0, os.path.join(REPO, "tests/cluster"))
+                    import crds
+                    applied = bare_helm.kubectl("apply", "--server-side", "-f", "-",
+                                                stdin=crds.crds("prometheus-operator"))
+                    if applied.returncode != 0:
+                        raise Failed(f"prometheus-operator CRDs: {applied.stderr}")
+                    bare_helm.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+                                      "crd/servicemonitors.monitoring.coreos.com",
+                                      "crd/prometheusrules.monitoring.coreos.com")
+                    bare_helm.kubectl("create", "namespace", "monitoring")
                 env["KUBECONFIG"] = bare_helm.kubeconfig
             if mode == "dev":
                 args = ["gpu-share", "serve", "--dev", *shlex.split(arg)]
