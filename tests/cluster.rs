@@ -772,6 +772,30 @@ async fn platform_nodes(c: &Cluster, ns: &str) -> Check {
             format!("{class} pinned to {node}: {message}"),
         )?;
     }
+    // kube-scheduler's own NodeAffinity turned these away (the extender never saw them); the
+    // extender counts them as pending all the same, from the pod watch.
+    let metrics = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    ensure(
+        sample(r#"gpu_share_pending_pods{class="exclusive"}"#) >= 2.0
+            && sample(r#"gpu_share_pending_pods{class="timeslice"}"#) >= 1.0
+            && sample(r#"gpu_share_pending_oldest_seconds{class="exclusive"}"#) >= 0.0
+            && metrics.contains(r#"gpu_share_pending_oldest_seconds{class="exclusive"}"#),
+        format!(
+            "the misfits are pending by class in /metrics: {}",
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("gpu_share_pending"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    )?;
     let nodes = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
     let source = |name: &str| {
         nodes
