@@ -200,6 +200,12 @@ pub struct ServeArgs {
     /// Run with no cluster and no files: a self-signed certificate, loopback listeners, the embedded policy.
     #[arg(long, env = "GPU_SHARE_DEV")]
     pub dev: bool,
+    /// Who may write gpu-share's later annotations (gpu-share.io/gpus, gpu-share.io/requeued-at)
+    /// on an admitted pod: the extender's ServiceAccount as the API server names it. Repeat the
+    /// flag, or separate with commas.
+    #[arg(long = "annotation-writer", env = "GPU_SHARE_ANNOTATION_WRITERS", value_delimiter = ',',
+          default_value = crate::admission::guard::DEFAULT_WRITER)]
+    pub annotation_writers: Vec<String>,
     /// How often the extender lists nodes and pods to repair drift in its ledger, in seconds.
     #[arg(long, env = "GPU_SHARE_RECONCILE_SECONDS", default_value_t = 60)]
     pub reconcile_seconds: u64,

@@ -122,9 +122,12 @@ pub fn pod_request_milli(spec: &k8s_openapi::api::core::v1::PodSpec, resource: &
 }
 
 /// The GPU demand of a pod: its `gpu-share.io/request` annotation, or else its `nvidia.com/*`
-/// limits (summed over containers; an init container's, if larger). `Ok(None)`: no GPU.
+/// limits (summed over containers; an init container's, if larger). `Ok(None)`: no GPU. An
+/// annotation the limits contradict ([`contradiction`]) is not believed: the pod is accounted
+/// by its limits, which are what the device plugin hands it.
 pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
     let id = pod_key(pod);
+    let totals = pod.spec.as_ref().map(limit_totals).unwrap_or_default();
     if let Some(value) = pod
         .metadata
         .annotations
@@ -133,11 +136,75 @@ pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
     {
         let request = GpuRequest::parse_normalized(value)
             .map_err(|e| DemandError::BadRequestAnnotation(id.clone(), e.to_string()))?;
-        return Ok(Some(demand_of_request(&request)));
+        let claimed = demand_of_request(&request);
+        if contradiction(&claimed, &totals).is_none() {
+            return Ok(Some(claimed));
+        }
     }
-    let Some(spec) = &pod.spec else {
-        return Ok(None);
+    demand_of_limits(id, totals)
+}
+
+/// Why a pod's `gpu-share.io/request` is not believed, in words: its `nvidia.com/*` limits say
+/// otherwise. `None` when they agree, or when the pod has no such limits to check against.
+pub fn request_contradiction(pod: &Pod) -> Option<String> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_REQUEST))?;
+    let request = GpuRequest::parse_normalized(value).ok()?;
+    let totals = pod.spec.as_ref().map(limit_totals).unwrap_or_default();
+    contradiction(&demand_of_request(&request), &totals).map(|why| {
+        format!("its {ANNOTATION_REQUEST} {value:?} is not believed, {why}; gpu-share accounts it by its limits")
+    })
+}
+
+/// PURE: whether `nvidia.com/*` limit totals contradict a request's demand: a MIG profile and
+/// count must match the limit's resource (`nvidia.com/mig-<profile>`, or `nvidia.com/gpu` under
+/// the single strategy) and quantity; an exclusive count must equal the `nvidia.com/gpu` limit;
+/// a shared class (mps, timeslice) holds exactly one replica of one non-MIG resource. No
+/// `nvidia.com/*` limit at all is nothing to check against (such a pod gets no device).
+pub fn contradiction(claimed: &GpuDemand, totals: &BTreeMap<String, u64>) -> Option<String> {
+    if totals.is_empty() {
+        return None;
+    }
+    let limits = || {
+        totals
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
+    let single = |resource: &str, n: u64| totals.len() == 1 && totals.get(resource) == Some(&n);
+    let agrees = match claimed {
+        GpuDemand::Mig { profile, count } => {
+            single(&crate::mig::resource_name(profile), u64::from(*count))
+                || single(inventory::RESOURCE_GPU, u64::from(*count))
+        }
+        GpuDemand::Whole { count } => single(inventory::RESOURCE_GPU, u64::from(*count)),
+        GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => {
+            totals.len() == 1
+                && totals
+                    .iter()
+                    .all(|(k, v)| *v == 1 && !k.starts_with(MIG_RESOURCE_PREFIX))
+        }
+        GpuDemand::None | GpuDemand::Units { .. } => true,
+    };
+    let want = match claimed {
+        GpuDemand::Mig { profile, count } => format!(
+            "{}: {count} (or {}: {count} under the single strategy)",
+            crate::mig::resource_name(profile),
+            inventory::RESOURCE_GPU
+        ),
+        GpuDemand::Whole { count } => format!("{}: {count}", inventory::RESOURCE_GPU),
+        _ => "one replica of the shared resource".to_string(),
+    };
+    (!agrees).then(|| format!("as its limits ask for {} where it needs {want}", limits()))
+}
+
+/// The `nvidia.com/*` requests or limits of a pod spec, per resource: summed over containers,
+/// an init container's if larger.
+fn limit_totals(spec: &k8s_openapi::api::core::v1::PodSpec) -> BTreeMap<String, u64> {
     let limits_of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u64> {
         let r = c.resources.as_ref();
         let l = r.and_then(|r| r.limits.as_ref());
@@ -169,6 +236,14 @@ pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
             *e = (*e).max(n);
         }
     }
+    total
+}
+
+/// The demand `nvidia.com/*` limit totals express on their own.
+fn demand_of_limits(
+    id: String,
+    total: BTreeMap<String, u64>,
+) -> Result<Option<GpuDemand>, DemandError> {
     let mut iter = total.into_iter();
     let Some((resource, count)) = iter.next() else {
         return Ok(None);
@@ -1013,6 +1088,142 @@ mod tests {
             }
         }));
         assert_eq!(demand_of_pod(&p).unwrap().unwrap().cpu_milli, 4000);
+    }
+
+    fn requested(request: &str, limits: serde_json::Value) -> Pod {
+        pod(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u1",
+                         "annotations": {"gpu-share.io/request": request}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+        }))
+    }
+
+    #[test]
+    fn a_request_its_limits_agree_with_is_believed() {
+        for (request, limits, want) in [
+            (
+                "timeslice-50",
+                serde_json::json!({"nvidia.com/gpu": "1"}),
+                GpuDemand::Timeslice {
+                    milli: 500,
+                    memory_mib: None,
+                },
+            ),
+            (
+                "mps-25",
+                serde_json::json!({"nvidia.com/gpu.shared": "1"}),
+                GpuDemand::Mps {
+                    milli: 250,
+                    memory_mib: None,
+                },
+            ),
+            (
+                "exclusive-2",
+                serde_json::json!({"nvidia.com/gpu": "2"}),
+                GpuDemand::Whole { count: 2 },
+            ),
+            (
+                "mig-1g.10gb,count=2",
+                serde_json::json!({"nvidia.com/mig-1g.10gb": "2"}),
+                GpuDemand::Mig {
+                    profile: "1g.10gb".into(),
+                    count: 2,
+                },
+            ),
+            // The single strategy: a MIG device is a unit of nvidia.com/gpu.
+            (
+                "mig-3g.40gb",
+                serde_json::json!({"nvidia.com/gpu": "1"}),
+                GpuDemand::Mig {
+                    profile: "3g.40gb".into(),
+                    count: 1,
+                },
+            ),
+            // No nvidia.com limit: nothing to check against (no device either).
+            (
+                "timeslice-90",
+                serde_json::json!({"cpu": "1"}),
+                GpuDemand::Timeslice {
+                    milli: 900,
+                    memory_mib: None,
+                },
+            ),
+        ] {
+            let p = requested(request, limits);
+            assert_eq!(request_contradiction(&p), None, "{request}");
+            assert_eq!(gpu_demand_of_pod(&p).unwrap(), Some(want), "{request}");
+        }
+    }
+
+    #[test]
+    fn a_request_its_limits_contradict_is_accounted_by_the_limits() {
+        for (request, limits, want) in [
+            // Rewritten down from timeslice-90 on a pod holding two replicas.
+            (
+                "timeslice-1",
+                serde_json::json!({"nvidia.com/gpu": "2"}),
+                GpuDemand::Units {
+                    resource: "nvidia.com/gpu".into(),
+                    count: 2,
+                },
+            ),
+            (
+                "exclusive",
+                serde_json::json!({"nvidia.com/gpu": "4"}),
+                GpuDemand::Units {
+                    resource: "nvidia.com/gpu".into(),
+                    count: 4,
+                },
+            ),
+            (
+                "mig-1g.10gb",
+                serde_json::json!({"nvidia.com/mig-3g.40gb": "1"}),
+                GpuDemand::Mig {
+                    profile: "3g.40gb".into(),
+                    count: 1,
+                },
+            ),
+            (
+                "mig-1g.10gb",
+                serde_json::json!({"nvidia.com/mig-1g.10gb": "3"}),
+                GpuDemand::Mig {
+                    profile: "1g.10gb".into(),
+                    count: 3,
+                },
+            ),
+            (
+                "mps-25",
+                serde_json::json!({"nvidia.com/mig-1g.10gb": "1"}),
+                GpuDemand::Mig {
+                    profile: "1g.10gb".into(),
+                    count: 1,
+                },
+            ),
+        ] {
+            let p = requested(request, limits.clone());
+            let why = request_contradiction(&p).unwrap_or_else(|| panic!("{request} {limits}"));
+            assert!(
+                why.contains("is not believed") && why.contains("accounts it by its limits"),
+                "{why}"
+            );
+            assert_eq!(
+                gpu_demand_of_pod(&p).unwrap(),
+                Some(want),
+                "{request} {limits}"
+            );
+            // The rebuild reads the same.
+            let mut bound = p.clone();
+            bound.spec.as_mut().unwrap().node_name = Some("n1".into());
+            let o = observed_holding(&bound).unwrap().unwrap();
+            assert_eq!(Some(o.demand.gpu), gpu_demand_of_pod(&p).unwrap());
+        }
+        // Two kinds of GPU resource: contradicted, and the limits alone are refused in words.
+        let p = requested(
+            "timeslice-50",
+            serde_json::json!({"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}),
+        );
+        assert!(request_contradiction(&p).is_some());
+        assert!(matches!(gpu_demand_of_pod(&p), Err(DemandError::Mixed(..))));
     }
 
     #[test]

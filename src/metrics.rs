@@ -83,6 +83,7 @@ pub struct Metrics {
     pending_pods: Family<ClassLabels, Gauge>,
     pending_oldest: Family<ClassLabels, FloatGauge>,
     ready: Gauge,
+    contradicted: Gauge,
     /// Held while the scrape-time gauges are replaced and encoded, so two scrapes at once never
     /// see a half-replaced family.
     scrape: Mutex<()>,
@@ -182,6 +183,12 @@ impl Metrics {
         let pending_pods = Family::<ClassLabels, Gauge>::default();
         let pending_oldest = Family::<ClassLabels, FloatGauge>::default();
         let ready = Gauge::default();
+        let contradicted = Gauge::default();
+        registry.register(
+            "contradicted_requests",
+            "Pods whose gpu-share.io/request their nvidia.com limits contradict: accounted by their limits instead",
+            contradicted.clone(),
+        );
         registry.register(
             "node_gpus",
             "GPUs on each GPU node by the class of pod they take (exclusive, timeslice, mps, mig), allocated and free; MIG devices count by compute share",
@@ -233,6 +240,7 @@ impl Metrics {
             pending_pods,
             pending_oldest,
             ready,
+            contradicted,
             scrape: Mutex::new(()),
             connections,
             closed,
@@ -357,6 +365,11 @@ impl Metrics {
             self.pending_pods.get_or_create(&labels).set(*pods as i64);
             self.pending_oldest.get_or_create(&labels).set(*oldest);
         }
+    }
+
+    /// Sets how many pods have a request annotation their limits contradict.
+    pub fn contradicted(&self, pods: usize) {
+        self.contradicted.set(pods as i64);
     }
 
     pub fn ready(&self, ready: bool) {

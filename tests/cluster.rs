@@ -772,6 +772,82 @@ async fn platform_nodes(c: &Cluster, ns: &str) -> Check {
             format!("{class} pinned to {node}: {message}"),
         )?;
     }
+    // A pending pod's request is fixed at admission: the API server refuses to rewrite it (the
+    // webhook's UPDATE rule), from anyone; gpu-share's later annotations come only from the
+    // extender's ServiceAccount; other annotations change freely.
+    let scheduler_kubeconfig = std::path::Path::new(c.var("KUBECONFIG"))
+        .parent()
+        .map(|d| d.join("kubeconfigs/scheduler"))
+        .ok_or("no cluster directory")?;
+    let scheduler_kubeconfig = scheduler_kubeconfig.to_str().ok_or("path")?.to_string();
+    let annotate = |as_scheduler: bool, kv: &str| {
+        let mut args = vec!["annotate", "--overwrite", "-n", ns, "pod", "m-gke-ts", kv];
+        if as_scheduler {
+            args.extend(["--kubeconfig", scheduler_kubeconfig.as_str()]);
+        }
+        let out = c.kubectl(&args, None);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (as_scheduler, kv, want) in [
+        (
+            false,
+            "gpu-share.io/request=timeslice-1",
+            "fixed once a pod is admitted",
+        ),
+        (
+            false,
+            "gpu-share=timeslice-1",
+            "fixed once a pod is admitted",
+        ),
+        (
+            false,
+            "gpu-share.io/request-",
+            "fixed once a pod is admitted",
+        ),
+        (
+            true,
+            "gpu-share.io/request=timeslice-1",
+            "fixed once a pod is admitted",
+        ),
+        (false, "gpu-share.io/gpus=0:1", "only gpu-share itself"),
+        (false, "gpu-share.io/requeued-at=1", "only gpu-share itself"),
+    ] {
+        let (ok, err) = annotate(as_scheduler, kv);
+        ensure(
+            !ok && err.contains("denied the request") && err.contains(want),
+            format!(
+                "kubectl annotate --overwrite {kv}{}: refused with {want:?}, got ok={ok}: {err}",
+                if as_scheduler {
+                    " as gpu-share-scheduler"
+                } else {
+                    ""
+                }
+            ),
+        )?;
+    }
+    for (as_scheduler, kv) in [(true, "gpu-share.io/requeued-at=1"), (false, "team=ml")] {
+        let (ok, err) = annotate(as_scheduler, kv);
+        ensure(
+            ok,
+            format!("kubectl annotate {kv} (as_scheduler={as_scheduler}) refused: {err}"),
+        )?;
+    }
+    let still: Value = serde_json::from_slice(
+        &c.kubectl(&["get", "-n", ns, "pod", "m-gke-ts", "-o", "json"], None)
+            .stdout,
+    )
+    .map_err(|e| e.to_string())?;
+    ensure(
+        annotation(&still, REQUEST) == Some("exclusive"),
+        format!(
+            "the request is unchanged after the refusals: {:?}",
+            annotation(&still, REQUEST)
+        ),
+    )?;
+
     // kube-scheduler's own NodeAffinity turned these away (the extender never saw them); the
     // extender counts them as pending all the same, from the pod watch.
     let metrics = c.admin_text("EXTENDER_ADMIN", "/metrics")?;

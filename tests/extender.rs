@@ -173,6 +173,9 @@ fn mig_pod(uid: &str, profile: &str, priority: i32) -> Value {
     p["metadata"]["uid"] = json!(uid);
     p["metadata"]["name"] = json!(format!("pod-{uid}"));
     p["metadata"]["annotations"]["gpu-share.io/request"] = json!(format!("mig-{profile}"));
+    // The limits the webhook writes for the profile (the extender checks the two agree).
+    let units = json!({format!("nvidia.com/mig-{profile}"): "1"});
+    p["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
     p["spec"]["priority"] = json!(priority);
     p
 }
@@ -506,6 +509,11 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
     for (i, (class, want)) in cases.iter().enumerate() {
         let mut pod = ts_pod(&format!("platform-{i}"), 25);
         pod["metadata"]["annotations"]["gpu-share.io/request"] = json!(class);
+        // The limits the webhook writes for the class (the extender checks the two agree).
+        let request = gpu_share::request::GpuRequest::parse_normalized(class).unwrap();
+        let (resource, n) = Policy::default_policy().resource_for(&request);
+        let units = json!({resource: n.to_string()});
+        pod["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
         let (status, r) = post(
             s.clone(),
             "/scheduler/filter",
@@ -548,4 +556,64 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
     assert_eq!(source("gke-l4-ts").as_deref(), Some("gke"));
     assert_eq!(source("eks-g5").as_deref(), Some("unverified"));
     assert_eq!(source("aks-a100-mig").as_deref(), Some("gfd"));
+}
+
+/// A time-slicing pod whose request was rewritten down to 1% while its limits hold more
+/// replicas: accounted by its limits, in filter, in bind and in the rebuild, and said so.
+#[tokio::test]
+async fn a_request_the_limits_contradict_is_accounted_by_the_limits() {
+    let s = state();
+    let liar = |uid: &str, replicas: u32| {
+        let mut p = ts_pod(uid, 1);
+        let units = json!({"nvidia.com/gpu": replicas.to_string()});
+        p["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
+        p
+    };
+    // 40 replicas fit nowhere: every node's reason says the request is not believed, and why.
+    let names = ["a100-mig", "h100-ts", "h100-mps", "l40s-plain"];
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&json!({"Pod": liar("big", 40), "NodeNames": names})),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let reasons: Vec<String> = ["FailedNodes", "FailedAndUnresolvableNodes"]
+        .iter()
+        .flat_map(|k| r[k].as_object().into_iter().flatten())
+        .map(|(_, v)| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(reasons.len(), 4, "{r}");
+    for reason in &reasons {
+        assert!(
+            reason.contains("gpu-share.io/request \"timeslice-1\" is not believed")
+                && reason.contains("nvidia.com/gpu: 40"),
+            "{reason}"
+        );
+    }
+    // Bound with two replicas: the ledger holds two slots, not 1% of one.
+    assert_eq!(filter_and_bind(&s, &liar("two", 2), "h100-ts").await, "");
+    let ext = s.extender.as_ref().unwrap();
+    let held = ext.ledgers.holding("two").unwrap();
+    assert_eq!(
+        held.demand.gpu,
+        gpu_share::packing::GpuDemand::Units {
+            resource: "nvidia.com/gpu".into(),
+            count: 2
+        }
+    );
+    assert_eq!(
+        ext.ledgers.with_node("h100-ts", |nl| nl.usage.slots),
+        Some(2)
+    );
+    // The metric counts both pods.
+    assert_eq!(ext.contradicted_pods(), 2);
+    // The rebuild from the API reads the pod the same way.
+    let mut bound: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(liar("two", 2)).unwrap();
+    bound.spec.as_mut().unwrap().node_name = Some("h100-ts".into());
+    let observed = gpu_share::ledger::observed_holding(&bound)
+        .unwrap()
+        .unwrap();
+    assert_eq!(observed.demand.gpu, held.demand.gpu);
 }

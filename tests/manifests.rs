@@ -151,8 +151,12 @@ fn webhook_match_condition_names_both_annotations() {
         .find(|d| d["kind"] == "MutatingWebhookConfiguration")
         .expect("a MutatingWebhookConfiguration");
     let hooks = mwc["webhooks"].as_array().unwrap();
-    assert_eq!(hooks.len(), 1);
-    let conditions = hooks[0]["matchConditions"].as_array().unwrap();
+    assert_eq!(hooks.len(), 2);
+    let create = hooks
+        .iter()
+        .find(|h| h["name"] == "pods.gpu-share.io")
+        .expect("the CREATE webhook");
+    let conditions = create["matchConditions"].as_array().unwrap();
     assert_eq!(conditions.len(), 1, "conditions are ANDed: keep one");
     let expr = conditions[0]["expression"].as_str().unwrap();
     for name in [ANNOTATION, ANNOTATION_REQUEST] {
@@ -165,6 +169,27 @@ fn webhook_match_condition_names_both_annotations() {
         expr.contains(" || "),
         "either annotation must be enough: {expr}"
     );
+    // The UPDATE webhook: called for a change to any gpu-share annotation, compared with the
+    // pod before the update (the control-plane test shows the API server evaluating it).
+    let update = hooks
+        .iter()
+        .find(|h| h["name"] == "pod-annotations.gpu-share.io")
+        .expect("the UPDATE webhook");
+    assert_eq!(update["rules"][0]["operations"][0], "UPDATE");
+    let conditions = update["matchConditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1, "conditions are ANDed: keep one");
+    let expr = conditions[0]["expression"].as_str().unwrap();
+    for part in [
+        "k == 'gpu-share'",
+        "k.startsWith('gpu-share/')",
+        "k.startsWith('gpu-share.io/')",
+        "oldObject.metadata.annotations",
+    ] {
+        assert!(
+            expr.contains(part),
+            "the UPDATE condition lacks {part}: {expr}"
+        );
+    }
 }
 
 /// The image the manifests run is the one this crate's version builds (Dockerfile), and the

@@ -268,6 +268,8 @@ async fn every_name_the_alerts_and_the_dashboard_query_is_exported() {
     filter["Pod"]["metadata"]["uid"] = json!("waits-1");
     filter["Pod"]["metadata"]["name"] = json!("waits");
     filter["Pod"]["metadata"]["annotations"] = json!({"gpu-share.io/request": "exclusive-8"});
+    let units = json!({"nvidia.com/gpu": "8"});
+    filter["Pod"]["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
     let (status, text) = post(
         s.https,
         "/scheduler/filter",

@@ -471,3 +471,90 @@ async fn unknown_paths_are_404() {
     assert_eq!(status, 404);
     assert!(response["error"].as_str().unwrap().contains("/nope"));
 }
+
+/// A pod UPDATE as the API server sends it to `pod-annotations.gpu-share.io`.
+fn update_review(old: Value, new: Value, username: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "upd-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "p",
+            "namespace": "ml",
+            "operation": "UPDATE",
+            "userInfo": {"username": username, "groups": ["system:authenticated"]},
+            "object": {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": "p", "namespace": "ml", "annotations": new},
+                       "spec": {"containers": [{"name": "c", "image": "x"}]}},
+            "oldObject": {"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": "p", "namespace": "ml", "annotations": old},
+                          "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        }
+    })
+}
+
+#[tokio::test]
+async fn updates_of_gpu_share_annotations_follow_the_rule() {
+    const SCHEDULER: &str = "system:serviceaccount:gpu-share:gpu-share-scheduler";
+    let admitted = json!({"gpu-share": "timeslice-90", "gpu-share.io/request": "timeslice-90"});
+    let with = |k: &str, v: &str| {
+        let mut a = admitted.clone();
+        a[k] = json!(v);
+        a
+    };
+    let cases = [
+        // The rewrite the issue names: refused, from anyone.
+        (
+            with("gpu-share.io/request", "timeslice-1"),
+            "alice",
+            Some("fixed once a pod is admitted"),
+        ),
+        (
+            with("gpu-share.io/request", "timeslice-1"),
+            SCHEDULER,
+            Some("fixed once a pod is admitted"),
+        ),
+        (
+            json!({"gpu-share.io/request": "timeslice-90"}),
+            "alice",
+            Some("removes it"),
+        ),
+        (
+            with("gpu-share.io/gpus", "0:900"),
+            "alice",
+            Some("only gpu-share itself"),
+        ),
+        (
+            with("gpu-share.io/requeued-at", "1"),
+            "alice",
+            Some("only gpu-share itself"),
+        ),
+        // gpu-share's own later annotations, and everything else: allowed.
+        (with("gpu-share.io/requeued-at", "1"), SCHEDULER, None),
+        (with("gpu-share.io/gpus", "0:900"), SCHEDULER, None),
+        (with("team", "ml"), "alice", None),
+    ];
+    for (new, user, denial) in cases {
+        let r = update_review(admitted.clone(), new.clone(), user);
+        let (status, response) =
+            post(dev_state(), "/mutate", serde_json::to_vec(&r).unwrap()).await;
+        assert_eq!(status, 200, "{response}");
+        let resp = &response["response"];
+        assert_eq!(resp["uid"], "upd-1");
+        assert!(
+            resp.get("patch").is_none(),
+            "an UPDATE is never patched: {resp}"
+        );
+        match denial {
+            None => assert_eq!(resp["allowed"], true, "{user} {new}: {resp}"),
+            Some(words) => {
+                assert_eq!(resp["allowed"], false, "{user} {new}: {resp}");
+                let message = resp["status"]["message"].as_str().unwrap();
+                assert!(message.contains(words), "{message}");
+                assert_eq!(resp["auditAnnotations"]["denied"], "annotation_update");
+            }
+        }
+    }
+}

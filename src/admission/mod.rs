@@ -1,3 +1,5 @@
-//! The mutating admission webhook: a pure planner and the AdmissionReview wire layer.
+//! The mutating admission webhook: a pure planner for pod CREATEs, a pure rule for UPDATEs of
+//! gpu-share's annotations, and the AdmissionReview wire layer.
+pub mod guard;
 pub mod plan;
 pub mod review;

@@ -57,6 +57,8 @@ pub enum DenialReason {
     NamespaceUnavailable,
     /// `gpu-share.io/request` without `gpu-share`: only the webhook writes it.
     RequestWithoutGpuShare,
+    /// An UPDATE changes an annotation fixed at admission, or one only gpu-share writes.
+    AnnotationUpdate,
 }
 
 impl DenialReason {
@@ -73,6 +75,7 @@ impl DenialReason {
             DenialReason::NotAPod => "not_a_pod",
             DenialReason::NamespaceUnavailable => "namespace_unavailable",
             DenialReason::RequestWithoutGpuShare => "request_without_gpu_share",
+            DenialReason::AnnotationUpdate => "annotation_update",
         }
     }
 }

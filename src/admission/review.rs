@@ -60,7 +60,18 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub object: Option<Value>,
     #[serde(default)]
+    pub old_object: Option<Value>,
+    #[serde(default)]
+    pub user_info: Option<UserInfo>,
+    #[serde(default)]
     pub dry_run: Option<bool>,
+}
+
+/// Who sent the request the API server is admitting.
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -142,6 +153,49 @@ pub fn is_pod_create(req: &AdmissionRequest) -> bool {
             .is_none_or(|r| r.resource == "pods" && r.group.is_empty());
     let no_sub = req.sub_resource.as_deref().is_none_or(str::is_empty);
     is_pod && no_sub && req.operation.as_deref() == Some("CREATE") && req.object.is_some()
+}
+
+/// Whether this request is a pod UPDATE with both versions of the pod (the annotation rule).
+pub fn is_pod_update(req: &AdmissionRequest) -> bool {
+    let is_pod = req
+        .kind
+        .as_ref()
+        .is_none_or(|k| k.kind == "Pod" && k.group.is_empty())
+        && req
+            .resource
+            .as_ref()
+            .is_none_or(|r| r.resource == "pods" && r.group.is_empty());
+    let no_sub = req.sub_resource.as_deref().is_none_or(str::is_empty);
+    is_pod
+        && no_sub
+        && req.operation.as_deref() == Some("UPDATE")
+        && req.object.is_some()
+        && req.old_object.is_some()
+}
+
+/// An UPDATE of a pod: refused if it touches gpu-share's annotations in a way
+/// [`crate::admission::guard::check_update`] does not allow.
+fn decide_update(state: &AppState, req: &AdmissionRequest) -> Decision {
+    let (Some(new), Some(old)) = (req.object.as_ref(), req.old_object.as_ref()) else {
+        return Decision::NotRequested;
+    };
+    let username = req
+        .user_info
+        .as_ref()
+        .and_then(|u| u.username.as_deref())
+        .unwrap_or_default();
+    match crate::admission::guard::check_update(
+        &plan::annotations_of(old),
+        &plan::annotations_of(new),
+        username,
+        &state.annotation_writers,
+    ) {
+        Ok(()) => Decision::NotRequested,
+        Err(why) => Decision::Deny(Denial {
+            reason: plan::DenialReason::AnnotationUpdate,
+            message: format!("gpu-share: {why}"),
+        }),
+    }
 }
 
 /// Wraps a decision into the AdmissionReview the API server expects, echoing apiVersion, kind and uid.
@@ -290,6 +344,9 @@ async fn decide_within(
     lookup_timeout: Duration,
 ) -> Decision {
     let req = &review.request;
+    if is_pod_update(req) {
+        return decide_update(state, req);
+    }
     if !is_pod_create(req) {
         return Decision::NotRequested;
     }

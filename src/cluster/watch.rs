@@ -597,6 +597,7 @@ pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics, mig: &crate::mig::M
         .map(|p| (p.class, p.pods, p.oldest_seconds.round()))
         .collect();
     metrics.pending(&pending);
+    metrics.contradicted(ext.contradicted_pods());
 }
 
 #[cfg(test)]

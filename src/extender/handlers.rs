@@ -161,6 +161,12 @@ pub fn filter(
     };
     let seen = Arc::new(ledger::BindPod::of(&pod));
     let key = seen.key.clone();
+    // A request annotation the pod's limits contradict: accounted by the limits, and said so in
+    // every node's reason.
+    let contradicted = ledger::request_contradiction(&pod);
+    if let Some(uid) = &pod.metadata.uid {
+        ext.note_contradicted(uid, contradicted.is_some());
+    }
     let first_seen = match &pod.metadata.uid {
         Some(uid) => {
             let new = !ext.pods.contains_key(uid);
@@ -220,6 +226,11 @@ pub fn filter(
         }
     }
     let fit = names.len() - failed_count - unresolvable_count;
+    if let Some(why) = &contradicted
+        && first_seen
+    {
+        tracing::warn!(pod = %key, reason = %why, "request annotation contradicted by the pod's limits");
+    }
     // Without a pod watch (`--dev`), a pod this filter found no node for counts as pending.
     if ext.mode == super::state::Mode::Dev
         && let (Some(uid), Ok(Some(demand))) = (&pod.metadata.uid, &seen.demand)
@@ -241,12 +252,16 @@ pub fn filter(
         }
         match tag {
             None => Some(name),
-            Some(r) if r.resolvable() => {
-                failed.push(name, r.message_static());
-                None
-            }
             Some(r) => {
-                unresolvable.push(name, r.message_static());
+                let reason: std::borrow::Cow<'static, str> = match &contradicted {
+                    None => r.message_static(),
+                    Some(why) => format!("{} ({why})", r.message_static()).into(),
+                };
+                if r.resolvable() {
+                    failed.push(name, reason);
+                } else {
+                    unresolvable.push(name, reason);
+                }
                 None
             }
         }

@@ -167,6 +167,9 @@ pub struct ExtenderState {
     /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
     /// filter turned it away), or in `--dev` from filter.
     unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
+    /// Pods whose `gpu-share.io/request` their limits contradict (accounted by their limits),
+    /// by UID: from filter and the pod watch.
+    contradicted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ExtenderState {
@@ -205,7 +208,23 @@ impl ExtenderState {
             touched: Mutex::new(std::collections::HashMap::new()),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
+            contradicted: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Records whether pod `uid`'s request annotation is contradicted by its limits.
+    pub fn note_contradicted(&self, uid: &str, contradicted: bool) {
+        let mut c = lock(&self.contradicted);
+        if !contradicted {
+            c.remove(uid);
+        } else if c.len() < UNSCHEDULED_CAP {
+            c.insert(uid.to_string());
+        }
+    }
+
+    /// How many pods known now have a request annotation their limits contradict.
+    pub fn contradicted_pods(&self) -> usize {
+        lock(&self.contradicted).len()
     }
 
     /// Counts a gpu-share pod as waiting for a node (keeps the earlier `since` of a pod already
@@ -401,6 +420,10 @@ impl ExtenderState {
             Some(u) => self.note_unscheduled(&uid, u.class, u.since),
             None => self.clear_unscheduled(&uid),
         }
+        self.note_contradicted(
+            &uid,
+            !crate::ledger::is_terminal(pod) && crate::ledger::request_contradiction(pod).is_some(),
+        );
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
                 self.ledgers.record(&o);
@@ -444,6 +467,7 @@ impl ExtenderState {
         self.waiting.invalidate(uid);
         self.pods.invalidate(uid);
         self.clear_unscheduled(uid);
+        self.note_contradicted(uid, false);
         self.ledgers.release(uid);
     }
 
@@ -457,6 +481,8 @@ impl ExtenderState {
     ) -> usize {
         lock(&self.unscheduled)
             .retain(|uid, _| seen.contains(uid) || self.touched_after(uid, listed_from));
+        lock(&self.contradicted)
+            .retain(|uid| seen.contains(uid) || self.touched_after(uid, listed_from));
         let mut dropped = 0;
         for uid in self.ledgers.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {

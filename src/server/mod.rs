@@ -142,6 +142,8 @@ pub struct AppState {
     pub extender: Option<Arc<ExtenderState>>,
     /// The memory request bodies may take, over every connection.
     pub body: Arc<body::BodyBudget>,
+    /// The usernames that may write gpu-share's later annotations on admitted pods.
+    pub annotation_writers: Arc<Vec<String>>,
 }
 
 impl AppState {
@@ -160,6 +162,7 @@ impl AppState {
                 ))
             }),
             body: Arc::new(body_budget(role, 96 << 20, Duration::from_secs(10))),
+            annotation_writers: Arc::new(vec![crate::admission::guard::DEFAULT_WRITER.to_string()]),
         }
     }
 }
@@ -699,6 +702,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         ready,
         extender,
         body,
+        annotation_writers: Arc::new(args.annotation_writers.clone()),
     });
     let listen = args.listen_addr();
     let admin_listen = args.admin_listen_addr();
