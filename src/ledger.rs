@@ -127,7 +127,7 @@ pub fn pod_request_milli(spec: &k8s_openapi::api::core::v1::PodSpec, resource: &
 /// by its limits, which are what the device plugin hands it.
 pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
     let id = pod_key(pod);
-    let totals = pod.spec.as_ref().map(limit_totals).unwrap_or_default();
+    let spec = pod.spec.as_ref();
     if let Some(value) = pod
         .metadata
         .annotations
@@ -137,11 +137,14 @@ pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
         let request = GpuRequest::parse_normalized(value)
             .map_err(|e| DemandError::BadRequestAnnotation(id.clone(), e.to_string()))?;
         let claimed = demand_of_request(&request);
-        if contradiction(&claimed, &totals).is_none() {
+        // Checked against the main containers, where the webhook writes the limits (an init
+        // container's own GPU use is not the request's).
+        let main = spec.map(|s| limit_totals(s, false)).unwrap_or_default();
+        if contradiction(&claimed, &main).is_none() {
             return Ok(Some(claimed));
         }
     }
-    demand_of_limits(id, totals)
+    demand_of_limits(id, spec.map(|s| limit_totals(s, true)).unwrap_or_default())
 }
 
 /// Why a pod's `gpu-share.io/request` is not believed, in words: its `nvidia.com/*` limits say
@@ -153,7 +156,11 @@ pub fn request_contradiction(pod: &Pod) -> Option<String> {
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_REQUEST))?;
     let request = GpuRequest::parse_normalized(value).ok()?;
-    let totals = pod.spec.as_ref().map(limit_totals).unwrap_or_default();
+    let totals = pod
+        .spec
+        .as_ref()
+        .map(|s| limit_totals(s, false))
+        .unwrap_or_default();
     contradiction(&demand_of_request(&request), &totals).map(|why| {
         format!("its {ANNOTATION_REQUEST} {value:?} is not believed, {why}; gpu-share accounts it by its limits")
     })
@@ -203,8 +210,8 @@ pub fn contradiction(claimed: &GpuDemand, totals: &BTreeMap<String, u64>) -> Opt
 }
 
 /// The `nvidia.com/*` requests or limits of a pod spec, per resource: summed over containers,
-/// an init container's if larger.
-fn limit_totals(spec: &k8s_openapi::api::core::v1::PodSpec) -> BTreeMap<String, u64> {
+/// and with `init`, an init container's if larger.
+fn limit_totals(spec: &k8s_openapi::api::core::v1::PodSpec, init: bool) -> BTreeMap<String, u64> {
     let limits_of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u64> {
         let r = c.resources.as_ref();
         let l = r.and_then(|r| r.limits.as_ref());
@@ -230,7 +237,7 @@ fn limit_totals(spec: &k8s_openapi::api::core::v1::PodSpec) -> BTreeMap<String, 
             *e = e.saturating_add(n);
         }
     }
-    for c in spec.init_containers.iter().flatten() {
+    for c in spec.init_containers.iter().flatten().filter(|_| init) {
         for (k, n) in limits_of(c) {
             let e = total.entry(k).or_default();
             *e = (*e).max(n);
@@ -1153,6 +1160,28 @@ mod tests {
             assert_eq!(request_contradiction(&p), None, "{request}");
             assert_eq!(gpu_demand_of_pod(&p).unwrap(), Some(want), "{request}");
         }
+    }
+
+    /// The webhook writes limits into the main containers; an init container's own GPU use
+    /// neither contradicts the request nor makes it unaccountable.
+    #[test]
+    fn an_init_containers_gpu_does_not_contradict_the_request() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml",
+                         "annotations": {"gpu-share.io/request": "mig-1g.10gb"}},
+            "spec": {
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            }
+        }));
+        assert_eq!(request_contradiction(&p), None);
+        assert_eq!(
+            gpu_demand_of_pod(&p).unwrap(),
+            Some(GpuDemand::Mig {
+                profile: "1g.10gb".into(),
+                count: 1
+            })
+        );
     }
 
     #[test]

@@ -710,6 +710,30 @@ fn kubectl_plugin(c: &Cluster, ns: &str) -> Check {
     ensure(
         !out.status.success() && stderr.contains("--context nowhere"),
         format!("an unknown context is not named: {stderr}"),
+    )?;
+    // The simulator through the plugin too (files, no cluster).
+    let fixture = |f: &str| format!("{}/tests/fixtures/{f}", env!("CARGO_MANIFEST_DIR"));
+    let (nodes, pods) = (
+        fixture("extender/nodes.yaml"),
+        fixture("simulate/cluster-pods.yaml"),
+    );
+    let out = kubectl(&[
+        "gpu-share",
+        "simulate",
+        "--nodes",
+        &nodes,
+        "--pods",
+        &pods,
+        "--seeds",
+        "1..2",
+    ])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success() && text.contains("gpu-share"),
+        format!(
+            "kubectl gpu-share simulate:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )
 }
 
@@ -861,7 +885,6 @@ async fn platform_nodes(c: &Cluster, ns: &str) -> Check {
     ensure(
         sample(r#"gpu_share_pending_pods{class="exclusive"}"#) >= 2.0
             && sample(r#"gpu_share_pending_pods{class="timeslice"}"#) >= 1.0
-            && sample(r#"gpu_share_pending_oldest_seconds{class="exclusive"}"#) >= 0.0
             && metrics.contains(r#"gpu_share_pending_oldest_seconds{class="exclusive"}"#),
         format!(
             "the misfits are pending by class in /metrics: {}",

@@ -113,7 +113,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     for (end, t) in tokens {
         let next = plain[end..].trim_start().chars().next();
         if LABEL_LISTS.contains(&t.as_str()) {
-            in_label_list = next == Some('(');
+            // `by (a, b)` holds label names up to its `)`; `by ()` holds none.
+            let rest = plain[end..].trim_start();
+            in_label_list = rest.starts_with('(') && !rest[1..].trim_start().starts_with(')');
             continue;
         }
         if in_label_list {
@@ -133,11 +135,11 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 #[test]
 fn metric_names_are_read_from_promql() {
     let n = metric_names(
-        r#"histogram_quantile(0.99, sum by (le, endpoint) (rate(a_bucket{job="x",le="+Inf"}[5m]))) > 2.5 and max(b) / 1e3 or absent(up{job="y"} == 1) or vector(0)"#,
+        r#"histogram_quantile(0.99, sum by (le, endpoint) (rate(a_bucket{job="x",le="+Inf"}[5m]))) > 2.5 and max(b) / 1e3 or absent(up{job="y"} == 1) or vector(0) or sum by () (c) + on() d"#,
     );
     assert_eq!(
         n,
-        ["a_bucket", "b", "up"]
+        ["a_bucket", "b", "c", "d", "up"]
             .into_iter()
             .map(String::from)
             .collect::<BTreeSet<_>>()
@@ -166,7 +168,12 @@ fn alerts(groups: &Value) -> Vec<Alert> {
 
 fn dashboard_exprs(dashboard: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for p in dashboard["panels"].as_array().expect("panels") {
+    // Panels, and the panels of collapsed rows.
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let nested = panels
+        .iter()
+        .flat_map(|p| p["panels"].as_array().into_iter().flatten());
+    for p in panels.iter().chain(nested) {
         for t in p["targets"].as_array().into_iter().flatten() {
             out.push((
                 p["title"].as_str().unwrap_or_default().to_string(),
@@ -269,7 +276,8 @@ async fn every_name_the_alerts_and_the_dashboard_query_is_exported() {
     filter["Pod"]["metadata"]["name"] = json!("waits");
     filter["Pod"]["metadata"]["annotations"] = json!({"gpu-share.io/request": "exclusive-8"});
     let units = json!({"nvidia.com/gpu": "8"});
-    filter["Pod"]["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
+    filter["Pod"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": units, "requests": units});
     let (status, text) = post(
         s.https,
         "/scheduler/filter",

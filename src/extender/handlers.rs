@@ -164,7 +164,10 @@ pub fn filter(
     // A request annotation the pod's limits contradict: accounted by the limits, and said so in
     // every node's reason.
     let contradicted = ledger::request_contradiction(&pod);
-    if let Some(uid) = &pod.metadata.uid {
+    // In a cluster the pod watch keeps the count (it also sees the pod go); in `--dev`, filter.
+    if ext.mode == Mode::Dev
+        && let Some(uid) = &pod.metadata.uid
+    {
         ext.note_contradicted(uid, contradicted.is_some());
     }
     let first_seen = match &pod.metadata.uid {
@@ -604,12 +607,21 @@ async fn bind(
         Some(p) => p,
         None => match (&ext.mode, &state.cluster) {
             (Mode::Cluster, Some(c)) => {
-                let pod = crate::cluster::binder::get_pod(
-                    c.client(),
-                    &args.pod_namespace,
-                    &args.pod_name,
+                let pod = tokio::time::timeout(
+                    BIND_READBACK_TIMEOUT,
+                    crate::cluster::binder::get_pod(
+                        c.client(),
+                        &args.pod_namespace,
+                        &args.pod_name,
+                    ),
                 )
                 .await
+                .map_err(|_| {
+                    format!(
+                        "cannot read pod {key} to bind it: no answer within {} s",
+                        BIND_READBACK_TIMEOUT.as_secs()
+                    )
+                })?
                 .map_err(|e| format!("cannot read pod {key} to bind it: {e}"))?;
                 if !args.pod_uid.is_empty() && pod.metadata.uid.as_deref() != Some(&args.pod_uid) {
                     return Err(format!(
@@ -691,7 +703,14 @@ async fn bind(
             if took {
                 tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
             } else {
-                if reserved {
+                // Release only the reservation this bind made and nothing has confirmed since:
+                // once the watch records the pod bound, it drops the assumption, and the holding
+                // is the pod's, not this bind's.
+                let ours = ext
+                    .assumed
+                    .get(&args.pod_uid)
+                    .is_some_and(|a| a.node == args.node && a.bound_at.is_none());
+                if reserved && ours {
                     ext.assumed.invalidate(&args.pod_uid);
                     ext.ledgers.release(&args.pod_uid);
                 }
@@ -725,15 +744,18 @@ const BIND_READBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// What a failed binding call says about the binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BindOutcome {
-    /// The API refused it (4xx): nothing was bound.
+    /// The API refused it (a 4xx other than 409): nothing was bound.
     Refused,
-    /// A server error, a transport error or no answer: it may have been bound.
+    /// A server error, a transport error, no answer, or a conflict: it may be bound.
     Unknown,
 }
 
 impl BindOutcome {
     fn of(e: &kube::Error) -> Self {
         match e {
+            // 409: already bound, perhaps by this very binding's earlier try that ended unknown:
+            // read back which node.
+            kube::Error::Api(s) if s.code == 409 => BindOutcome::Unknown,
             kube::Error::Api(s) if (400..500).contains(&s.code) => BindOutcome::Refused,
             _ => BindOutcome::Unknown,
         }
@@ -868,16 +890,50 @@ mod tests {
     async fn a_refused_binding_is_released_without_reading_the_pod() {
         let (r, held, paths) = bind_with(|mut h| async move {
             let (req, send) = h.next_request().await.unwrap();
+            send.send_response(respond(403, status(403, "pods \"p\" is forbidden")));
+            let mut paths = vec![req.uri().path().to_string()];
+            // Nothing more is asked (the stream ends when bind has dropped the client).
+            if let Some((extra, _)) = h.next_request().await {
+                paths.push(extra.uri().path().to_string());
+            }
+            paths
+        })
+        .await;
+        assert!(r.unwrap_err().contains("forbidden"));
+        assert_eq!(held, None, "nothing was bound: the reservation is released");
+        assert_eq!(paths.len(), 1, "a 403 is definite: no read-back: {paths:?}");
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_read_back() {
+        // Already bound to this node (an earlier try that took): kept.
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(
+                409,
+                status(409, "pod p is already assigned to node \"n1\""),
+            ));
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(Some("n1"))));
+            vec![]
+        })
+        .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(held.as_deref(), Some("n1"));
+        // Bound elsewhere: released, the conflict in words.
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
             send.send_response(respond(
                 409,
                 status(409, "pod p is already assigned to node \"n2\""),
             ));
-            vec![req.uri().path().to_string()]
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(Some("n2"))));
+            vec![]
         })
         .await;
         assert!(r.unwrap_err().contains("already assigned"));
-        assert_eq!(held, None, "nothing was bound: the reservation is released");
-        assert_eq!(paths.len(), 1, "a 4xx is definite: no read-back");
+        assert_eq!(held, None);
     }
 
     #[tokio::test]

@@ -504,8 +504,15 @@ pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
         .as_ref()
         .is_some_and(|a| a.contains_key(crate::request::ANNOTATION_REQUEST));
     let unbound = pod.spec.as_ref().is_none_or(|s| s.node_name.is_none());
+    // A pod held by scheduling gates (Kueue, for one) is not offered to any scheduler yet.
+    let gated = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| !g.is_empty());
     if !has_request
         || !unbound
+        || gated
         || pod.metadata.deletion_timestamp.is_some()
         || crate::ledger::is_terminal(pod)
     {
@@ -876,6 +883,15 @@ mod tests {
         assert!(unscheduled_of(&pod_json("c", Some("exclusive"), Some("n1"), "Pending")).is_none());
         assert!(unscheduled_of(&pod_json("d", Some("exclusive"), None, "Failed")).is_none());
         assert!(unscheduled_of(&pod_json("e", None, None, "Pending")).is_none());
+        let mut gated = pod_json("f", Some("exclusive"), None, "Pending");
+        gated.spec.as_mut().unwrap().scheduling_gates =
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: "kueue.x-k8s.io/admission".into(),
+            }]);
+        assert!(
+            unscheduled_of(&gated).is_none(),
+            "gated: not offered to a scheduler yet"
+        );
     }
 
     #[test]
