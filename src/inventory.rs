@@ -574,7 +574,7 @@ pub fn from_parts(
 fn warn_unverified_once(node: &str) {
     static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
         std::sync::Mutex::new(None);
-    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut warned = crate::sync::lock(&WARNED);
     if warned
         .get_or_insert_with(Default::default)
         .insert(node.to_string())

@@ -1,10 +1,11 @@
-//! PURE: who holds what on which node, at the granularity the device plugin enforces (see
-//! [`crate::packing`]). A pod's holding is derived from the pod alone (its `gpu-share.io/request`
+//! Who holds what on which node, at the granularity the device plugin enforces (see
+//! [`crate::packing`]). Reading a pod's demand and one node's ledger are pure; [`Ledger`], the
+//! cluster's, holds a lock per node and calls a listener on release (the extender's requeue). A pod's holding is derived from the pod alone (its `gpu-share.io/request`
 //! annotation or its `nvidia.com/*` limits, `spec.nodeName`, and the `gpu-share.io/gpus` model
 //! annotation written at bind), so a restarted replica rebuilds the same ledger from the API.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
@@ -12,6 +13,7 @@ use serde::Serialize;
 use crate::inventory::{self, GpuNode, MIG_RESOURCE_PREFIX};
 use crate::packing::{self, Demand, GpuDemand, Placement, Reason, Scorer, Usage};
 use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
+use crate::sync::lock;
 
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
 pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
@@ -623,10 +625,6 @@ pub fn plan_victims(
 
 type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The fewest nodes one thread takes in [`Ledger::with_nodes_par`]: small requests stay on the
 /// calling thread, where handing them out would cost more than it saves.
 pub const PARALLEL_CHUNK: usize = 512;
@@ -664,31 +662,21 @@ impl Ledger {
 
     /// Calls `f` with every holding released from now on (the extender's requeue).
     pub fn on_release(&self, f: impl Fn(&Holding) + Send + Sync + 'static) {
-        *self.on_release.write().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+        *crate::sync::write(&self.on_release) = Some(Box::new(f));
     }
 
     fn node(&self, name: &str) -> Option<Arc<Mutex<NodeLedger>>> {
-        self.nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
+        crate::sync::read(&self.nodes).get(name).cloned()
     }
 
     /// Every node's name, sorted.
     /// How many node ledgers there are.
     pub fn node_count(&self) -> usize {
-        self.nodes.read().unwrap_or_else(|e| e.into_inner()).len()
+        crate::sync::read(&self.nodes).len()
     }
 
     pub fn node_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let mut names: Vec<String> = crate::sync::read(&self.nodes).keys().cloned().collect();
         names.sort_unstable();
         names
     }
@@ -707,7 +695,7 @@ impl Ledger {
         names: &[String],
         mut f: impl FnMut(&mut NodeLedger) -> R,
     ) -> Vec<Option<R>> {
-        let map = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let map = crate::sync::read(&self.nodes);
         names
             .iter()
             .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
@@ -726,7 +714,7 @@ impl Ledger {
         if names.len() < 2 * PARALLEL_CHUNK || rayon::current_num_threads() < 2 {
             return self.with_nodes(names, f);
         }
-        let map = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let map = crate::sync::read(&self.nodes);
         names
             .par_iter()
             .with_min_len(PARALLEL_CHUNK)
@@ -737,13 +725,7 @@ impl Ledger {
     /// Runs `f` on every node ledger, one at a time (the node map is not held meanwhile, so
     /// nodes can come and go); returns how many it visited.
     pub fn for_each_node(&self, mut f: impl FnMut(&mut NodeLedger)) -> usize {
-        let handles: Vec<_> = self
-            .nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let handles: Vec<_> = crate::sync::read(&self.nodes).values().cloned().collect();
         for h in &handles {
             f(&mut lock(h));
         }
@@ -767,10 +749,7 @@ impl Ledger {
 
     /// A copy of every node ledger, by name (each consistent in itself).
     pub fn snapshot(&self) -> BTreeMap<String, NodeLedger> {
-        let handles: Vec<_> = self
-            .nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let handles: Vec<_> = crate::sync::read(&self.nodes)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -786,9 +765,7 @@ impl Ledger {
             lock(&n).set_node(node);
             return;
         }
-        self.nodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::sync::write(&self.nodes)
             .entry(name.clone())
             .or_insert_with(|| Arc::new(Mutex::new(NodeLedger::new(node))));
         let waiting: Vec<ObservedPod> = {
@@ -811,11 +788,7 @@ impl Ledger {
         if self.node(name).is_none() {
             return;
         }
-        let removed = self
-            .nodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        let removed = crate::sync::write(&self.nodes).remove(name);
         let Some(n) = removed else { return };
         let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
         let mut index = lock(&self.index);
@@ -913,12 +886,7 @@ impl Ledger {
     }
 
     fn notify(&self, h: &Holding) {
-        if let Some(f) = self
-            .on_release
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(f) = crate::sync::read(&self.on_release).as_ref() {
             f(h);
         }
     }

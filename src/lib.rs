@@ -24,6 +24,7 @@ pub mod request;
 pub mod server;
 pub mod simulate;
 pub mod status;
+pub mod sync;
 pub mod telemetry;
 
 /// Errors that stop the service at start, each naming what to fix.

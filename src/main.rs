@@ -24,16 +24,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckPolicy { file } => check_policy(&file),
         Command::Certs(args) => certs(&args),
-        Command::Simulate(args) => match gpu_share::simulate::driver::run(&args) {
-            Ok(text) => {
-                let _ = write!(std::io::stdout().lock(), "{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                let _ = writeln!(std::io::stderr(), "gpu-share simulate: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Simulate(args) => finish(
+            "gpu-share simulate: ",
+            gpu_share::simulate::driver::run(&args),
+        ),
         Command::Status(args) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -69,32 +63,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_policy(file: &std::path::Path) -> ExitCode {
-    match gpu_share::server::load_policy_file(&file.to_path_buf()) {
-        Ok((loaded, _)) => {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "# {}: valid.", file.display());
-            for w in &loaded.warnings {
-                let _ = writeln!(out, "# warning: {w}");
-            }
-            if loaded.defaulted.is_empty() {
-                let _ = writeln!(out, "# Every field is set in the file.");
-            } else {
-                let _ = writeln!(
-                    out,
-                    "# Left out, so the embedded default's values: {}.",
-                    loaded.defaulted.join(", ")
-                );
-            }
-            let _ = writeln!(out, "# Effective policy:");
-            let _ = write!(out, "{}", loaded.policy.to_yaml());
+/// Prints a command's output and succeeds, or prints its error after `prefix` and fails.
+fn finish<E: std::fmt::Display>(prefix: &str, result: Result<String, E>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            let _ = write!(std::io::stdout().lock(), "{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "{e}");
+            let _ = writeln!(std::io::stderr(), "{prefix}{e}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn check_policy(file: &std::path::Path) -> ExitCode {
+    use std::fmt::Write as _;
+    let report = gpu_share::server::load_policy_file(&file.to_path_buf()).map(|(loaded, _)| {
+        let mut out = String::new();
+        let _ = writeln!(out, "# {}: valid.", file.display());
+        for w in &loaded.warnings {
+            let _ = writeln!(out, "# warning: {w}");
+        }
+        if loaded.defaulted.is_empty() {
+            let _ = writeln!(out, "# Every field is set in the file.");
+        } else {
+            let _ = writeln!(
+                out,
+                "# Left out, so the embedded default's values: {}.",
+                loaded.defaulted.join(", ")
+            );
+        }
+        let _ = writeln!(out, "# Effective policy:");
+        out.push_str(&loaded.policy.to_yaml());
+        out
+    });
+    finish("", report)
 }
 
 async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
@@ -106,10 +110,7 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
             let policy = match &args.policy {
                 Some(p) => match gpu_share::server::load_policy(p) {
                     Ok(p) => p,
-                    Err(e) => {
-                        let _ = writeln!(std::io::stderr(), "{e}");
-                        return ExitCode::FAILURE;
-                    }
+                    Err(e) => return finish("", Err(e)),
                 },
                 None => gpu_share::policy::Policy::default_policy(),
             };
@@ -123,36 +124,23 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
                 .map(|(r, pending)| (r, Some(pending)))
         }
     };
-    match reports {
-        Ok((r, pending)) => {
-            let text = if args.json {
-                serde_json::to_string_pretty(&r).unwrap_or_default() + "\n"
-            } else {
-                // Pending pods come from the cluster only: a service's /v1/nodes has its ledger.
-                gpu_share::status::render(&r)
-                    + &pending
-                        .map(|p| gpu_share::status::render_pending(&p))
-                        .unwrap_or_default()
-            };
-            let _ = write!(std::io::stdout().lock(), "{text}");
-            ExitCode::SUCCESS
+    let text = reports.map(|(r, pending)| {
+        if args.json {
+            serde_json::to_string_pretty(&r).unwrap_or_default() + "\n"
+        } else {
+            // Pending pods come from the cluster only: a service's /v1/nodes has its ledger.
+            gpu_share::status::render(&r)
+                + &pending
+                    .map(|p| gpu_share::status::render_pending(&p))
+                    .unwrap_or_default()
         }
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "gpu-share status: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    });
+    finish("gpu-share status: ", text)
 }
 
 fn certs(args: &gpu_share::cli::CertsArgs) -> ExitCode {
-    match gpu_share::certs::write_install_bundle(args) {
-        Ok(text) => {
-            let _ = write!(std::io::stdout().lock(), "{text}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "gpu-share certs: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish(
+        "gpu-share certs: ",
+        gpu_share::certs::write_install_bundle(args),
+    )
 }

@@ -378,7 +378,7 @@ impl Metrics {
 
     /// Taken around setting the scrape-time gauges and encoding them.
     pub fn scrape_lock(&self) -> MutexGuard<'_, ()> {
-        self.scrape.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.scrape)
     }
 
     /// The Prometheus text exposition.

@@ -138,6 +138,18 @@ const fn gib(hundredths: u64) -> Option<u64> {
     Some(hundredths * 1024 / 100)
 }
 
+/// The profiles of the 80 GB A100 and H100, which are the same (names, slices, placements and
+/// memory): one table for both.
+const PROFILES_80GB: [&str; 7] = [
+    "1g.10gb",
+    "1g.10gb+me",
+    "1g.20gb",
+    "2g.20gb",
+    "3g.40gb",
+    "4g.40gb",
+    "7g.80gb",
+];
+
 /// The built-in MIG table (protocols.md section 4).
 pub fn builtin_models() -> Vec<MigModel> {
     let a100_80_h100 = [
@@ -180,29 +192,13 @@ pub fn builtin_models() -> Vec<MigModel> {
                 "A100-PCIE-80GB",
                 "A100-80GB",
             ],
-            [
-                "1g.10gb",
-                "1g.10gb+me",
-                "1g.20gb",
-                "2g.20gb",
-                "3g.40gb",
-                "4g.40gb",
-                "7g.80gb",
-            ],
+            PROFILES_80GB,
             a100_80_h100,
         ),
         eight_slice_model(
             "H100-80GB",
             &["H100-80GB-HBM3", "H100-SXM5-80GB", "H100-PCIe", "H100-80GB"],
-            [
-                "1g.10gb",
-                "1g.10gb+me",
-                "1g.20gb",
-                "2g.20gb",
-                "3g.40gb",
-                "4g.40gb",
-                "7g.80gb",
-            ],
+            PROFILES_80GB,
             a100_80_h100,
         ),
         eight_slice_model(

@@ -443,21 +443,13 @@ mod tests {
     }
 
     /// An AppState whose API server accepts requests and never answers them.
-    fn hanging_cluster() -> (
-        AppState,
-        tower_test::mock::Handle<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >,
-    ) {
-        let (svc, handle) = tower_test::mock::pair();
+    fn hanging_cluster() -> (AppState, crate::cluster::mock::Handle) {
+        let (client, handle) = crate::cluster::mock::client();
         let mut state = AppState::dev(
             crate::cli::Role::Webhook,
             crate::policy::Policy::default_policy(),
         );
-        state.cluster = Some(crate::cluster::ClusterFacts::new(kube::Client::new(
-            svc, "default",
-        )));
+        state.cluster = Some(crate::cluster::ClusterFacts::new(client));
         (state, handle)
     }
 

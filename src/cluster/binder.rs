@@ -77,13 +77,10 @@ pub async fn nudge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{Request, Response};
-    use kube::client::Body;
 
     #[tokio::test]
     async fn bind_posts_the_binding_with_the_annotation() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.expect("a request");
             assert_eq!(req.method(), http::Method::POST);
@@ -95,15 +92,10 @@ mod tests {
             assert_eq!(v["metadata"]["annotations"]["gpu-share.io/gpus"], "1:250");
             assert_eq!(v["target"]["name"], "gpu-a");
             assert_eq!(v["target"]["kind"], "Node");
-            send.send_response(
-                Response::builder()
-                    .status(201)
-                    .body(Body::from(
-                        br#"{"kind":"Status","apiVersion":"v1","status":"Success","code":201}"#
-                            .to_vec(),
-                    ))
-                    .unwrap(),
-            );
+            send.send_response(crate::cluster::mock::text(
+                201,
+                br#"{"kind":"Status","apiVersion":"v1","status":"Success","code":201}"#.to_vec(),
+            ));
         });
         bind_pod(
             &client,
@@ -120,18 +112,14 @@ mod tests {
 
     #[tokio::test]
     async fn bind_conflict_is_an_error() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let server = tokio::spawn(async move {
             let (_req, send) = handle.next_request().await.expect("a request");
             send.send_response(
-                Response::builder()
-                    .status(409)
-                    .body(Body::from(
+                crate::cluster::mock::text(409,
                         br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pod p is already assigned to node \"gpu-b\"","reason":"Conflict","code":409}"#
                             .to_vec(),
-                    ))
-                    .unwrap(),
+                    ),
             );
         });
         let err = bind_pod(&client, "ml", "p", "u-1", "gpu-a", BTreeMap::new())
@@ -143,8 +131,7 @@ mod tests {
 
     #[tokio::test]
     async fn nudge_patches_the_annotation() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.expect("a request");
             assert_eq!(req.method(), http::Method::PATCH);
@@ -157,12 +144,9 @@ mod tests {
             let v: Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(v["metadata"]["annotations"][ANNOTATION_REQUEUE], "t1");
             send.send_response(
-                Response::builder()
-                    .status(200)
-                    .body(Body::from(
+                crate::cluster::mock::text(200,
                         br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"waiting","namespace":"ml"}}"#.to_vec(),
-                    ))
-                    .unwrap(),
+                    ),
             );
         });
         nudge(&client, "ml", "waiting", "t1").await.unwrap();

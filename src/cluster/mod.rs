@@ -2,6 +2,8 @@
 //! cached with moka so the webhook costs the API server at most one read per TTL.
 
 pub mod binder;
+#[cfg(test)]
+pub mod mock;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -99,21 +101,17 @@ impl ClusterFacts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{Request, Response};
+    use crate::cluster::mock::{self as api, Handle};
+    use http::Response;
     use kube::client::Body;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
     fn mock() -> (ClusterFacts, Handle) {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        (ClusterFacts::new(Client::new(svc, "default")), handle)
+        let (client, handle) = api::client();
+        (ClusterFacts::new(client), handle)
     }
 
     fn json(status: u16, body: serde_json::Value) -> Response<Body> {
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap()
+        api::json(status, &body)
     }
 
     #[tokio::test]

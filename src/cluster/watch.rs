@@ -560,13 +560,7 @@ pub fn spawn_maintenance(
 /// pods, GPU nodes, each node's GPUs by class, and the pending pods by class. Each node is read
 /// under its own lock, one at a time; nothing is copied.
 pub fn update_gauges(ext: &ExtenderState, metrics: &Metrics, mig: &crate::mig::MigTable) {
-    let common = ext
-        .online
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .recent
-        .most_common()
-        .cloned();
+    let common = crate::sync::lock(&ext.online).recent.most_common().cloned();
     let mut frag = 0.0;
     let mut pods = 0;
     let mut rows: Vec<(String, crate::extender::state::ClassGpus)> = Vec::new();
@@ -605,8 +599,6 @@ mod tests {
     use super::*;
     use crate::extender::state::{Assumed, Mode};
     use crate::inventory::GpuNode;
-    use http::{Request, Response};
-    use kube::client::Body;
     use serde_json::json;
 
     fn ext() -> ExtenderState {
@@ -899,8 +891,7 @@ mod tests {
     /// (410), a relist; the ledger ends with each pod once.
     #[tokio::test]
     async fn a_dropped_watch_resyncs_without_double_allocation() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let server = tokio::spawn(async move {
             let mut lists = 0;
             loop {
@@ -933,12 +924,7 @@ mod tests {
                     };
                     json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": format!("{}", 10 * lists)}, "items": items}).to_string()
                 };
-                send.send_response(
-                    Response::builder()
-                        .status(200)
-                        .body(Body::from(body.into_bytes()))
-                        .unwrap(),
-                );
+                send.send_response(crate::cluster::mock::text(200, body.into_bytes()));
             }
         });
         let e = ext();
@@ -977,8 +963,7 @@ mod tests {
     /// holdings: a ledger that lost a pod gets it back, one holding a deleted pod releases it.
     #[tokio::test]
     async fn the_reconcile_lists_a_page_at_a_time() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let server = tokio::spawn(async move {
             let mut queries = Vec::new();
             while let Some((req, send)) = handle.next_request().await {
@@ -1004,12 +989,10 @@ mod tests {
                     page("PodList", vec![pod("a", Some("n1"), "Running")], "page-2")
                 };
                 queries.push(format!("{}?{query}", req.uri().path()));
-                send.send_response(
-                    Response::builder()
-                        .status(200)
-                        .body(Body::from(body.to_string().into_bytes()))
-                        .unwrap(),
-                );
+                send.send_response(crate::cluster::mock::text(
+                    200,
+                    body.to_string().into_bytes(),
+                ));
             }
             queries
         });
@@ -1039,8 +1022,7 @@ mod tests {
     /// released, the requeuer patches the waiting pod.
     #[tokio::test]
     async fn a_release_nudges_the_waiting_pod() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "default");
+        let (client, mut handle) = crate::cluster::mock::client();
         let e = Arc::new(ext());
         let mut r = Relist::default();
         apply_pod_event(
@@ -1076,16 +1058,12 @@ mod tests {
             .expect("a request");
         assert_eq!(req.method(), http::Method::PATCH);
         assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/pod-waiter");
-        send.send_response(
-            Response::builder()
-                .status(200)
-                .body(Body::from(
-                    json!({"metadata": {"name": "pod-waiter"}})
-                        .to_string()
-                        .into_bytes(),
-                ))
-                .unwrap(),
-        );
+        send.send_response(crate::cluster::mock::text(
+            200,
+            json!({"metadata": {"name": "pod-waiter"}})
+                .to_string()
+                .into_bytes(),
+        ));
         for _ in 0..50 {
             if metrics
                 .encode()

@@ -1,6 +1,7 @@
-//! `POST /scheduler/{filter,prioritize,bind,preempt}` and `GET /v1/nodes`. The verbs' logic
-//! lives in plain functions over [`ExtenderState`] (no I/O); the axum handlers around them only
-//! parse, time, call the API for bind, and reply.
+//! `POST /scheduler/{filter,prioritize,bind,preempt}` and `GET /v1/nodes`. filter, prioritize
+//! and preempt are plain functions over [`ExtenderState`] with no I/O; bind also calls the API
+//! (the binding, and a read of the pod when its outcome is unknown). The axum handlers around
+//! them parse, time and reply.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -801,11 +802,9 @@ mod tests {
     use crate::cluster::ClusterFacts;
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
-    use http::{Request, Response};
-    use kube::client::Body;
     use serde_json::json;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    use crate::cluster::mock::Handle;
 
     fn pod() -> Pod {
         serde_json::from_value(json!({
@@ -818,9 +817,9 @@ mod tests {
 
     /// A cluster-mode state with one 4-GPU node and the pod seen in filter.
     fn cluster_state() -> (AppState, Handle) {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (client, handle) = crate::cluster::mock::client();
         let mut state = AppState::dev(Role::All, Policy::default_policy());
-        state.cluster = Some(ClusterFacts::new(kube::Client::new(svc, "default")));
+        state.cluster = Some(ClusterFacts::new(client));
         let ext = ExtenderState::new(Mode::Cluster, std::time::Duration::from_secs(60));
         ext.synced.store(true, std::sync::atomic::Ordering::Release);
         ext.ledgers
@@ -840,11 +839,8 @@ mod tests {
         }
     }
 
-    fn respond(status: u16, body: Value) -> Response<Body> {
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap()
+    fn respond(status: u16, body: Value) -> http::Response<kube::client::Body> {
+        crate::cluster::mock::json(status, &body)
     }
 
     fn status(code: u16, message: &str) -> Value {

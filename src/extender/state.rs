@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use crate::ledger::{Ledger, NodeLedger};
 use crate::packing::frag::TargetWorkload;
 use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
+use crate::sync::lock;
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -34,10 +35,6 @@ pub const WAITING_TTL: Duration = Duration::from_secs(900);
 pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
 /// The window (pods, each counted once) behind the fragmentation gauge.
 pub const WORKLOAD_WINDOW: usize = 1000;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A pod rejected for capacity, to be requeued when capacity frees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,11 +307,7 @@ impl ExtenderState {
     /// scoring the simulator replays.
     pub fn scorer(&self, policy: PackingPolicy) -> Scorer {
         let target = if policy.reads_workload() {
-            self.online
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .target
-                .clone()
+            crate::sync::lock(&self.online).target.clone()
         } else {
             None
         };

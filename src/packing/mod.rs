@@ -277,56 +277,74 @@ impl Placement {
 
 /// Adds a placement to a node's usage.
 pub fn apply(usage: &mut Usage, p: &Placement) {
-    // Saturating: a recorded pod may claim more than any node has (its spec is not ours).
-    for (i, m) in &p.gpus {
-        if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
-            *g = g.saturating_add(*m);
-        }
-    }
-    usage.slots = usage.slots.saturating_add(p.slots);
-    usage.budget_milli = usage.budget_milli.saturating_add(p.budget_milli);
-    usage.gpu_memory_mib = usage.gpu_memory_mib.saturating_add(p.gpu_memory_mib);
-    if let Some((profile, n)) = &p.mig {
-        let used = usage.mig.entry(profile.clone()).or_default();
-        *used = used.saturating_add(*n);
-    }
-    usage.cpu_milli = usage.cpu_milli.saturating_add(p.cpu_milli);
-    usage.memory_mib = usage.memory_mib.saturating_add(p.memory_mib);
-    usage.pods = usage.pods.saturating_add(1);
-    if let Some(t) = p.tag {
-        *usage.tags.entry(t).or_default() += 1;
-    }
+    shift::<true>(usage, p);
 }
 
 /// Removes a placement that [`apply`] added.
 pub fn unapply(usage: &mut Usage, p: &Placement) {
+    shift::<false>(usage, p);
+}
+
+/// Adds (`ADD`) or removes a placement, field by field in one place, so that the two can never
+/// disagree. Saturating both ways: a recorded pod may claim more than any node has (its spec is
+/// not ours). Map entries that fall to zero are removed.
+#[inline]
+fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
+    fn step<T: num_step::Step>(x: &mut T, by: T, add: bool) {
+        *x = if add { x.up(by) } else { x.down(by) };
+    }
+    fn count<K: Ord + Clone>(
+        map: &mut std::collections::BTreeMap<K, u32>,
+        key: &K,
+        by: u32,
+        add: bool,
+    ) {
+        if add {
+            let n = map.entry(key.clone()).or_default();
+            *n = n.saturating_add(by);
+        } else if let Some(n) = map.get_mut(key) {
+            *n = n.saturating_sub(by);
+            if *n == 0 {
+                map.remove(key);
+            }
+        }
+    }
     for (i, m) in &p.gpus {
         if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
-            *g = g.saturating_sub(*m);
+            step(g, *m, ADD);
         }
     }
-    usage.slots = usage.slots.saturating_sub(p.slots);
-    usage.budget_milli = usage.budget_milli.saturating_sub(p.budget_milli);
-    usage.gpu_memory_mib = usage.gpu_memory_mib.saturating_sub(p.gpu_memory_mib);
-    if let Some((profile, n)) = &p.mig
-        && let Some(used) = usage.mig.get_mut(profile)
-    {
-        *used = used.saturating_sub(*n);
-        if *used == 0 {
-            usage.mig.remove(profile);
-        }
+    step(&mut usage.slots, p.slots, ADD);
+    step(&mut usage.budget_milli, p.budget_milli, ADD);
+    step(&mut usage.gpu_memory_mib, p.gpu_memory_mib, ADD);
+    if let Some((profile, n)) = &p.mig {
+        count(&mut usage.mig, profile, *n, ADD);
     }
-    usage.cpu_milli = usage.cpu_milli.saturating_sub(p.cpu_milli);
-    usage.memory_mib = usage.memory_mib.saturating_sub(p.memory_mib);
-    usage.pods = usage.pods.saturating_sub(1);
-    if let Some(t) = p.tag
-        && let Some(n) = usage.tags.get_mut(&t)
-    {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            usage.tags.remove(&t);
-        }
+    step(&mut usage.cpu_milli, p.cpu_milli, ADD);
+    step(&mut usage.memory_mib, p.memory_mib, ADD);
+    step(&mut usage.pods, 1, ADD);
+    if let Some(t) = p.tag {
+        count(&mut usage.tags, &t, 1, ADD);
     }
+}
+
+/// Saturating steps for the usage counters' integer types.
+mod num_step {
+    pub trait Step: Copy {
+        fn up(self, by: Self) -> Self;
+        fn down(self, by: Self) -> Self;
+    }
+    macro_rules! step {
+        ($($t:ty),*) => {$(
+            impl Step for $t {
+                #[inline]
+                fn up(self, by: Self) -> Self { self.saturating_add(by) }
+                #[inline]
+                fn down(self, by: Self) -> Self { self.saturating_sub(by) }
+            }
+        )*};
+    }
+    step!(u32, u64);
 }
 
 /// Why a node cannot take a demand. The messages are a fixed set of category sentences (no

@@ -184,7 +184,7 @@ impl Registry {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.conns)
     }
 
     /// Open connections.
@@ -239,10 +239,7 @@ impl Registry {
     fn refused(&self) {
         self.metrics
             .connection_closed(self.limits.listener, "refused");
-        let mut last = self
-            .refused_logged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut last = crate::sync::lock(&self.refused_logged);
         if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
             self.refused_unlogged.fetch_add(1, Ordering::Relaxed);
             return;

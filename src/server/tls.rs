@@ -65,7 +65,7 @@ impl ReloadingTls {
     /// The acceptor for the next connection, re-reading the files when they may have changed.
     pub async fn acceptor(&self) -> TlsAcceptor {
         let (stale, current) = {
-            let l = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            let l = crate::sync::lock(&self.loaded);
             (l.checked.elapsed() >= self.check_every, l.acceptor.clone())
         };
         if !stale {
@@ -73,7 +73,7 @@ impl ReloadingTls {
         }
         let files = self.files.clone();
         let read = tokio::task::spawn_blocking(move || read_all(&files)).await;
-        let mut l = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = crate::sync::lock(&self.loaded);
         l.checked = Instant::now();
         match read {
             Ok(Ok(contents)) if contents != l.contents => match build(&contents) {
