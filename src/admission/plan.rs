@@ -12,17 +12,13 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
 
 use crate::mig::MigTable;
-use crate::policy::{MigStrategy, Policy, TolerationOperator, gpus_of};
+use crate::policy::{Policy, TolerationOperator, gpus_of};
 use crate::request::{self, ANNOTATION_REQUEST, GpuClass, GpuRequest};
+
+use super::affinity::{affinity_for, gke_alternative, require_affinity};
 
 /// Pod Security Admission label on namespaces.
 pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
-
-/// Node labels the webhook's affinity uses (GPU Feature Discovery): the inventory's.
-use crate::inventory::{
-    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY,
-    LABEL_SHARING as LABEL_SHARING_STRATEGY,
-};
 
 /// Whether the policy's RuntimeClass exists in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -571,153 +567,6 @@ fn tolerates(
     }
 }
 
-/// A node selector requirement as JSON.
-type Expr = (String, &'static str, Vec<String>);
-
-fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
-    let e = |k: &str, op: &'static str, v: &str| (k.to_string(), op, vec![v.to_string()]);
-    let absent = |k: &str| (k.to_string(), "DoesNotExist", Vec::new());
-    match class {
-        GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
-        GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
-        // Any node whose GPUs are not shared: GFD's `none`, and nodes without GFD's label (the
-        // device plugin alone, GKE) — but not GKE's shared or MIG-partitioned nodes, which carry
-        // no GFD label either (NotIn also matches a node without the label).
-        GpuClass::Exclusive { .. } => vec![
-            (
-                LABEL_SHARING_STRATEGY.to_string(),
-                "NotIn",
-                vec!["mps".to_string(), "time-slicing".to_string()],
-            ),
-            e(LABEL_MIG_STRATEGY, "NotIn", "single"),
-            absent(LABEL_GKE_SHARING),
-            absent(LABEL_GKE_PARTITION),
-        ],
-        GpuClass::Mig { profile } => match policy.mig.strategy {
-            MigStrategy::Single => vec![e(
-                LABEL_MIG_CONFIG,
-                "In",
-                &crate::mig::all_config_name(profile),
-            )],
-            MigStrategy::Mixed => vec![],
-        },
-    }
-}
-
-/// GKE's own label for the nodes a pod may also run on: GKE shares and partitions GPUs with its
-/// own device plugin and no GFD labels. mps and timeslice pods match the sharing strategy
-/// (auto-provisioned nodes spell the value in capitals), never a client count: any number of
-/// clients per GPU will do. MIG pods match the partition size, but only under the single
-/// strategy: GKE advertises each partition as one `nvidia.com/gpu`, which is what a MIG pod asks
-/// for then; under the mixed strategy it asks for `nvidia.com/mig-<profile>`, which no GKE node
-/// advertises.
-fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<Expr>> {
-    let (key, values) = match class {
-        GpuClass::Mps { .. } => (
-            LABEL_GKE_SHARING,
-            vec!["mps".to_string(), "MPS".to_string()],
-        ),
-        GpuClass::Timeslice { .. } => (
-            LABEL_GKE_SHARING,
-            vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],
-        ),
-        GpuClass::Mig { profile } if policy.mig.strategy == MigStrategy::Single => {
-            (LABEL_GKE_PARTITION, vec![profile.clone()])
-        }
-        _ => return None,
-    };
-    Some(vec![(key.to_string(), "In", values)])
-}
-
-/// Requires the pod's own terms and one of `alternatives`: every existing required term is
-/// crossed with every alternative (terms are ORed, expressions within one ANDed), and the
-/// result replaces the terms; with one alternative, that ANDs it into every term. Without terms
-/// of its own the pod gets one term per alternative. A term that already requires an
-/// alternative (a second pass) stays as it is. Creates the missing parents whole.
-fn require_affinity(b: &mut PatchBuilder, pod: &Pod, alternatives: &[Vec<Expr>]) {
-    if alternatives.iter().all(Vec::is_empty) {
-        return;
-    }
-    let spec = pod.spec.as_ref();
-    let affinity = spec.and_then(|s| s.affinity.as_ref());
-    let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
-    let required = node_affinity.and_then(|n| {
-        n.required_during_scheduling_ignored_during_execution
-            .as_ref()
-    });
-    let own: Vec<Value> = required
-        .map(|r| {
-            r.node_selector_terms
-                .iter()
-                .map(|t| serde_json::to_value(t).unwrap_or_else(|_| json!({})))
-                .collect()
-        })
-        .unwrap_or_default();
-    let own = if own.is_empty() { vec![json!({})] } else { own };
-    let mut terms = Vec::new();
-    let mut changed = required.is_none_or(|r| r.node_selector_terms.is_empty());
-    for term in &own {
-        // A term that already requires one of the alternatives (a second pass) stays as it is.
-        let have: Vec<Value> = term
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if alternatives
-            .iter()
-            .any(|alt| alt.iter().all(|e| have.contains(&expr_json(e))))
-        {
-            terms.push(term.clone());
-            continue;
-        }
-        changed = true;
-        for alt in alternatives {
-            let mut t = term.clone();
-            let mut exprs: Vec<Value> = t
-                .get("matchExpressions")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            for e in alt {
-                let e = expr_json(e);
-                if !exprs.contains(&e) {
-                    exprs.push(e);
-                }
-            }
-            t["matchExpressions"] = Value::Array(exprs);
-            terms.push(t);
-        }
-    }
-    if !changed {
-        return;
-    }
-    const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
-    const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
-    let new_required = json!({ "nodeSelectorTerms": terms });
-    match (affinity, node_affinity, required) {
-        (None, _, _) => b.add(
-            &["spec", "affinity"],
-            json!({ "nodeAffinity": { REQ: new_required } }),
-        ),
-        (Some(_), None, _) => b.add(&NA, json!({ REQ: new_required })),
-        (Some(_), Some(_), None) => b.add(&[&NA[..], &[REQ]].concat(), new_required),
-        // `add` on an existing member replaces it.
-        (Some(_), Some(_), Some(_)) => b.add(
-            &[&NA[..], &[REQ, "nodeSelectorTerms"]].concat(),
-            new_required["nodeSelectorTerms"].clone(),
-        ),
-    }
-}
-
-fn expr_json(e: &Expr) -> Value {
-    if e.2.is_empty() {
-        // Exists and DoesNotExist take no values.
-        json!({ "key": e.0, "operator": e.1 })
-    } else {
-        json!({ "key": e.0, "operator": e.1, "values": e.2 })
-    }
-}
-
 /// Appends env vars the container does not already define (its own values win).
 fn add_env(b: &mut PatchBuilder, container: &Container, cpath: &[&str], env: &[(String, String)]) {
     let have: Vec<&str> = container
@@ -744,12 +593,12 @@ fn add_env(b: &mut PatchBuilder, container: &Container, cpath: &[&str], env: &[(
 }
 
 #[derive(Default)]
-struct PatchBuilder {
-    ops: Vec<PatchOperation>,
+pub(super) struct PatchBuilder {
+    pub(super) ops: Vec<PatchOperation>,
 }
 
 impl PatchBuilder {
-    fn add(&mut self, tokens: &[&str], value: Value) {
+    pub(super) fn add(&mut self, tokens: &[&str], value: Value) {
         self.ops.push(PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(tokens.iter().copied()),
             value,
@@ -785,6 +634,7 @@ fn some_names<'a>(names: impl ExactSizeIterator<Item = &'a str>, max: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::MigStrategy;
 
     fn pod(annotations: Value, spec: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod",

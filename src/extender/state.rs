@@ -11,13 +11,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use moka::notification::RemovalCause;
-use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::ledger::{Ledger, NodeLedger};
+use crate::ledger::Ledger;
 use crate::packing::frag::TargetWorkload;
-use crate::packing::{self, Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
+use crate::packing::{Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
 use crate::sync::lock;
+
+pub use super::report::*;
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -523,189 +524,11 @@ pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
     Some(Unscheduled { class, since })
 }
 
-/// `/v1/nodes`: every GPU node with its capacity, use and holders.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeReport {
-    pub name: String,
-    /// e.g. `time-slicing x4`; `whole (unverified)` when no label says how the GPUs are shared.
-    pub kind: String,
-    /// Where the sharing mode was read from: `gfd`, `gke`, `declared` (the policy's nodeModes)
-    /// or `unverified`.
-    #[serde(default)]
-    pub mode_source: crate::inventory::ModeSource,
-    pub product: Option<String>,
-    /// Physical GPUs, MIG-partitioned ones included ([`crate::inventory::GpuNode::physical_gpus`]).
-    pub gpus: u32,
-    /// What the node's MIG devices add up to, in GPUs by compute share (seven `1g.10gb` are
-    /// 7/7 = 1; `3g.40gb` + `3g.40gb` are 6/7 of their GPU): the allocatable part of its
-    /// MIG-partitioned GPUs. 0 without MIG.
-    #[serde(default)]
-    pub mig_gpus: f64,
-    /// Use and free room in GPUs: whole GPUs, shares of GPUs, and MIG devices by compute share.
-    pub used_gpus: f64,
-    pub free_gpus: f64,
-    /// Enforced units: pool slots and MIG devices per profile, as `used/total`.
-    pub slots: String,
-    pub mig: BTreeMap<String, String>,
-    pub pods: Vec<PodReport>,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct PodReport {
-    pub namespace: String,
-    pub name: String,
-    pub class: String,
-    pub gpus: f64,
-    /// The per-GPU model (`index:milli`), empty for MIG.
-    pub model: String,
-}
-
-/// One node's MIG devices in GPUs by compute share: capacity, use, and `used/total` per profile.
-fn mig_use(nl: &NodeLedger, mig: &crate::mig::MigTable) -> (f64, f64, BTreeMap<String, String>) {
-    let n = &nl.node;
-    let u = &nl.usage;
-    let mig_share = |profile: &str| -> f64 {
-        let milli = match mig.find(profile) {
-            Some((m, p)) => crate::packing::mig_share_milli(m, p),
-            None => crate::packing::mig_profile_milli(profile),
-        };
-        f64::from(milli) / 1000.0
-    };
-    match &n.mig {
-        crate::inventory::MigLayout::None => (0.0, 0.0, BTreeMap::new()),
-        crate::inventory::MigLayout::Single { profile } => (
-            f64::from(n.slots) * mig_share(profile),
-            f64::from(u.slots) * mig_share(profile),
-            [(profile.clone(), format!("{}/{}", u.slots, n.slots))].into(),
-        ),
-        crate::inventory::MigLayout::Mixed { instances } => {
-            let cap = instances
-                .iter()
-                .map(|(p, c)| f64::from(*c) * mig_share(p))
-                .sum();
-            let used = u
-                .mig
-                .iter()
-                .map(|(p, c)| f64::from(*c) * mig_share(p))
-                .sum();
-            let counts = instances
-                .iter()
-                .map(|(p, c)| {
-                    (
-                        p.clone(),
-                        format!("{}/{}", u.mig.get(p).copied().unwrap_or(0), c),
-                    )
-                })
-                .collect();
-            (cap, used, counts)
-        }
-    }
-}
-
-/// One node's GPUs by the class of pod they take, in GPUs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ClassGpus {
-    /// `exclusive`, `timeslice`, `mps` or `mig` (`shared` for the simulator's per-GPU model).
-    pub class: &'static str,
-    pub total: f64,
-    pub used: f64,
-}
-
-/// A node's GPUs by class: its full GPUs under its sharing mode, and its MIG devices as `mig`.
-pub fn gpus_by_class(nl: &NodeLedger, mig: &crate::mig::MigTable) -> Vec<ClassGpus> {
-    let n = &nl.node;
-    let mut out = Vec::with_capacity(2);
-    if n.gpus > 0 {
-        out.push(ClassGpus {
-            class: match n.sharing {
-                crate::inventory::Sharing::None => "exclusive",
-                crate::inventory::Sharing::TimeSlicing { .. } => "timeslice",
-                crate::inventory::Sharing::Mps { .. } => "mps",
-                crate::inventory::Sharing::PerGpu => "shared",
-            },
-            total: f64::from(n.gpus),
-            used: nl.usage.allocated_milli() as f64 / 1000.0,
-        });
-    }
-    let (total, used, _) = mig_use(nl, mig);
-    if total > 0.0 {
-        out.push(ClassGpus {
-            class: "mig",
-            total,
-            used,
-        });
-    }
-    out
-}
-
-/// Builds the `/v1/nodes` report for one node ledger.
-pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
-    let n = &nl.node;
-    let u = &nl.usage;
-    let (mig_cap, mig_used, mig_counts) = mig_use(nl, mig);
-    let gpu_cap = f64::from(n.gpus);
-    let gpu_used = u.allocated_milli() as f64 / 1000.0;
-    let round = |x: f64| (x * 1000.0).round() / 1000.0;
-    NodeReport {
-        name: n.name.clone(),
-        kind: match n.mode_source {
-            crate::inventory::ModeSource::Unverified => format!("{} (unverified)", n.kind()),
-            crate::inventory::ModeSource::Declared => format!("{} (declared)", n.kind()),
-            _ => n.kind(),
-        },
-        mode_source: n.mode_source,
-        product: n.product.clone(),
-        gpus: n.physical_gpus(),
-        mig_gpus: round(mig_cap),
-        used_gpus: round(gpu_used + mig_used),
-        free_gpus: round((gpu_cap - gpu_used).max(0.0) + (mig_cap - mig_used).max(0.0)),
-        slots: format!("{}/{}", u.slots, n.slots),
-        mig: mig_counts,
-        pods: nl
-            .holdings
-            .values()
-            .map(|h| PodReport {
-                namespace: h.pod.namespace.clone(),
-                name: h.pod.name.clone(),
-                class: h.demand.gpu.to_string(),
-                gpus: round(h.demand.gpu.gpus()),
-                model: h.placement.gpus_text(),
-            })
-            .collect(),
-    }
-}
-
-/// The fragmentation gauge: free GPU capacity (in GPUs) on nodes where `demand` cannot fit for
-/// lack of capacity (nodes of another class do not count).
-pub fn fragmented_gpus<'a>(
-    nodes: impl IntoIterator<Item = &'a NodeLedger>,
-    demand: &Demand,
-) -> f64 {
-    nodes.into_iter().map(|nl| fragmented_on(nl, demand)).sum()
-}
-
-/// One node's share of [`fragmented_gpus`].
-pub fn fragmented_on(nl: &NodeLedger, demand: &Demand) -> f64 {
-    match packing::fit(&nl.node, &nl.usage, demand) {
-        Err(r) if r.resolvable() => {
-            let free: u64 = nl
-                .usage
-                .gpu_milli
-                .iter()
-                .map(|m| u64::from(1000u32.saturating_sub(*m)))
-                .sum();
-            free as f64 / 1000.0
-        }
-        _ => 0.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inventory::{GpuNode, Sharing};
+    use crate::ledger::NodeLedger;
     use crate::ledger::PodRef;
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
 

@@ -3,16 +3,17 @@
 
 pub mod body;
 pub mod conn;
+mod policy;
 pub mod shutdown;
 pub mod tls;
 
+pub use policy::*;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode, Uri, header};
@@ -26,7 +27,6 @@ use crate::cluster::ClusterFacts;
 use crate::extender::handlers as ext;
 use crate::extender::state::{ExtenderState, Mode};
 use crate::metrics::Metrics;
-use crate::mig::MigTable;
 use crate::policy::Policy;
 use crate::{Error, Result};
 
@@ -53,41 +53,6 @@ pub fn body_budget(role: Role, memory: usize, timeout: Duration) -> body::BodyBu
         memory.saturating_sub(SMALL_BODY_BUDGET).max(largest),
         timeout,
     )
-}
-
-/// A policy with what is derived from it.
-#[derive(Debug, Clone)]
-pub struct LoadedPolicy {
-    pub policy: Policy,
-    pub mig: MigTable,
-}
-
-impl LoadedPolicy {
-    pub fn new(policy: Policy) -> Self {
-        let mig = policy.mig_table();
-        LoadedPolicy { policy, mig }
-    }
-}
-
-/// The current policy, swapped atomically on reload.
-pub struct PolicyStore {
-    current: ArcSwap<LoadedPolicy>,
-}
-
-impl PolicyStore {
-    pub fn new(policy: Policy) -> Self {
-        PolicyStore {
-            current: ArcSwap::from_pointee(LoadedPolicy::new(policy)),
-        }
-    }
-
-    pub fn current(&self) -> Arc<LoadedPolicy> {
-        self.current.load_full()
-    }
-
-    pub fn replace(&self, policy: Policy) {
-        self.current.store(Arc::new(LoadedPolicy::new(policy)));
-    }
 }
 
 /// What `/readyz` waits for.
@@ -403,109 +368,6 @@ pub fn connection_limits(
         idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
     };
     (bounds("https", https_max), bounds("admin", admin_max))
-}
-
-/// Reads and validates a policy file.
-pub fn load_policy(path: &PathBuf) -> Result<Policy> {
-    load_policy_file(path).map(|(loaded, _)| loaded.policy)
-}
-
-/// Reads and validates a policy file, returning the bytes it was read from as well (the
-/// reloader compares against exactly those).
-pub fn load_policy_bytes(path: &PathBuf) -> Result<(Policy, Vec<u8>)> {
-    load_policy_file(path).map(|(loaded, bytes)| (loaded.policy, bytes))
-}
-
-/// Reads and validates a policy file: the policy with the fields it left out and its warnings,
-/// and the bytes it was read from. Errors name the file.
-pub fn load_policy_file(path: &PathBuf) -> Result<(crate::policy::LoadedFile, Vec<u8>)> {
-    let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| Error::Policy {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
-    let text = String::from_utf8(bytes).map_err(|e| Error::Policy {
-        path: shown.clone(),
-        reason: format!("not UTF-8 text: {e}"),
-    })?;
-    let loaded = Policy::load(&text, &shown).map_err(|e| Error::Policy {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok((loaded, text.into_bytes()))
-}
-
-/// Logs what a policy file set empty on purpose, and what it left to the defaults.
-fn log_policy_file(path: &std::path::Path, loaded: &crate::policy::LoadedFile) {
-    for w in &loaded.warnings {
-        tracing::warn!(path = %path.display(), warning = %w, "policy");
-    }
-    if !loaded.defaulted.is_empty() {
-        tracing::info!(path = %path.display(), fields = %loaded.defaulted.join(", "), "policy: fields left out take the embedded default's values");
-    }
-}
-
-/// Re-reads the policy file every `every`; a valid change replaces the policy, an invalid one
-/// keeps the last good policy and logs why. Works with ConfigMap symlink swaps (content compare).
-/// `loaded` is the content the store's policy was read from, so that a change made between that
-/// read and this task's start is not mistaken for the loaded policy.
-pub fn spawn_policy_reloader(
-    path: PathBuf,
-    loaded: Vec<u8>,
-    store: Arc<PolicyStore>,
-    metrics: Arc<Metrics>,
-    every: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut last = Some(loaded);
-        loop {
-            tokio::select! {
-                _ = stopped(&mut shutdown) => return,
-                _ = tokio::time::sleep(every) => {}
-            }
-            let bytes = match tokio::fs::read(&path).await {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot re-read the policy; keeping the last good one");
-                    continue;
-                }
-            };
-            if last.as_deref() == Some(&bytes[..]) {
-                continue;
-            }
-            last = Some(bytes.clone());
-            match Policy::load(
-                &String::from_utf8_lossy(&bytes),
-                &path.display().to_string(),
-            ) {
-                Ok(loaded) => {
-                    log_policy_file(&path, &loaded);
-                    store.replace(loaded.policy);
-                    metrics.policy_reload("ok");
-                    tracing::info!(path = %path.display(), "policy reloaded");
-                }
-                Err(e) => {
-                    metrics.policy_reload("invalid");
-                    tracing::error!(path = %path.display(), error = %e, "new policy is invalid; keeping the last good one");
-                }
-            }
-        }
-    })
-}
-
-/// Reads a NodeList (YAML or JSON; a single Node or a YAML stream of Nodes also works).
-pub fn load_nodes(path: &PathBuf) -> Result<Vec<k8s_openapi::api::core::v1::Node>> {
-    let err = |reason: String| Error::Config(format!("--nodes {}: {reason}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    parse_nodes(&text).map_err(err)
-}
-
-/// Parses the `--nodes` file contents.
-pub fn parse_nodes(
-    text: &str,
-) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, String> {
-    crate::documents::typed(text, "Node")
 }
 
 /// The accept queue asked of the kernel (capped by `net.core.somaxconn`): a burst of connections

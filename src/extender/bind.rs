@@ -1,0 +1,425 @@
+//! `POST /scheduler/bind`: reserve on the node's ledger, bind through the API, and settle what
+//! the ledger holds by how the binding call ended (accepted, refused, or unknown and read back).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::handlers::{BindPlan, NOT_SYNCED, begin, reserve_for_bind};
+use super::state::{Assumed, ExtenderState, Mode};
+use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
+use crate::ledger;
+use crate::server::AppState;
+
+pub async fn bind_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let (ext, args) = match begin(&state, "bind", start, wire::parse_binding(&body)) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let error = bind(&state, ext, &args).await.err().unwrap_or_default();
+    let outcome = if error.is_empty() { "ok" } else { "error" };
+    state.metrics.observe("bind", outcome, start.elapsed());
+    if !error.is_empty() {
+        tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %error, "bind refused");
+    }
+    axum::Json(ExtenderBindingResult { error }).into_response()
+}
+
+async fn bind(
+    state: &AppState,
+    ext: &ExtenderState,
+    args: &ExtenderBindingArgs,
+) -> Result<(), String> {
+    if !ext.is_synced() {
+        return Err(NOT_SYNCED.to_string());
+    }
+    let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+    if args.node.is_empty() || args.pod_name.is_empty() {
+        return Err(format!("bind request for {key:?} names no pod or no node"));
+    }
+    let pod = match ext.pods.get(&args.pod_uid) {
+        Some(p) => p,
+        None => match (&ext.mode, &state.cluster) {
+            (Mode::Cluster, Some(c)) => {
+                let pod = tokio::time::timeout(
+                    BIND_READBACK_TIMEOUT,
+                    crate::cluster::binder::get_pod(
+                        c.client(),
+                        &args.pod_namespace,
+                        &args.pod_name,
+                    ),
+                )
+                .await
+                .map_err(|_| {
+                    format!(
+                        "cannot read pod {key} to bind it: no answer within {} s",
+                        BIND_READBACK_TIMEOUT.as_secs()
+                    )
+                })?
+                .map_err(|e| format!("cannot read pod {key} to bind it: {e}"))?;
+                if !args.pod_uid.is_empty() && pod.metadata.uid.as_deref() != Some(&args.pod_uid) {
+                    return Err(format!(
+                        "pod {key} has UID {:?}, not {:?}: it was replaced",
+                        pod.metadata.uid.unwrap_or_default(),
+                        args.pod_uid
+                    ));
+                }
+                Arc::new(ledger::BindPod::of(&pod))
+            }
+            _ => {
+                return Err(format!(
+                    "cannot resolve pod {key} (UID {}): it was not seen in filter or prioritize",
+                    args.pod_uid
+                ));
+            }
+        },
+    };
+    let policy = state.policy.current();
+    let cluster = match (&ext.mode, &state.cluster) {
+        (Mode::Cluster, Some(c)) => Some(c),
+        _ => None,
+    };
+    // Assumed before the reservation exists: a watch event of the still-unbound pod in between
+    // must not free it.
+    if cluster.is_some() {
+        ext.assumed.insert(
+            args.pod_uid.clone(),
+            Assumed {
+                node: args.node.clone(),
+                bound_at: None,
+            },
+        );
+    }
+    let plan = reserve_for_bind(ext, &policy, &pod, &args.node);
+    let reserved = matches!(plan, Ok(BindPlan::Reserved { .. }));
+    if cluster.is_some() && !reserved {
+        ext.assumed.invalidate(&args.pod_uid);
+    }
+    let annotations = match plan? {
+        BindPlan::Plain => BTreeMap::new(),
+        BindPlan::Reserved { annotations } => annotations,
+    };
+    if let Some(c) = cluster {
+        let bound = tokio::time::timeout(
+            BIND_API_TIMEOUT,
+            crate::cluster::binder::bind_pod(
+                c.client(),
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                &args.node,
+                annotations,
+            ),
+        )
+        .await;
+        let failure = match bound {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some((BindOutcome::of(&e), e.to_string())),
+            Err(_) => Some((
+                BindOutcome::Unknown,
+                format!("no answer within {} s", BIND_API_TIMEOUT.as_secs()),
+            )),
+        };
+        if let Some((outcome, why)) = failure {
+            // A server error, a lost connection or no answer: the API may have bound the pod
+            // all the same. Read it back rather than guess: releasing a binding that took
+            // would free capacity a running pod holds.
+            let took = outcome == BindOutcome::Unknown
+                && bound_to(
+                    c.client(),
+                    &args.pod_namespace,
+                    &args.pod_name,
+                    &args.pod_uid,
+                )
+                .await
+                .as_deref()
+                    == Some(args.node.as_str());
+            if took {
+                tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
+            } else {
+                // Release only the reservation this bind made and nothing has confirmed since:
+                // once the watch records the pod bound, it drops the assumption, and the holding
+                // is the pod's, not this bind's.
+                let ours = ext
+                    .assumed
+                    .get(&args.pod_uid)
+                    .is_some_and(|a| a.node == args.node && a.bound_at.is_none());
+                if reserved && ours {
+                    ext.assumed.invalidate(&args.pod_uid);
+                    ext.ledgers.release(&args.pod_uid);
+                }
+                return Err(format!("binding pod {key} to {} failed: {why}", args.node));
+            }
+        }
+        if reserved {
+            // The API has it now: a list begun from here on shows it unless it is gone.
+            ext.assumed.insert(
+                args.pod_uid.clone(),
+                Assumed {
+                    node: args.node.clone(),
+                    bound_at: Some(Instant::now()),
+                },
+            );
+        }
+    }
+    ext.waiting.invalidate(&args.pod_uid);
+    ext.pods.invalidate(&args.pod_uid);
+    ext.clear_unscheduled(&args.pod_uid);
+    tracing::info!(pod = %key, node = %args.node, "bound");
+    Ok(())
+}
+
+/// How long bind waits for the API server's answer to a binding: within kube-scheduler's 5 s
+/// `httpTimeout` for the extender, with room to read the pod back.
+pub const BIND_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long reading a pod back after an unanswered binding may take.
+const BIND_READBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a failed binding call says about the binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BindOutcome {
+    /// The API refused it (a 4xx other than 409): nothing was bound.
+    Refused,
+    /// A server error, a transport error, no answer, or a conflict: it may be bound.
+    Unknown,
+}
+
+impl BindOutcome {
+    fn of(e: &kube::Error) -> Self {
+        match e {
+            // 409: already bound, perhaps by this very binding's earlier try that ended unknown:
+            // read back which node.
+            kube::Error::Api(s) if s.code == 409 => BindOutcome::Unknown,
+            kube::Error::Api(s) if (400..500).contains(&s.code) => BindOutcome::Refused,
+            _ => BindOutcome::Unknown,
+        }
+    }
+}
+
+/// The node the API says pod `uid` is bound to (`None` if unbound, replaced, or unreadable).
+async fn bound_to(client: &kube::Client, namespace: &str, name: &str, uid: &str) -> Option<String> {
+    let pod = tokio::time::timeout(
+        BIND_READBACK_TIMEOUT,
+        crate::cluster::binder::get_pod(client, namespace, name),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    if pod.metadata.uid.as_deref() != Some(uid) {
+        return None;
+    }
+    pod.spec?.node_name
+}
+
+#[cfg(test)]
+mod tests {
+    //! bind against kube's mock API service: what the ledger holds after each way the binding
+    //! call can end.
+    use super::*;
+    use crate::cli::Role;
+    use crate::cluster::ClusterFacts;
+    use crate::inventory::GpuNode;
+    use crate::policy::Policy;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::Value;
+    use serde_json::json;
+
+    use crate::cluster::mock::Handle;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                         "annotations": {"gpu-share.io/request": "exclusive"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }))
+        .unwrap()
+    }
+
+    /// A cluster-mode state with one 4-GPU node and the pod seen in filter.
+    fn cluster_state() -> (AppState, Handle) {
+        let (client, handle) = crate::cluster::mock::client();
+        let mut state = AppState::dev(Role::All, Policy::default_policy());
+        state.cluster = Some(ClusterFacts::new(client));
+        let ext = ExtenderState::new(Mode::Cluster, std::time::Duration::from_secs(60));
+        ext.synced.store(true, std::sync::atomic::Ordering::Release);
+        ext.ledgers
+            .upsert_node(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068));
+        ext.pods
+            .insert("u-1".into(), Arc::new(ledger::BindPod::of(&pod())));
+        state.extender = Some(Arc::new(ext));
+        (state, handle)
+    }
+
+    fn args() -> ExtenderBindingArgs {
+        ExtenderBindingArgs {
+            pod_name: "p".into(),
+            pod_namespace: "ml".into(),
+            pod_uid: "u-1".into(),
+            node: "n1".into(),
+        }
+    }
+
+    fn respond(status: u16, body: Value) -> http::Response<kube::client::Body> {
+        crate::cluster::mock::json(status, &body)
+    }
+
+    fn status(code: u16, message: &str) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code})
+    }
+
+    fn pod_on(node: Option<&str>) -> Value {
+        let mut p = serde_json::to_value(pod()).unwrap();
+        p["spec"]["nodeName"] = json!(node);
+        p
+    }
+
+    /// Runs bind while `api` answers the mock's requests; returns bind's result, what the
+    /// ledger holds for the pod afterwards, and the paths the API was asked for.
+    async fn bind_with<F, Fut>(api: F) -> (Result<(), String>, Option<String>, Vec<String>)
+    where
+        F: FnOnce(Handle) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Vec<String>> + Send + 'static,
+    {
+        let (state, handle) = cluster_state();
+        let server = tokio::spawn(api(handle));
+        let ext = state.extender.clone().unwrap();
+        let result = bind(&state, &ext, &args()).await;
+        drop(state);
+        let paths = server.await.unwrap();
+        (result, ext.ledgers.node_of("u-1"), paths)
+    }
+
+    #[tokio::test]
+    async fn a_binding_the_api_accepts_is_held() {
+        let (r, held, paths) = bind_with(|mut h| async move {
+            let (req, send) = h.next_request().await.unwrap();
+            send.send_response(respond(201, status(201, "")));
+            vec![req.uri().path().to_string()]
+        })
+        .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(held.as_deref(), Some("n1"));
+        assert_eq!(paths, ["/api/v1/namespaces/ml/pods/p/binding"]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_binding_is_released_without_reading_the_pod() {
+        let (r, held, paths) = bind_with(|mut h| async move {
+            let (req, send) = h.next_request().await.unwrap();
+            send.send_response(respond(403, status(403, "pods \"p\" is forbidden")));
+            let mut paths = vec![req.uri().path().to_string()];
+            // Nothing more is asked (the stream ends when bind has dropped the client).
+            if let Some((extra, _)) = h.next_request().await {
+                paths.push(extra.uri().path().to_string());
+            }
+            paths
+        })
+        .await;
+        assert!(r.unwrap_err().contains("forbidden"));
+        assert_eq!(held, None, "nothing was bound: the reservation is released");
+        assert_eq!(paths.len(), 1, "a 403 is definite: no read-back: {paths:?}");
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_read_back() {
+        // Already bound to this node (an earlier try that took): kept.
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(
+                409,
+                status(409, "pod p is already assigned to node \"n1\""),
+            ));
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(Some("n1"))));
+            vec![]
+        })
+        .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(held.as_deref(), Some("n1"));
+        // Bound elsewhere: released, the conflict in words.
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(
+                409,
+                status(409, "pod p is already assigned to node \"n2\""),
+            ));
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(Some("n2"))));
+            vec![]
+        })
+        .await;
+        assert!(r.unwrap_err().contains("already assigned"));
+        assert_eq!(held, None);
+    }
+
+    #[tokio::test]
+    async fn a_server_error_on_a_binding_that_took_keeps_the_holding() {
+        let (r, held, paths) = bind_with(|mut h| async move {
+            let (req, send) = h.next_request().await.unwrap();
+            send.send_response(respond(500, status(500, "etcdserver: request timed out")));
+            let (get, send) = h.next_request().await.unwrap();
+            assert_eq!(get.method(), http::Method::GET);
+            send.send_response(respond(200, pod_on(Some("n1"))));
+            vec![req.uri().path().to_string(), get.uri().path().to_string()]
+        })
+        .await;
+        assert_eq!(
+            r,
+            Ok(()),
+            "the pod is bound: the call's error is not the outcome"
+        );
+        assert_eq!(held.as_deref(), Some("n1"));
+        assert_eq!(paths[1], "/api/v1/namespaces/ml/pods/p");
+    }
+
+    #[tokio::test]
+    async fn a_server_error_on_a_binding_that_did_not_take_is_released() {
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(503, status(503, "the server is shutting down")));
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(None)));
+            vec![]
+        })
+        .await;
+        assert!(r.unwrap_err().contains("shutting down"));
+        assert_eq!(held, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_binding_is_read_back_and_released_if_the_read_fails_too() {
+        let (r, held, _) = bind_with(|mut h| async move {
+            // Neither the binding nor the read-back is ever answered.
+            let (_, binding) = h.next_request().await.unwrap();
+            let (_, read) = h.next_request().await.unwrap();
+            tokio::time::sleep(BIND_API_TIMEOUT * 2).await;
+            drop((binding, read));
+            vec![]
+        })
+        .await;
+        assert!(r.unwrap_err().contains("no answer within 3 s"));
+        assert_eq!(
+            held, None,
+            "unknown either way: released, the watch records it if it took"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_binding_that_took_keeps_the_holding() {
+        let (r, held, _) = bind_with(|mut h| async move {
+            let (_, binding) = h.next_request().await.unwrap();
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(200, pod_on(Some("n1"))));
+            drop(binding);
+            vec![]
+        })
+        .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(held.as_deref(), Some("n1"));
+    }
+}

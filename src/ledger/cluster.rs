@@ -1,0 +1,304 @@
+//! The cluster's ledger: one [`NodeLedger`] per node behind its own lock, and a listener called on
+//! every release.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::inventory::GpuNode;
+use crate::packing::{Demand, Placement, Reason, Scorer};
+use crate::sync::lock;
+
+use super::*;
+
+type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
+
+/// The fewest nodes one thread takes in [`Ledger::with_nodes_par`]: small requests stay on the
+/// calling thread, where handing them out would cost more than it saves.
+pub const PARALLEL_CHUNK: usize = 512;
+
+/// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
+/// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
+/// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
+#[derive(Default)]
+pub struct Ledger {
+    /// By name, as prioritize looks up every candidate node of a decision.
+    nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::quality::RandomState>>,
+    /// uid -> node for every placed holding.
+    index: Mutex<HashMap<String, String>>,
+    /// Pods bound to nodes not (yet) in the inventory.
+    unplaced: Mutex<HashMap<String, ObservedPod>>,
+    on_release: RwLock<Option<ReleaseListener>>,
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger::default()
+    }
+
+    /// Builds a ledger from nodes and pods as the API lists them.
+    pub fn rebuild(nodes: impl IntoIterator<Item = GpuNode>, pods: &[ObservedPod]) -> Self {
+        let l = Ledger::new();
+        for n in nodes {
+            l.upsert_node(n);
+        }
+        for p in pods {
+            l.record(p);
+        }
+        l
+    }
+
+    /// Calls `f` with every holding released from now on (the extender's requeue).
+    pub fn on_release(&self, f: impl Fn(&Holding) + Send + Sync + 'static) {
+        *crate::sync::write(&self.on_release) = Some(Box::new(f));
+    }
+
+    fn node(&self, name: &str) -> Option<Arc<Mutex<NodeLedger>>> {
+        crate::sync::read(&self.nodes).get(name).cloned()
+    }
+
+    /// Every node's name, sorted.
+    /// How many node ledgers there are.
+    pub fn node_count(&self) -> usize {
+        crate::sync::read(&self.nodes).len()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = crate::sync::read(&self.nodes).keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Runs `f` on one node's ledger under its lock.
+    pub fn with_node<R>(&self, name: &str, f: impl FnOnce(&mut NodeLedger) -> R) -> Option<R> {
+        let n = self.node(name)?;
+        let mut g = lock(&n);
+        Some(f(&mut g))
+    }
+
+    /// Runs `f` on each named node's ledger (under that node's lock, one at a time), in order;
+    /// `None` for names not in the inventory. Looks the nodes up under one read of the map.
+    pub fn with_nodes<R>(
+        &self,
+        names: &[String],
+        mut f: impl FnMut(&mut NodeLedger) -> R,
+    ) -> Vec<Option<R>> {
+        let map = crate::sync::read(&self.nodes);
+        names
+            .iter()
+            .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
+            .collect()
+    }
+
+    /// [`Ledger::with_nodes`] spread over rayon's threads, in chunks of [`PARALLEL_CHUNK`]
+    /// nodes, for the verbs that visit every node of a request. Each node is still under its own
+    /// lock while `f` runs, and the answers keep the names' order.
+    pub fn with_nodes_par<R: Send>(
+        &self,
+        names: &[String],
+        f: impl Fn(&mut NodeLedger) -> R + Sync,
+    ) -> Vec<Option<R>> {
+        use rayon::prelude::*;
+        if names.len() < 2 * PARALLEL_CHUNK || rayon::current_num_threads() < 2 {
+            return self.with_nodes(names, f);
+        }
+        let map = crate::sync::read(&self.nodes);
+        names
+            .par_iter()
+            .with_min_len(PARALLEL_CHUNK)
+            .map(|n| map.get(n.as_str()).map(|m| f(&mut lock(m))))
+            .collect()
+    }
+
+    /// Runs `f` on every node ledger, one at a time (the node map is not held meanwhile, so
+    /// nodes can come and go); returns how many it visited.
+    pub fn for_each_node(&self, mut f: impl FnMut(&mut NodeLedger)) -> usize {
+        let handles: Vec<_> = crate::sync::read(&self.nodes).values().cloned().collect();
+        for h in &handles {
+            f(&mut lock(h));
+        }
+        handles.len()
+    }
+
+    /// Every holding as the API would show it (the pod, its node and its bind annotation): what a
+    /// restarted extender rebuilds from.
+    pub fn observed(&self) -> Vec<ObservedPod> {
+        self.snapshot()
+            .values()
+            .flat_map(|nl| nl.holdings.values())
+            .map(|h| ObservedPod {
+                pod: h.pod.clone(),
+                node: h.node.clone(),
+                demand: h.demand.clone(),
+                gpus: Some(h.placement.gpus.clone()),
+            })
+            .collect()
+    }
+
+    /// A copy of every node ledger, by name (each consistent in itself).
+    pub fn snapshot(&self) -> BTreeMap<String, NodeLedger> {
+        let handles: Vec<_> = crate::sync::read(&self.nodes)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|(k, n)| (k, lock(&n).clone()))
+            .collect()
+    }
+
+    pub fn upsert_node(&self, node: GpuNode) {
+        let name = node.name.clone();
+        if let Some(n) = self.node(&name) {
+            lock(&n).set_node(node);
+            return;
+        }
+        crate::sync::write(&self.nodes)
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(Mutex::new(NodeLedger::new(node))));
+        let waiting: Vec<ObservedPod> = {
+            let mut u = lock(&self.unplaced);
+            let uids: Vec<String> = u
+                .iter()
+                .filter(|(_, o)| o.node == name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            uids.iter().filter_map(|k| u.remove(k)).collect()
+        };
+        for o in waiting {
+            self.record(&o);
+        }
+    }
+
+    /// Removes a node; its pods wait (unplaced) until it comes back.
+    pub fn remove_node(&self, name: &str) {
+        // Most calls are for nodes without GPUs, never held: no write lock for those.
+        if self.node(name).is_none() {
+            return;
+        }
+        let removed = crate::sync::write(&self.nodes).remove(name);
+        let Some(n) = removed else { return };
+        let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
+        let mut index = lock(&self.index);
+        let mut unplaced = lock(&self.unplaced);
+        for h in holdings {
+            index.remove(&h.pod.uid);
+            unplaced.insert(
+                h.pod.uid.clone(),
+                ObservedPod {
+                    pod: h.pod,
+                    node: h.node,
+                    demand: h.demand,
+                    gpus: Some(h.placement.gpus),
+                },
+            );
+        }
+    }
+
+    /// The node a pod holds something on.
+    pub fn node_of(&self, uid: &str) -> Option<String> {
+        lock(&self.index).get(uid).cloned()
+    }
+
+    /// Records what the API says a pod holds.
+    pub fn record(&self, o: &ObservedPod) {
+        // The index lock is held throughout (lock order: index, then a node), so two updates of
+        // one pod cannot interleave and leave a holding the index does not point to.
+        let moved = {
+            let mut index = lock(&self.index);
+            let moved = match index.get(&o.pod.uid) {
+                Some(prev) if *prev != o.node => self.take(&mut index, &o.pod.uid),
+                _ => None,
+            };
+            match self.node(&o.node) {
+                Some(n) => {
+                    lock(&n).record(o);
+                    index.insert(o.pod.uid.clone(), o.node.clone());
+                }
+                None => {
+                    lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
+                }
+            }
+            moved
+        };
+        if let Some(h) = moved {
+            self.notify(&h);
+        }
+    }
+
+    /// Checks the fit on `node` and records the holding (bind), under that node's lock and the
+    /// index lock.
+    pub fn reserve(
+        &self,
+        scorer: &Scorer,
+        node: &str,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        let n = self.node(node).ok_or(Reason::UnknownNode)?;
+        let (result, moved) = {
+            let mut index = lock(&self.index);
+            let moved = match index.get(&pod.uid) {
+                Some(prev) if prev != node => self.take(&mut index, &pod.uid),
+                _ => None,
+            };
+            let uid = pod.uid.clone();
+            let result = lock(&n).reserve(scorer, pod, demand);
+            if result.is_ok() {
+                index.insert(uid, node.to_string());
+            }
+            (result, moved)
+        };
+        if let Some(h) = moved {
+            self.notify(&h);
+        }
+        result
+    }
+
+    /// Releases a pod's holding (and tells the release listener).
+    pub fn release(&self, uid: &str) -> Option<Holding> {
+        lock(&self.unplaced).remove(uid);
+        let h = {
+            let mut index = lock(&self.index);
+            self.take(&mut index, uid)?
+        };
+        self.notify(&h);
+        Some(h)
+    }
+
+    /// Removes a holding from the index (held by the caller) and from its node.
+    fn take(&self, index: &mut HashMap<String, String>, uid: &str) -> Option<Holding> {
+        let node = index.remove(uid)?;
+        let n = self.node(&node)?;
+        lock(&n).release(uid)
+    }
+
+    fn notify(&self, h: &Holding) {
+        if let Some(f) = crate::sync::read(&self.on_release).as_ref() {
+            f(h);
+        }
+    }
+
+    pub fn holding(&self, uid: &str) -> Option<Holding> {
+        let node = self.node_of(uid)?;
+        self.with_node(&node, |nl| nl.holdings.get(uid).cloned())
+            .flatten()
+    }
+
+    /// Pods waiting for their node to appear in the inventory.
+    pub fn unplaced(&self) -> usize {
+        lock(&self.unplaced).len()
+    }
+
+    /// Every UID held (placed or not).
+    /// How many pods the ledger holds (placed or not).
+    pub fn uids_len(&self) -> usize {
+        lock(&self.index).len() + lock(&self.unplaced).len()
+    }
+
+    pub fn uids(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
+        v.extend(lock(&self.unplaced).keys().cloned());
+        v.sort();
+        v
+    }
+}

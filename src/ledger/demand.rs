@@ -1,0 +1,380 @@
+//! PURE: a pod's GPU demand and holding, read from the pod alone: its `gpu-share.io/request`
+//! annotation checked against its `nvidia.com/*` limits, `spec.nodeName`, and the
+//! `gpu-share.io/gpus` model written at bind.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use crate::inventory::{self, MIG_RESOURCE_PREFIX};
+use crate::packing::{Demand, GpuDemand, Placement};
+use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
+
+/// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
+pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
+
+/// A pod's identity and priority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub priority: i32,
+}
+
+/// How a demand is expressed by a request annotation.
+pub fn demand_of_request(request: &GpuRequest) -> GpuDemand {
+    match &request.class {
+        GpuClass::Mig { profile } => GpuDemand::Mig {
+            profile: profile.clone(),
+            count: request.count,
+        },
+        GpuClass::Mps { percent } => GpuDemand::Mps {
+            milli: u32::from(*percent) * 10,
+            memory_mib: request.memory_mib,
+        },
+        GpuClass::Timeslice { percent } => GpuDemand::Timeslice {
+            milli: u32::from(*percent) * 10,
+            memory_mib: request.memory_mib,
+        },
+        GpuClass::Exclusive { count } => GpuDemand::Whole { count: *count },
+    }
+}
+
+/// Why a pod's GPU demand could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DemandError {
+    #[error("pod {0}: {1}")]
+    BadRequestAnnotation(String, String),
+    #[error(
+        "pod {0} asks for more than one kind of GPU resource ({1}); gpu-share accounts one per pod"
+    )]
+    Mixed(String, String),
+}
+
+/// The demand of a pod: its GPU demand ([`gpu_demand_of_pod`]) and its CPU request
+/// ([`pod_cpu_milli`]), which the `gpu-share` policy's fragmentation measure reads. `Ok(None)`:
+/// no GPU.
+pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
+    let Some(gpu) = gpu_demand_of_pod(pod)? else {
+        return Ok(None);
+    };
+    Ok(Some(Demand {
+        cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
+        ..Demand::gpu(gpu)
+    }))
+}
+
+/// A pod's CPU request in thousandths, as kube-scheduler counts it: see [`pod_request_milli`].
+pub fn pod_cpu_milli(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
+    pod_request_milli(spec, "cpu")
+}
+
+/// A pod's request of `resource` in thousandths of its unit, as kube-scheduler counts it: the
+/// larger of the sum over its containers and the largest init container, plus the pod overhead.
+/// A container without a request but with a limit requests its limit (the API server's
+/// defaulting).
+pub fn pod_request_milli(spec: &k8s_openapi::api::core::v1::PodSpec, resource: &str) -> u64 {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let milli = |q: Option<&Quantity>| {
+        q.and_then(|q| inventory::quantity_milli(&q.0))
+            .map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
+    };
+    let request = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
+        let r = c.resources.as_ref();
+        milli(
+            r.and_then(|r| r.requests.as_ref())
+                .and_then(|q| q.get(resource))
+                .or_else(|| {
+                    r.and_then(|r| r.limits.as_ref())
+                        .and_then(|l| l.get(resource))
+                }),
+        )
+    };
+    let main = spec
+        .containers
+        .iter()
+        .map(request)
+        .fold(0u64, u64::saturating_add);
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(request)
+        .max()
+        .unwrap_or(0);
+    let overhead = milli(spec.overhead.as_ref().and_then(|o| o.get(resource)));
+    main.max(init).saturating_add(overhead)
+}
+
+/// The GPU demand of a pod: its `gpu-share.io/request` annotation, or else its `nvidia.com/*`
+/// limits (summed over containers; an init container's, if larger). `Ok(None)`: no GPU. An
+/// annotation the limits contradict ([`contradiction`]) is not believed: the pod is accounted
+/// by its limits, which are what the device plugin hands it.
+pub fn gpu_demand_of_pod(pod: &Pod) -> Result<Option<GpuDemand>, DemandError> {
+    let id = pod_key(pod);
+    let spec = pod.spec.as_ref();
+    if let Some(value) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_REQUEST))
+    {
+        let request = GpuRequest::parse_normalized(value)
+            .map_err(|e| DemandError::BadRequestAnnotation(id.clone(), e.to_string()))?;
+        let claimed = demand_of_request(&request);
+        // Checked against the main containers, where the webhook writes the limits (an init
+        // container's own GPU use is not the request's).
+        let main = spec.map(|s| limit_totals(s, false)).unwrap_or_default();
+        if contradiction(&claimed, &main).is_none() {
+            return Ok(Some(claimed));
+        }
+    }
+    demand_of_limits(id, spec.map(|s| limit_totals(s, true)).unwrap_or_default())
+}
+
+/// Why a pod's `gpu-share.io/request` is not believed, in words: its `nvidia.com/*` limits say
+/// otherwise. `None` when they agree, or when the pod has no such limits to check against.
+pub fn request_contradiction(pod: &Pod) -> Option<String> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_REQUEST))?;
+    let request = GpuRequest::parse_normalized(value).ok()?;
+    let totals = pod
+        .spec
+        .as_ref()
+        .map(|s| limit_totals(s, false))
+        .unwrap_or_default();
+    contradiction(&demand_of_request(&request), &totals).map(|why| {
+        format!("its {ANNOTATION_REQUEST} {value:?} is not believed, {why}; gpu-share accounts it by its limits")
+    })
+}
+
+/// PURE: whether `nvidia.com/*` limit totals contradict a request's demand: a MIG profile and
+/// count must match the limit's resource (`nvidia.com/mig-<profile>`, or `nvidia.com/gpu` under
+/// the single strategy) and quantity; an exclusive count must equal the `nvidia.com/gpu` limit;
+/// a shared class (mps, timeslice) holds exactly one replica of one non-MIG resource. No
+/// `nvidia.com/*` limit at all is nothing to check against (such a pod gets no device).
+pub fn contradiction(claimed: &GpuDemand, totals: &BTreeMap<String, u64>) -> Option<String> {
+    if totals.is_empty() {
+        return None;
+    }
+    let limits = || {
+        totals
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let single = |resource: &str, n: u64| totals.len() == 1 && totals.get(resource) == Some(&n);
+    let agrees = match claimed {
+        GpuDemand::Mig { profile, count } => {
+            single(&crate::mig::resource_name(profile), u64::from(*count))
+                || single(inventory::RESOURCE_GPU, u64::from(*count))
+        }
+        GpuDemand::Whole { count } => single(inventory::RESOURCE_GPU, u64::from(*count)),
+        GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => {
+            totals.len() == 1
+                && totals
+                    .iter()
+                    .all(|(k, v)| *v == 1 && !k.starts_with(MIG_RESOURCE_PREFIX))
+        }
+        GpuDemand::None | GpuDemand::Units { .. } => true,
+    };
+    let want = match claimed {
+        GpuDemand::Mig { profile, count } => format!(
+            "{}: {count} (or {}: {count} under the single strategy)",
+            crate::mig::resource_name(profile),
+            inventory::RESOURCE_GPU
+        ),
+        GpuDemand::Whole { count } => format!("{}: {count}", inventory::RESOURCE_GPU),
+        _ => "one replica of the shared resource".to_string(),
+    };
+    (!agrees).then(|| format!("as its limits ask for {} where it needs {want}", limits()))
+}
+
+/// The `nvidia.com/*` requests or limits of a pod spec, per resource: summed over containers,
+/// and with `init`, an init container's if larger.
+fn limit_totals(spec: &k8s_openapi::api::core::v1::PodSpec, init: bool) -> BTreeMap<String, u64> {
+    let limits_of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u64> {
+        let r = c.resources.as_ref();
+        let l = r.and_then(|r| r.limits.as_ref());
+        let q = r.and_then(|r| r.requests.as_ref());
+        let mut out = BTreeMap::new();
+        for map in [q, l].into_iter().flatten() {
+            for (k, v) in map {
+                if k.starts_with("nvidia.com/")
+                    && let Some(n) = inventory::quantity_count(&v.0)
+                    && n > 0
+                {
+                    let e = out.entry(k.clone()).or_insert(0);
+                    *e = (*e).max(n);
+                }
+            }
+        }
+        out
+    };
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for c in &spec.containers {
+        for (k, n) in limits_of(c) {
+            let e = total.entry(k).or_default();
+            *e = e.saturating_add(n);
+        }
+    }
+    for c in spec.init_containers.iter().flatten().filter(|_| init) {
+        for (k, n) in limits_of(c) {
+            let e = total.entry(k).or_default();
+            *e = (*e).max(n);
+        }
+    }
+    total
+}
+
+/// The demand `nvidia.com/*` limit totals express on their own.
+fn demand_of_limits(
+    id: String,
+    total: BTreeMap<String, u64>,
+) -> Result<Option<GpuDemand>, DemandError> {
+    let mut iter = total.into_iter();
+    let Some((resource, count)) = iter.next() else {
+        return Ok(None);
+    };
+    let rest: Vec<String> = iter.map(|(k, _)| k).collect();
+    if !rest.is_empty() {
+        return Err(DemandError::Mixed(
+            id,
+            std::iter::once(resource)
+                .chain(rest)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    let gpu = match resource.strip_prefix(MIG_RESOURCE_PREFIX) {
+        Some(suffix) => GpuDemand::Mig {
+            profile: inventory::profile_from_resource_suffix(suffix),
+            count,
+        },
+        None => GpuDemand::Units { resource, count },
+    };
+    Ok(Some(gpu))
+}
+
+/// `namespace/name` of a pod.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata
+            .name
+            .as_deref()
+            .or(pod.metadata.generate_name.as_deref())
+            .unwrap_or_default()
+    )
+}
+
+/// The identity of a pod.
+pub fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+    }
+}
+
+/// What the extender keeps of a pod seen in filter or prioritize until it binds it: its
+/// identity, its key for logs and its demand (or why it has none), which is all bind reads. A
+/// Pod as kube-scheduler sends it is tens of KB (managedFields, env, volumes, probes, status,
+/// up to 256 KiB of annotations); this is a few hundred bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindPod {
+    pub pod: PodRef,
+    pub key: String,
+    pub demand: Result<Option<Demand>, String>,
+}
+
+impl BindPod {
+    pub fn of(pod: &Pod) -> Self {
+        BindPod {
+            pod: pod_ref(pod),
+            key: pod_key(pod),
+            demand: demand_of_pod(pod).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// About how many bytes it takes in memory (the pod cache is bounded by this).
+    pub fn size(&self) -> u32 {
+        let p = &self.pod;
+        let demand = match &self.demand {
+            Ok(Some(d)) => d.models.iter().map(|m| m.len() + 24).sum::<usize>() + 64,
+            Ok(None) => 0,
+            Err(e) => e.len(),
+        };
+        let n = std::mem::size_of::<Self>()
+            + p.uid.len()
+            + p.namespace.len()
+            + p.name.len()
+            + self.key.len()
+            + demand
+            + 64;
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// True when a pod no longer holds anything (Succeeded or Failed).
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+/// What a pod seen in the API holds: `None` if it holds nothing (no GPU, not bound, finished).
+pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(None);
+    };
+    if is_terminal(pod) {
+        return Ok(None);
+    }
+    let Some(demand) = demand_of_pod(pod)? else {
+        return Ok(None);
+    };
+    let gpus = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_GPUS))
+        .and_then(|t| Placement::parse_gpus(t));
+    Ok(Some(ObservedPod {
+        pod: pod_ref(pod),
+        node,
+        demand,
+        gpus,
+    }))
+}
+
+/// A bound pod as read from the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedPod {
+    pub pod: PodRef,
+    pub node: String,
+    pub demand: Demand,
+    /// The per-GPU model written at bind, if any.
+    pub gpus: Option<Vec<(u32, u32)>>,
+}
+
+/// A bind annotation's per-GPU shares add up to at most one GPU on every GPU it names.
+pub(super) fn no_gpu_over_full(gpus: &[(u32, u32)]) -> bool {
+    let mut per: BTreeMap<u32, u32> = BTreeMap::new();
+    gpus.iter().all(|(i, m)| {
+        let e = per.entry(*i).or_default();
+        *e = e.saturating_add(*m);
+        *e <= 1000
+    })
+}

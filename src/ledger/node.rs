@@ -1,0 +1,250 @@
+//! PURE: one node's ledger (its capacity, usage and holders) and preemption on it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::inventory::{self, GpuNode};
+use crate::packing::{self, Demand, GpuDemand, Placement, Reason, Scorer, Usage};
+
+use super::*;
+
+/// What one pod holds on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holding {
+    pub pod: PodRef,
+    pub node: String,
+    pub demand: Demand,
+    pub placement: Placement,
+}
+
+/// One node's capacity, usage and holders.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLedger {
+    pub node: GpuNode,
+    pub usage: Usage,
+    pub holdings: BTreeMap<String, Holding>,
+    /// The node's fragmentation as the last decision on it measured it (a cache).
+    #[serde(skip)]
+    pub memo: packing::FragMemo,
+}
+
+/// Two ledgers are equal when they hold the same node, usage and holdings, whatever their memos
+/// (a cache) hold.
+impl PartialEq for NodeLedger {
+    fn eq(&self, other: &NodeLedger) -> bool {
+        self.node == other.node && self.usage == other.usage && self.holdings == other.holdings
+    }
+}
+
+impl Eq for NodeLedger {}
+
+impl NodeLedger {
+    pub fn new(node: GpuNode) -> Self {
+        NodeLedger {
+            usage: Usage::empty(&node),
+            node,
+            holdings: BTreeMap::new(),
+            memo: packing::FragMemo::default(),
+        }
+    }
+
+    /// Checks the fit and, if it fits, records the holding (the bind path). Idempotent for a pod
+    /// already held here.
+    pub fn reserve(
+        &mut self,
+        scorer: &Scorer,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        if let Some(h) = self.holdings.get(&pod.uid) {
+            return Ok(h.placement.clone());
+        }
+        let (placement, _) =
+            packing::place_memo(scorer, &self.node, &self.usage, &demand, &mut self.memo)?;
+        packing::apply(&mut self.usage, &placement);
+        self.holdings.insert(
+            pod.uid.clone(),
+            Holding {
+                pod,
+                node: self.node.name.clone(),
+                demand,
+                placement: placement.clone(),
+            },
+        );
+        Ok(placement)
+    }
+
+    /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
+    /// bound by another scheduler still occupies the device). Replaces an earlier record.
+    pub fn record(&mut self, observed: &ObservedPod) {
+        // A pod already held here keeps the demand it was bound with: its annotations can be
+        // edited later, what the device plugin gave it cannot. Only the per-GPU choice may be
+        // refreshed (the bind annotation arriving after a restart).
+        let demand = match self.holdings.get(&observed.pod.uid) {
+            Some(existing)
+                if observed
+                    .gpus
+                    .as_ref()
+                    .is_none_or(|g| *g == existing.placement.gpus) =>
+            {
+                return;
+            }
+            Some(existing) => existing.demand.clone(),
+            None => observed.demand.clone(),
+        };
+        self.release(&observed.pod.uid);
+        let placement = self.placement_for(&demand, observed.gpus.as_deref());
+        packing::apply(&mut self.usage, &placement);
+        self.holdings.insert(
+            observed.pod.uid.clone(),
+            Holding {
+                pod: observed.pod.clone(),
+                node: self.node.name.clone(),
+                demand,
+                placement,
+            },
+        );
+    }
+
+    /// The placement of a demand recorded from the API: the node-level part from the demand, the
+    /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
+    fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
+        let scorer = Scorer::new(packing::PackingPolicy::Binpack);
+        // The pod is running: when the model has no room for it, it still holds its units.
+        let mut best = scorer
+            .evaluate(&self.node, &self.usage, demand)
+            .map_or_else(|| packing::node_level(&self.node, demand), |(p, _)| p);
+        if let Some(gpus) = gpus
+            && gpus.iter().all(|(i, _)| *i < self.node.gpus)
+            && no_gpu_over_full(gpus)
+            && gpus.iter().map(|(_, m)| m).sum::<u32>()
+                == best.gpus.iter().map(|(_, m)| m).sum::<u32>()
+        {
+            best.gpus = gpus.to_vec();
+        }
+        best
+    }
+
+    /// Releases a pod's holding here.
+    pub fn release(&mut self, uid: &str) -> Option<Holding> {
+        let h = self.holdings.remove(uid)?;
+        packing::unapply(&mut self.usage, &h.placement);
+        Some(h)
+    }
+
+    /// New capacity for the node (labels or allocatable changed): usage is rebuilt from the
+    /// holdings, keeping their per-GPU model where it still applies.
+    pub fn set_node(&mut self, node: GpuNode) {
+        if node == self.node {
+            return;
+        }
+        let holdings = std::mem::take(&mut self.holdings);
+        *self = NodeLedger::new(node);
+        for h in holdings.into_values() {
+            self.record(&ObservedPod {
+                pod: h.pod,
+                node: h.node,
+                demand: h.demand,
+                gpus: Some(h.placement.gpus),
+            });
+        }
+    }
+
+    /// True when no enforced count exceeds the node's capacity.
+    pub fn within_capacity(&self) -> bool {
+        let u = &self.usage;
+        let n = &self.node;
+        let mig_ok = match &n.mig {
+            inventory::MigLayout::Mixed { instances } => u
+                .mig
+                .iter()
+                .all(|(p, used)| *used <= instances.get(p).copied().unwrap_or(0)),
+            _ => u.mig.is_empty(),
+        };
+        let budget_ok = match n.sharing {
+            inventory::Sharing::TimeSlicing { .. } => u.budget_milli <= u64::from(n.gpus) * 1000,
+            _ => true,
+        };
+        u.slots <= n.slots && mig_ok && budget_ok
+    }
+}
+
+/// Preemption on one node: which victims really make room for `demand`. kube-scheduler's dry
+/// run chose `given` without knowing classes or slot sizes. Victims that free capacity the demand
+/// can use come first (lowest priority first), then other holders here of lower priority than
+/// the preemptor; the set grows until the demand fits, then shrinks to be just sufficient.
+/// `None`: no set on this node makes room. If the GPU side fits already (the node failed for
+/// other reasons, e.g. CPU), kube-scheduler's own victims are kept.
+pub fn plan_victims(
+    nl: &NodeLedger,
+    demand: &Demand,
+    preemptor_priority: i32,
+    given: &[String],
+) -> Option<Vec<String>> {
+    if packing::fit(&nl.node, &nl.usage, demand).is_ok() {
+        return if given.is_empty() {
+            None
+        } else {
+            Some(given.to_vec())
+        };
+    }
+    let helps = |h: &Holding| -> bool {
+        match &demand.gpu {
+            GpuDemand::Mig { profile, .. } => {
+                h.placement.mig.as_ref().is_some_and(|(p, _)| p == profile)
+                    || (matches!(nl.node.mig, inventory::MigLayout::Single { .. })
+                        && h.placement.slots > 0)
+            }
+            GpuDemand::None => false,
+            _ => {
+                h.placement.slots > 0
+                    || h.placement.budget_milli > 0
+                    || !h.placement.gpus.is_empty()
+            }
+        }
+    };
+    let mut given_h: Vec<&Holding> = given
+        .iter()
+        .filter_map(|u| nl.holdings.get(u))
+        .filter(|h| helps(h))
+        .collect();
+    given_h.sort_by_key(|h| h.pod.priority);
+    let mut extra: Vec<&Holding> = nl
+        .holdings
+        .values()
+        .filter(|h| !given.contains(&h.pod.uid) && h.pod.priority < preemptor_priority && helps(h))
+        .collect();
+    extra.sort_by_key(|h| h.pod.priority);
+    let order: Vec<&Holding> = given_h.into_iter().chain(extra).collect();
+    let fits_without = |victims: &[&Holding]| -> bool {
+        let mut usage = nl.usage.clone();
+        for h in victims {
+            packing::unapply(&mut usage, &h.placement);
+        }
+        packing::fit(&nl.node, &usage, demand).is_ok()
+    };
+    let mut chosen: Vec<&Holding> = Vec::new();
+    for h in order {
+        chosen.push(h);
+        if fits_without(&chosen) {
+            break;
+        }
+    }
+    if chosen.is_empty() || !fits_without(&chosen) {
+        return None;
+    }
+    // Shrink: try dropping each victim, highest priority first.
+    let mut i = chosen.len();
+    while i > 0 {
+        i -= 1;
+        let mut trial = chosen.clone();
+        trial.remove(i);
+        if !trial.is_empty() && fits_without(&trial) {
+            chosen = trial;
+        }
+    }
+    Some(chosen.iter().map(|h| h.pod.uid.clone()).collect())
+}

@@ -1,0 +1,172 @@
+//! The demand model: what a pod asks of a node (a GPU demand by class, CPU and memory), and the
+//! MIG shares it is measured in.
+
+use std::sync::LazyLock;
+
+use serde::Serialize;
+
+use crate::mig::{MigModel, MigProfile, MigTable};
+
+/// One GPU, in thousandths.
+pub const GPU_MILLI: u32 = 1000;
+
+/// A MIG device's share of its GPU in thousandths: its compute slices out of the model's
+/// (a `3g.40gb` is 3/7, an A30's `1g.6gb` 1/4).
+pub fn mig_share_milli(model: &MigModel, profile: &MigProfile) -> u32 {
+    u32::from(profile.compute_slices) * GPU_MILLI / u32::from(model.compute_slices.max(1))
+}
+
+/// [`mig_share_milli`] of a profile by name, from the built-in MIG table; a profile the table
+/// does not know counts by its `<N>g` prefix out of 7.
+pub fn mig_profile_milli(profile: &str) -> u32 {
+    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
+    match TABLE.find(profile) {
+        Some((m, p)) => mig_share_milli(m, p),
+        None => {
+            let slices: u32 = profile
+                .split_once('g')
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or(7);
+            slices.min(7) * GPU_MILLI / 7
+        }
+    }
+}
+
+/// How many MIG devices of a profile one GPU holds at most, from the built-in MIG table; a
+/// profile the table does not know: as many as its compute share allows.
+pub fn mig_profile_per_gpu(profile: &str) -> u32 {
+    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
+    match TABLE.find(profile) {
+        Some((_, p)) => u32::from(p.max).max(1),
+        None => (GPU_MILLI / mig_profile_milli(profile).max(1)).max(1),
+    }
+}
+
+/// What a pod asks of the GPU side of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum GpuDemand {
+    /// No GPU (CPU-only pods in the simulator).
+    None,
+    /// `count` whole, unshared GPUs.
+    Whole { count: u32 },
+    /// One MPS replica of at least `milli`/1000 of a GPU.
+    Mps { milli: u32, memory_mib: Option<u64> },
+    /// One time-slicing replica with a declared budget of `milli`/1000 of a GPU.
+    Timeslice { milli: u32, memory_mib: Option<u64> },
+    /// `count` MIG devices of `profile` (profile form, e.g. `1g.10gb+me`).
+    Mig { profile: String, count: u32 },
+    /// `count` units of a device-plugin resource asked for directly (`nvidia.com/gpu` without a
+    /// gpu-share annotation): whole GPUs, replicas or single-strategy MIG devices, by node.
+    Units { resource: String, count: u32 },
+}
+
+impl GpuDemand {
+    /// The class name used in reasons and metrics.
+    pub fn class(&self) -> &'static str {
+        match self {
+            GpuDemand::None => "none",
+            GpuDemand::Whole { .. } => "exclusive",
+            GpuDemand::Mps { .. } => "mps",
+            GpuDemand::Timeslice { .. } => "timeslice",
+            GpuDemand::Mig { .. } => "mig",
+            GpuDemand::Units { .. } => "device",
+        }
+    }
+
+    /// The request's kind for clustering like requests together: 0 for a share of one GPU,
+    /// `n` for `n` whole GPUs; `None` for MIG devices, device-plugin units and CPU-only pods.
+    pub fn tag(&self) -> Option<u32> {
+        match self {
+            GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => Some(0),
+            GpuDemand::Whole { count } => Some(*count),
+            _ => None,
+        }
+    }
+
+    /// The per-GPU view: (thousandths on each GPU, GPUs). A share is (milli, 1); whole GPUs,
+    /// MIG devices and device-plugin units count as whole GPUs each; no GPU is (0, 0).
+    pub fn per_gpu(&self) -> (u32, u32) {
+        match self {
+            GpuDemand::None => (0, 0),
+            GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
+                ((*milli).min(GPU_MILLI), 1)
+            }
+            GpuDemand::Whole { count }
+            | GpuDemand::Mig { count, .. }
+            | GpuDemand::Units { count, .. } => (GPU_MILLI, *count),
+        }
+    }
+
+    /// Size in thousandths of a GPU (model): a MIG device counts by its compute slices
+    /// (`3g.40gb` is 3/7 of a GPU), a device-plugin unit as a whole GPU.
+    pub fn milli(&self) -> u64 {
+        match self {
+            GpuDemand::None => 0,
+            GpuDemand::Whole { count } | GpuDemand::Units { count, .. } => {
+                u64::from(*count) * u64::from(GPU_MILLI)
+            }
+            GpuDemand::Mps { milli, .. } | GpuDemand::Timeslice { milli, .. } => u64::from(*milli),
+            GpuDemand::Mig { profile, count } => {
+                u64::from(*count) * u64::from(mig_profile_milli(profile))
+            }
+        }
+    }
+
+    /// Size in GPUs (model), for reports.
+    pub fn gpus(&self) -> f64 {
+        self.milli() as f64 / f64::from(GPU_MILLI)
+    }
+}
+
+/// A demand in the annotation's words (`exclusive`, `mps-25,memory=12288Mi`, `mig-1g.10gb`,
+/// `mig-1g.10gb,count=2`), as `GpuRequest::normalized` writes them; a share restated from a MIG
+/// device may carry a decimal (`mps-42.8`). Device-plugin units read `nvidia.com/gpu x2`.
+impl std::fmt::Display for GpuDemand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let memory = |f: &mut std::fmt::Formatter<'_>, m: &Option<u64>| match m {
+            Some(m) => write!(f, ",memory={m}Mi"),
+            None => Ok(()),
+        };
+        let pct = |milli: u32| f64::from(milli) / 10.0;
+        match self {
+            GpuDemand::None => f.write_str("none"),
+            GpuDemand::Whole { count: 1 } => f.write_str("exclusive"),
+            GpuDemand::Whole { count } => write!(f, "exclusive-{count}"),
+            GpuDemand::Mps { milli, memory_mib } => {
+                write!(f, "mps-{}", pct(*milli))?;
+                memory(f, memory_mib)
+            }
+            GpuDemand::Timeslice { milli, memory_mib } => {
+                write!(f, "timeslice-{}", pct(*milli))?;
+                memory(f, memory_mib)
+            }
+            GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
+            GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
+            GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
+        }
+    }
+}
+
+/// A pod's full demand.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Demand {
+    /// CPU and memory are checked only on nodes that account them (the simulator).
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpu: GpuDemand,
+    /// Allowed GPU models (exact product names, `-SHARED` stripped); empty means any.
+    pub models: Vec<String>,
+}
+
+impl Demand {
+    pub fn gpu(gpu: GpuDemand) -> Self {
+        Demand {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpu,
+            models: Vec::new(),
+        }
+    }
+}
