@@ -374,15 +374,7 @@ async fn list_pending(client: &kube::Client) -> Result<Vec<PendingPod>, kube::Er
 pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
     use crate::request::{ANNOTATION, ANNOTATION_REQUEST};
     pods.iter()
-        .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .unwrap_or("Pending")
-                == "Pending"
-        })
+        .filter(|p| crate::ledger::waits_for_a_node(p))
         .filter_map(|p| {
             let annotations = p.metadata.annotations.as_ref()?;
             let class = annotations

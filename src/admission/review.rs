@@ -141,8 +141,8 @@ pub fn parse_review(body: &[u8]) -> Result<AdmissionReviewIn, String> {
     serde_json::from_value(value).map_err(|e| format!("AdmissionReview request is malformed: {e}"))
 }
 
-/// Whether this request is a pod CREATE (the only thing gpu-share mutates).
-pub fn is_pod_create(req: &AdmissionRequest) -> bool {
+/// Whether this request is `operation` on a pod itself (no subresource), with its object.
+fn is_pod_operation(req: &AdmissionRequest, operation: &str) -> bool {
     let is_pod = req
         .kind
         .as_ref()
@@ -152,25 +152,17 @@ pub fn is_pod_create(req: &AdmissionRequest) -> bool {
             .as_ref()
             .is_none_or(|r| r.resource == "pods" && r.group.is_empty());
     let no_sub = req.sub_resource.as_deref().is_none_or(str::is_empty);
-    is_pod && no_sub && req.operation.as_deref() == Some("CREATE") && req.object.is_some()
+    is_pod && no_sub && req.operation.as_deref() == Some(operation) && req.object.is_some()
+}
+
+/// Whether this request is a pod CREATE (the only thing gpu-share mutates).
+pub fn is_pod_create(req: &AdmissionRequest) -> bool {
+    is_pod_operation(req, "CREATE")
 }
 
 /// Whether this request is a pod UPDATE with both versions of the pod (the annotation rule).
 pub fn is_pod_update(req: &AdmissionRequest) -> bool {
-    let is_pod = req
-        .kind
-        .as_ref()
-        .is_none_or(|k| k.kind == "Pod" && k.group.is_empty())
-        && req
-            .resource
-            .as_ref()
-            .is_none_or(|r| r.resource == "pods" && r.group.is_empty());
-    let no_sub = req.sub_resource.as_deref().is_none_or(str::is_empty);
-    is_pod
-        && no_sub
-        && req.operation.as_deref() == Some("UPDATE")
-        && req.object.is_some()
-        && req.old_object.is_some()
+    is_pod_operation(req, "UPDATE") && req.old_object.is_some()
 }
 
 /// An UPDATE of a pod: refused if it touches gpu-share's annotations in a way

@@ -325,68 +325,46 @@ mod tests {
         assert_eq!(paths.len(), 1, "a 403 is definite: no read-back: {paths:?}");
     }
 
+    /// bind when the binding call answers `code` with `message` and reading the pod back shows
+    /// it on `node`: bind's result and what the ledger holds.
+    async fn answered_then_read_back(
+        code: u16,
+        message: &'static str,
+        node: Option<&'static str>,
+    ) -> (Result<(), String>, Option<String>) {
+        let (r, held, _) = bind_with(move |mut h| async move {
+            let (_, send) = h.next_request().await.unwrap();
+            send.send_response(respond(code, status(code, message)));
+            let (get, send) = h.next_request().await.expect("a read-back");
+            assert_eq!(get.method(), http::Method::GET);
+            assert_eq!(get.uri().path(), "/api/v1/namespaces/ml/pods/p");
+            send.send_response(respond(200, pod_on(node)));
+            vec![]
+        })
+        .await;
+        (r, held)
+    }
+
     #[tokio::test]
     async fn a_conflict_is_read_back() {
         // Already bound to this node (an earlier try that took): kept.
-        let (r, held, _) = bind_with(|mut h| async move {
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(
-                409,
-                status(409, "pod p is already assigned to node \"n1\""),
-            ));
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(200, pod_on(Some("n1"))));
-            vec![]
-        })
-        .await;
-        assert_eq!(r, Ok(()));
-        assert_eq!(held.as_deref(), Some("n1"));
+        let conflict = "pod p is already assigned to node";
+        let (r, held) = answered_then_read_back(409, conflict, Some("n1")).await;
+        assert_eq!((r, held.as_deref()), (Ok(()), Some("n1")));
         // Bound elsewhere: released, the conflict in words.
-        let (r, held, _) = bind_with(|mut h| async move {
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(
-                409,
-                status(409, "pod p is already assigned to node \"n2\""),
-            ));
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(200, pod_on(Some("n2"))));
-            vec![]
-        })
-        .await;
+        let (r, held) = answered_then_read_back(409, conflict, Some("n2")).await;
         assert!(r.unwrap_err().contains("already assigned"));
         assert_eq!(held, None);
     }
 
     #[tokio::test]
-    async fn a_server_error_on_a_binding_that_took_keeps_the_holding() {
-        let (r, held, paths) = bind_with(|mut h| async move {
-            let (req, send) = h.next_request().await.unwrap();
-            send.send_response(respond(500, status(500, "etcdserver: request timed out")));
-            let (get, send) = h.next_request().await.unwrap();
-            assert_eq!(get.method(), http::Method::GET);
-            send.send_response(respond(200, pod_on(Some("n1"))));
-            vec![req.uri().path().to_string(), get.uri().path().to_string()]
-        })
-        .await;
-        assert_eq!(
-            r,
-            Ok(()),
-            "the pod is bound: the call's error is not the outcome"
-        );
-        assert_eq!(held.as_deref(), Some("n1"));
-        assert_eq!(paths[1], "/api/v1/namespaces/ml/pods/p");
-    }
-
-    #[tokio::test]
-    async fn a_server_error_on_a_binding_that_did_not_take_is_released() {
-        let (r, held, _) = bind_with(|mut h| async move {
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(503, status(503, "the server is shutting down")));
-            let (_, send) = h.next_request().await.unwrap();
-            send.send_response(respond(200, pod_on(None)));
-            vec![]
-        })
-        .await;
+    async fn a_server_error_is_read_back() {
+        // The binding took all the same: the call's error is not the outcome.
+        let (r, held) =
+            answered_then_read_back(500, "etcdserver: request timed out", Some("n1")).await;
+        assert_eq!((r, held.as_deref()), (Ok(()), Some("n1")));
+        // It did not: released, the error in words.
+        let (r, held) = answered_then_read_back(503, "the server is shutting down", None).await;
         assert!(r.unwrap_err().contains("shutting down"));
         assert_eq!(held, None);
     }

@@ -497,19 +497,13 @@ pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(crate::request::ANNOTATION_REQUEST));
-    let unbound = pod.spec.as_ref().is_none_or(|s| s.node_name.is_none());
     // A pod held by scheduling gates (Kueue, for one) is not offered to any scheduler yet.
     let gated = pod
         .spec
         .as_ref()
         .and_then(|s| s.scheduling_gates.as_ref())
         .is_some_and(|g| !g.is_empty());
-    if !has_request
-        || !unbound
-        || gated
-        || pod.metadata.deletion_timestamp.is_some()
-        || crate::ledger::is_terminal(pod)
-    {
+    if !has_request || gated || !crate::ledger::waits_for_a_node(pod) {
         return None;
     }
     let class = match crate::ledger::gpu_demand_of_pod(pod) {

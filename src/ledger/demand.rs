@@ -326,6 +326,17 @@ impl BindPod {
     }
 }
 
+/// PURE: a pod that waits for a node: none assigned, not being deleted, still Pending.
+pub fn waits_for_a_node(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_none_or(|s| s.node_name.is_none())
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_none_or(|phase| phase == "Pending")
+}
+
 /// True when a pod no longer holds anything (Succeeded or Failed).
 pub fn is_terminal(pod: &Pod) -> bool {
     matches!(
