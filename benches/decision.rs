@@ -128,7 +128,7 @@ fn cluster() -> Cluster {
     let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(3600));
     let names: Vec<String> = (0..NODES).map(|i| node(i).name.clone()).collect();
     for i in 0..NODES {
-        ext.ledgers.upsert_node(node(i));
+        ext.ledger().upsert_node(node(i));
     }
     let policy = LoadedPolicy::new(Policy::default_policy());
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -140,7 +140,7 @@ fn cluster() -> Cluster {
         ext.observe_demand(&demand, PackingPolicy::GpuShare);
         let target = &names[rng.random_range(0..NODES)];
         if ext
-            .ledgers
+            .ledger()
             .reserve(&scorer, target, pod_ref(&format!("fill-{k}")), demand)
             .is_ok()
         {
@@ -216,7 +216,7 @@ fn percentiles_stream(c: &Cluster) {
         let scorer = c.ext.scorer(PackingPolicy::GpuShare);
         if let Some(h) = best
             && c.ext
-                .ledgers
+                .ledger()
                 .reserve(&scorer, &h.host, pod_ref(&uid), demand)
                 .is_ok()
         {
@@ -224,7 +224,7 @@ fn percentiles_stream(c: &Cluster) {
             if held.len() > 500
                 && let Some(old) = held.pop_front()
             {
-                c.ext.ledgers.release(&old);
+                c.ext.ledger().release(&old);
             }
         }
     }
@@ -238,7 +238,7 @@ fn percentiles_cold(c: &Cluster) {
     let times: Vec<(Duration, Duration)> = (0..2000)
         .map(|_| {
             c.ext
-                .ledgers
+                .ledger()
                 .with_nodes(&c.names, |nl| nl.memo = FragMemo::default());
             let (_, scoring, whole) = served(c, &b);
             (scoring, whole)
@@ -275,13 +275,13 @@ fn extender(cr: &mut Criterion) {
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     g.bench_function("bind_reserve", |b| {
         b.iter(|| {
-            let r = c.ext.ledgers.reserve(
+            let r = c.ext.ledger().reserve(
                 &scorer,
                 &c.names[0],
                 pod_ref("bind-probe"),
                 request("timeslice-10", 2000),
             );
-            c.ext.ledgers.release("bind-probe");
+            c.ext.ledger().release("bind-probe");
             black_box(r.is_ok())
         })
     });

@@ -1,6 +1,8 @@
 //! Certificate generation with rcgen: a self-signed certificate for `--dev`, and a CA plus a
 //! serving certificate for installs (`gpu-share certs`) and tests.
 
+use std::path::{Path, PathBuf};
+
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
@@ -19,14 +21,37 @@ pub struct Bundle {
     pub serving: PemPair,
 }
 
-fn err(e: rcgen::Error) -> String {
-    format!("certificate generation failed: {e}")
+/// Why certificates could not be made or written, in words.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("--days must be from 1 to {MAX_DAYS} (the certificate's validity in days), got {0}")]
+    Days(i64),
+    #[error("--out {}: {source}", .dir.display())]
+    OutDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: cannot make it private: {source}", .path.display())]
+    Private {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A self-signed serving certificate for these SANs (DNS names or IP addresses).
-pub fn self_signed(sans: &[&str]) -> Result<PemPair, String> {
+pub fn self_signed(sans: &[&str]) -> Result<PemPair, CertError> {
     let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-    let ck = rcgen::generate_simple_self_signed(sans).map_err(err)?;
+    let ck = rcgen::generate_simple_self_signed(sans)?;
     Ok(PemPair {
         cert_pem: ck.cert.pem(),
         key_pem: ck.signing_key.serialize_pem(),
@@ -41,15 +66,13 @@ pub const MAX_DAYS: i64 = 3650;
 ///
 /// The CA's key is returned here but `gpu-share certs` does not keep it, so the CA is no more
 /// than the issuer of this one certificate: it expires with it, and a renewal makes a new CA.
-pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundle, String> {
+pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundle, CertError> {
     if !(1..=MAX_DAYS).contains(&days) {
-        return Err(format!(
-            "--days must be from 1 to {MAX_DAYS} (the certificate's validity in days), got {days}"
-        ));
+        return Err(CertError::Days(days));
     }
     let now = time::OffsetDateTime::now_utc();
     let not_after = now + time::Duration::days(days);
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
         .push(DnType::CommonName, ca_name);
@@ -61,11 +84,11 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
     ];
     ca_params.not_before = now;
     ca_params.not_after = not_after;
-    let ca_key = KeyPair::generate().map_err(err)?;
+    let ca_key = KeyPair::generate()?;
     let ca_key_pem = ca_key.serialize_pem();
-    let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(err)?;
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
-    let mut params = CertificateParams::new(sans.to_vec()).map_err(err)?;
+    let mut params = CertificateParams::new(sans.to_vec())?;
     params.distinguished_name.push(
         DnType::CommonName,
         sans.first().map(String::as_str).unwrap_or("gpu-share"),
@@ -76,8 +99,8 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
     ];
     params.not_before = now;
     params.not_after = not_after;
-    let key = KeyPair::generate().map_err(err)?;
-    let cert = params.signed_by(&key, &ca).map_err(err)?;
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &ca)?;
     Ok(Bundle {
         ca: PemPair {
             cert_pem: ca.pem(),
@@ -90,57 +113,76 @@ pub fn ca_and_serving(ca_name: &str, sans: &[String], days: i64) -> Result<Bundl
     })
 }
 
+/// What `gpu-share certs` issues: the webhook Service's namespace and name, the serving
+/// certificate's SANs, its validity, and the directory to write into.
+#[derive(Debug, Clone)]
+pub struct Install<'a> {
+    pub namespace: &'a str,
+    pub service: &'a str,
+    pub sans: &'a [String],
+    pub days: i64,
+    pub out: &'a Path,
+}
+
 /// `gpu-share certs`: writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600, also when it existed)
-/// into `args.out` and returns what to do next, with the base64 caBundle. The CA's key is not
+/// into `install.out` and returns what to do next, with the base64 caBundle. The CA's key is not
 /// written: every run makes a new CA.
-pub fn write_install_bundle(args: &crate::cli::CertsArgs) -> Result<String, String> {
+pub fn write_install_bundle(install: &Install<'_>) -> Result<String, CertError> {
     use base64::Engine;
-    let bundle = ca_and_serving(
-        &format!("gpu-share CA ({}/{})", args.namespace, args.service),
-        &args.sans(),
-        args.days,
-    )?;
-    let out = &args.out;
-    std::fs::create_dir_all(out).map_err(|e| format!("--out {}: {e}", out.display()))?;
-    let write = |name: &str, text: &str, private: bool| -> Result<(), String> {
-        let path = out.join(name);
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        if private {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        #[cfg(not(unix))]
-        let _ = private;
-        let mut f = opts
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // `mode` applies only when the file is created: tighten one that was already there
-        // before the key goes in.
-        #[cfg(unix)]
-        if private {
-            use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| format!("{}: cannot make it private: {e}", path.display()))?;
-        }
-        std::io::Write::write_all(&mut f, text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(())
-    };
-    write("ca.crt", &bundle.ca.cert_pem, false)?;
-    write("tls.crt", &bundle.serving.cert_pem, false)?;
-    write("tls.key", &bundle.serving.key_pem, true)?;
+    let Install {
+        namespace,
+        service,
+        sans,
+        days,
+        out,
+    } = *install;
+    let bundle = ca_and_serving(&format!("gpu-share CA ({namespace}/{service})"), sans, days)?;
+    std::fs::create_dir_all(out).map_err(|source| CertError::OutDir {
+        dir: out.to_path_buf(),
+        source,
+    })?;
+    write_pem(&out.join("ca.crt"), &bundle.ca.cert_pem, false)?;
+    write_pem(&out.join("tls.crt"), &bundle.serving.cert_pem, false)?;
+    write_pem(&out.join("tls.key"), &bundle.serving.key_pem, true)?;
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(bundle.ca.cert_pem.as_bytes());
     let d = out.display();
     Ok(format!(
         "wrote {d}/ca.crt, {d}/tls.crt, {d}/tls.key (SANs: {sans})\n\
-         create the Secret:\n  kubectl -n {ns} create secret generic gpu-share-tls --from-file={d}/tls.crt --from-file={d}/tls.key --from-file={d}/ca.crt\n\
+         create the Secret:\n  kubectl -n {namespace} create secret generic gpu-share-tls --from-file={d}/tls.crt --from-file={d}/tls.key --from-file={d}/ca.crt\n\
          patch the caBundle of both webhooks:\n  kubectl patch mutatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}},{{\"op\":\"add\",\"path\":\"/webhooks/1/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n\
          caBundle:\n{ca_bundle}\n",
-        sans = args.sans().join(", "),
-        ns = args.namespace,
+        sans = sans.join(", "),
     ))
+}
+
+/// Writes a PEM file; a `private` one is mode 0600, also when it was already there.
+fn write_pem(path: &Path, text: &str, private: bool) -> Result<(), CertError> {
+    let write = |source| CertError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    let mut f = opts.open(path).map_err(write)?;
+    // `mode` applies only when the file is created: tighten one that was already there before
+    // the key goes in.
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|source| CertError::Private {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
+    std::io::Write::write_all(&mut f, text.as_bytes()).map_err(write)
 }
 
 #[cfg(test)]
@@ -177,7 +219,7 @@ mod tests {
     fn days_are_bounded_and_the_ca_expires_with_its_certificate() {
         let sans = ["localhost".to_string()];
         for days in [0, -1, MAX_DAYS + 1, i64::MAX, i64::MIN] {
-            let e = ca_and_serving("ca", &sans, days).unwrap_err();
+            let e = ca_and_serving("ca", &sans, days).unwrap_err().to_string();
             assert!(e.contains("--days must be from 1 to 3650"), "{days}: {e}");
         }
         let b = ca_and_serving("ca", &sans, MAX_DAYS).unwrap();
@@ -195,13 +237,15 @@ mod tests {
         let key = dir.path().join("tls.key");
         std::fs::write(&key, "old").unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let args = crate::cli::CertsArgs {
-            namespace: "gpu-share".into(),
-            service: "gpu-share".into(),
-            out: dir.path().to_path_buf(),
+        let sans = ["gpu-share.gpu-share.svc".to_string()];
+        let install = Install {
+            namespace: "gpu-share",
+            service: "gpu-share",
+            sans: &sans,
             days: 30,
+            out: dir.path(),
         };
-        let text = write_install_bundle(&args).unwrap();
+        let text = write_install_bundle(&install).unwrap();
         assert!(text.contains("caBundle"), "{text}");
         let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{mode:o}");
@@ -214,8 +258,12 @@ mod tests {
             !dir.path().join("ca.key").exists(),
             "the CA key is not kept"
         );
-        let mut args = args;
-        args.days = 100_000_000_000_000;
-        assert!(write_install_bundle(&args).unwrap_err().contains("--days"));
+        let install = Install {
+            days: 100_000_000_000_000,
+            ..install
+        };
+        let e = write_install_bundle(&install).unwrap_err();
+        assert!(matches!(e, CertError::Days(_)), "{e}");
+        assert!(e.to_string().contains("--days"), "{e}");
     }
 }

@@ -11,7 +11,6 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::body::Body;
 use base64::Engine;
@@ -35,11 +34,11 @@ thread_local! {
         .enable_all()
         .build()
         .expect("runtime");
-    static STATE: RefCell<Option<Arc<AppState>>> = const { RefCell::new(None) };
+    static STATE: RefCell<Option<AppState>> = const { RefCell::new(None) };
 }
 
 /// One shared dev service (webhook and extender, the example nodes), as `serve --dev` runs.
-fn state() -> Arc<AppState> {
+fn state() -> AppState {
     STATE.with(|s| {
         s.borrow_mut()
             .get_or_insert_with(|| {
@@ -48,7 +47,7 @@ fn state() -> Arc<AppState> {
                 if let Some(ext) = &state.extender {
                     ext.learn_nodes(&nodes, &"nvidia.com/gpu".into());
                 }
-                Arc::new(state)
+                state
             })
             .clone()
     })

@@ -12,38 +12,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 
-pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
-pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
-pub const LABEL_MEMORY: &str = "nvidia.com/gpu.memory";
-pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
-pub const LABEL_SHARING: &str = "nvidia.com/gpu.sharing-strategy";
-pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
-pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
-pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
-
-// GKE's own GPU labels. GKE runs its own device plugin (always `nvidia.com/gpu`, one unit per
-// client of a shared GPU, one per MIG partition) and no GPU Feature Discovery.
-// https://cloud.google.com/kubernetes-engine/docs/concepts/timesharing-gpus,
-// https://cloud.google.com/kubernetes-engine/docs/how-to/gpus-multi (MIG),
-// GoogleCloudPlatform/container-engine-accelerators pkg/gpu/nvidia (resource name, virtual devices).
-/// `nvidia-l4`, `nvidia-h100-80gb`, ...
-pub const LABEL_GKE_ACCELERATOR: &str = "cloud.google.com/gke-accelerator";
-/// `time-sharing` or `mps` (auto-provisioned nodes may say `TIME_SHARING` / `MPS`).
-pub const LABEL_GKE_SHARING: &str = "cloud.google.com/gke-gpu-sharing-strategy";
-/// Clients per physical GPU (2-48); allocatable `nvidia.com/gpu` is GPUs times this.
-pub const LABEL_GKE_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gpu";
-/// The MIG partition size of every GPU, e.g. `1g.5gb`; each partition is one `nvidia.com/gpu`.
-pub const LABEL_GKE_PARTITION: &str = "cloud.google.com/gke-gpu-partition-size";
-pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
-
-/// Most GPUs one node is taken to have. The largest GPU nodes hold 8 (16 at most); a node that
-/// advertises more is clamped to this (with a warning), so that per-GPU state stays small.
-pub const MAX_GPUS_PER_NODE: u32 = 64;
-/// Replicas per GPU assumed when bounding a shared pool: a node advertising more than
-/// `MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU` units of its pool is clamped.
-pub const MAX_REPLICAS_PER_GPU: u32 = 48;
-/// MIG instances per GPU at most (seven 1g instances), for bounding MIG device counts.
-pub const MAX_MIG_PER_GPU: u32 = 7;
+pub use crate::nvidia::*;
 
 /// How a node's full GPUs are shared (the device plugin's sharing config applies to all of them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -250,11 +219,11 @@ impl GpuNode {
             MigLayout::None => 0,
             MigLayout::Single { profile } => self
                 .slots
-                .div_ceil(crate::packing::mig_profile_per_gpu(profile)),
+                .div_ceil(crate::mig::mig_profile_per_gpu(profile)),
             MigLayout::Mixed { instances } => {
                 let milli: u64 = instances
                     .iter()
-                    .map(|(p, c)| u64::from(*c) * u64::from(crate::packing::mig_profile_milli(p)))
+                    .map(|(p, c)| u64::from(*c) * u64::from(crate::mig::mig_profile_milli(p)))
                     .sum();
                 u32::try_from(milli.div_ceil(1000)).unwrap_or(u32::MAX)
             }

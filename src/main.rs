@@ -141,6 +141,12 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
 fn certs(args: &gpu_share::cli::CertsArgs) -> ExitCode {
     finish(
         "gpu-share certs: ",
-        gpu_share::certs::write_install_bundle(args),
+        gpu_share::certs::write_install_bundle(&gpu_share::certs::Install {
+            namespace: &args.namespace,
+            service: &args.service,
+            sans: &args.sans(),
+            days: args.days,
+            out: &args.out,
+        }),
     )
 }

@@ -9,8 +9,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::inventory::RESOURCE_GPU;
 use crate::mig::{MigModel, MigTable};
+use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
 
 /// The embedded default policy.
@@ -486,12 +486,12 @@ impl Policy {
                 }
                 (Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps), r, None)
                     if !r.is_some_and(|r| {
-                        (2..=crate::inventory::MAX_REPLICAS_PER_GPU).contains(&r)
+                        (2..=crate::nvidia::MAX_REPLICAS_PER_GPU).contains(&r)
                     }) =>
                 {
                     return Err(format!(
                         "nodeModes[{i}].replicas must be 2-{} for time-slicing and mps",
-                        crate::inventory::MAX_REPLICAS_PER_GPU
+                        crate::nvidia::MAX_REPLICAS_PER_GPU
                     ));
                 }
                 (Some(DeclaredSharing::None), Some(_), _) | (None, Some(_), Some(_)) => {

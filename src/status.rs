@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http_body_util::{BodyExt, Empty};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::extender::state::{NodeReport, report};
+use crate::extender::report::{NodeReport, report};
 use crate::ledger::Ledger;
 use crate::policy::Policy;
 
@@ -282,7 +282,7 @@ pub async fn from_cluster(
 ) -> Result<(Vec<NodeReport>, Vec<PendingPod>), String> {
     let client = access.client().await?;
     let listed =
-        crate::cluster::watch::list_compact(&client, &crate::inventory::Reading::of(policy))
+        crate::extender::sync::list_compact(&client, &crate::inventory::Reading::of(policy))
             .await
             .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
     let mut pending = list_pending(&client)
@@ -432,7 +432,7 @@ pub fn render_pending(pending: &[PendingPod]) -> String {
 }
 
 /// The reports for what a list kept.
-pub fn reports_of(policy: &Policy, listed: crate::cluster::watch::Listed) -> Vec<NodeReport> {
+pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec<NodeReport> {
     let (inventory, observed) = listed.into_parts();
     let l = Ledger::rebuild(inventory, &observed);
     let mig = policy.mig_table();
@@ -442,7 +442,7 @@ pub fn reports_of(policy: &Policy, listed: crate::cluster::watch::Listed) -> Vec
 /// The reports for listed nodes and pods.
 pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeReport> {
     let reading = crate::inventory::Reading::of(policy);
-    let mut listed = crate::cluster::watch::Listed::default();
+    let mut listed = crate::extender::sync::Listed::default();
     for n in nodes {
         listed.node(n, &reading);
     }

@@ -22,7 +22,7 @@ fn nodes_yaml() -> String {
 }
 
 /// A `--dev` service with the example nodes loaded (as `--nodes` does).
-fn state() -> Arc<AppState> {
+fn state() -> AppState {
     let state = AppState::dev(Role::All, Policy::default_policy());
     let nodes = parse_nodes(&nodes_yaml()).unwrap();
     let gpu = state
@@ -31,7 +31,7 @@ fn state() -> Arc<AppState> {
         .unwrap()
         .learn_nodes(&nodes, &"nvidia.com/gpu".into());
     assert_eq!(gpu, 4);
-    Arc::new(state)
+    state
 }
 
 fn body(v: &Value) -> Vec<u8> {
@@ -146,7 +146,7 @@ async fn prioritize_scores_every_node_within_0_to_10() {
 }
 
 /// Filter (to cache the pod), then bind; returns the bind reply's Error.
-async fn filter_and_bind(s: &Arc<AppState>, pod: &Value, node: &str) -> String {
+async fn filter_and_bind(s: &AppState, pod: &Value, node: &str) -> String {
     let (_, _) = post(
         s.clone(),
         "/scheduler/filter",
@@ -232,7 +232,7 @@ async fn bind_records_then_a_full_profile_fails_resolvably() {
         .await
         .unwrap()
         .to_bytes();
-    let nodes: Vec<gpu_share::extender::state::NodeReport> =
+    let nodes: Vec<gpu_share::extender::report::NodeReport> =
         serde_json::from_slice(&bytes).unwrap();
     let a100 = nodes.iter().find(|n| n.name == "a100-mig").unwrap();
     assert_eq!(a100.mig["3g.40gb"], "8/8");
@@ -325,7 +325,7 @@ async fn concurrent_binds_to_one_node_never_overcommit() {
     assert_eq!(ok, 26);
     let ext = s.extender.as_ref().unwrap();
     let usage = ext
-        .ledgers
+        .ledger()
         .with_node("h100-ts", |nl| nl.usage.clone())
         .unwrap();
     assert_eq!(usage.budget_milli, 7800);
@@ -357,7 +357,7 @@ async fn every_verb_refuses_until_the_caches_have_synced() {
         Mode::Cluster,
         std::time::Duration::from_secs(60),
     )));
-    let s = Arc::new(st);
+    let s = st;
     let (_, r) = post(
         s.clone(),
         "/scheduler/filter",
@@ -433,7 +433,7 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
             .learn_nodes(&nodes, &"nvidia.com/gpu".into()),
         2
     );
-    let s = Arc::new(state);
+    let s = state;
     let with_cpu = |uid: &str, cpu: &str| {
         let mut p = ts_pod(uid, 50);
         p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(cpu);
@@ -491,7 +491,7 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
         .unwrap()
         .learn_nodes(&nodes, &"nvidia.com/gpu".into());
     assert_eq!(gpu, 5);
-    let s = Arc::new(state);
+    let s = state;
     let all = [
         "gke-l4-ts",
         "gke-h100-mps",
@@ -594,7 +594,7 @@ async fn a_request_the_limits_contradict_is_accounted_by_the_limits() {
     // Bound with two replicas: the ledger holds two slots, not 1% of one.
     assert_eq!(filter_and_bind(&s, &liar("two", 2), "h100-ts").await, "");
     let ext = s.extender.as_ref().unwrap();
-    let held = ext.ledgers.holding("two").unwrap();
+    let held = ext.ledger().holding("two").unwrap();
     assert_eq!(
         held.demand.gpu,
         gpu_share::packing::GpuDemand::Units {
@@ -603,7 +603,7 @@ async fn a_request_the_limits_contradict_is_accounted_by_the_limits() {
         }
     );
     assert_eq!(
-        ext.ledgers.with_node("h100-ts", |nl| nl.usage.slots),
+        ext.ledger().with_node("h100-ts", |nl| nl.usage.slots),
         Some(2)
     );
     // The metric counts both pods.

@@ -84,7 +84,7 @@ proptest! {
                     let demand = Demand::gpu(demand);
                     // A pod not yet held binds exactly when the packing core places it.
                     let expected = live.node_of(&uid).is_none().then(|| {
-                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand).is_ok())
+                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut packing::FragMemo::default()).is_ok())
                             .expect("node")
                     });
                     let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
@@ -192,8 +192,8 @@ proptest! {
                 for n in &nodes {
                     let (memo, fresh) = live
                         .with_node(&n.name, |nl| {
-                            let fresh = packing::place(&scorer, &nl.node, &nl.usage, &probe);
-                            let memo = packing::place_memo(&scorer, &nl.node, &nl.usage, &probe, &mut nl.memo);
+                            let fresh = packing::place(&scorer, &nl.node, &nl.usage, &probe, &mut packing::FragMemo::default());
+                            let memo = packing::place(&scorer, &nl.node, &nl.usage, &probe, &mut nl.memo);
                             (memo, fresh)
                         })
                         .expect("node");

@@ -12,7 +12,7 @@ use crate::inventory::{
 use crate::policy::{MigStrategy, Policy};
 use crate::request::GpuClass;
 
-use super::plan::PatchBuilder;
+use super::patch::PatchBuilder;
 
 /// A node selector requirement: key, operator, values.
 pub(super) type Expr = (String, &'static str, Vec<String>);

@@ -2,5 +2,24 @@
 //! gpu-share's annotations, and the AdmissionReview wire layer.
 mod affinity;
 pub mod guard;
+mod patch;
 pub mod plan;
 pub mod review;
+mod steps;
+
+use std::sync::Arc;
+
+use crate::cluster::ClusterFacts;
+use crate::metrics::Metrics;
+use crate::shared::PolicyStore;
+
+/// What `/mutate` takes from the service's state (through axum's `FromRef`).
+#[derive(Clone)]
+pub struct Context {
+    pub policy: Arc<PolicyStore>,
+    /// `None` in `--dev` (no cluster): namespace labels and the RuntimeClass are unknown.
+    pub cluster: Option<ClusterFacts>,
+    pub metrics: Arc<Metrics>,
+    /// The usernames that may write gpu-share's later annotations on admitted pods.
+    pub annotation_writers: Arc<Vec<String>>,
+}

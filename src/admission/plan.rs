@@ -1,33 +1,27 @@
 //! The mutation planner (PURE): (pod, policy, namespace facts) -> JSON Patch | denial.
 //!
-//! Every step looks at what the pod already has, so the patch applies to the exact object
-//! received (missing parents are created whole, existing arrays are appended to) and a second
-//! pass over the patched pod adds nothing.
+//! A pod CREATE is read once ([`Intake::read`]: annotations, the parsed request, the typed
+//! Pod); what the webhook must look up ([`Intake::needs`]) and the plan ([`Intake::plan`]) both
+//! work from that. The plan is the validations below, each a small function, then the numbered
+//! patch steps of `steps.rs`. Every step looks at what the pod already has, so the patch applies
+//! to the exact object received (missing parents are created whole, existing arrays are
+//! appended to) and a second pass over the patched pod adds nothing.
 
 use std::collections::BTreeMap;
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation};
-use k8s_openapi::api::core::v1::{Container, Pod};
-use serde_json::{Value, json};
+use json_patch::PatchOperation;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use serde_json::Value;
 
-use crate::mig::MigTable;
-use crate::policy::{Policy, TolerationOperator, gpus_of};
-use crate::request::{self, ANNOTATION_REQUEST, GpuClass, GpuRequest};
+use crate::mig::{MigModel, MigProfile, MigTable};
+use crate::policy::{NamespaceRule, Policy, gpus_of};
+use crate::request::{self, ANNOTATION_REQUEST, AnnotatedRequest, GpuClass, GpuRequest};
 
-use super::affinity::{affinity_for, gke_alternative, require_affinity};
+pub use super::steps::RuntimeClassState;
+use super::steps::{self, Target, fmt_num};
 
 /// Pod Security Admission label on namespaces.
 pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
-
-/// Whether the policy's RuntimeClass exists in the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuntimeClassState {
-    Exists,
-    Missing,
-    /// Not known (no cluster in `--dev`, or the lookup failed).
-    Unknown,
-}
 
 /// What the planner knows about the cluster for one request.
 #[derive(Debug, Clone)]
@@ -127,6 +121,136 @@ pub fn concerns_gpu_share(annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(request::ANNOTATION) || annotations.contains_key(ANNOTATION_REQUEST)
 }
 
+/// A pod CREATE read once: its annotations, its gpu-share request and the typed Pod.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub annotations: BTreeMap<String, String>,
+    pub annotated: AnnotatedRequest,
+    pub pod: Pod,
+}
+
+impl Intake {
+    /// Reads a pod CREATE: the intake, or the decision already made without the cluster (not
+    /// gpu-share's to look at, or denied in words).
+    pub fn read(object: &Value) -> Result<Intake, Decision> {
+        let annotations = annotations_of(object);
+        if !concerns_gpu_share(&annotations) {
+            return Err(Decision::NotRequested);
+        }
+        if annotations.contains_key(ANNOTATION_REQUEST)
+            && !annotations.contains_key(request::ANNOTATION)
+        {
+            return Err(Decision::Deny(Denial::new(
+                DenialReason::RequestWithoutGpuShare,
+                format!(
+                    "gpu-share: the pod carries annotation {ANNOTATION_REQUEST} without annotation {}; \
+                     {ANNOTATION_REQUEST} is written by the gpu-share webhook from the {} annotation, and the \
+                     scheduler trusts it over the pod's resource limits: remove it, and ask for a GPU with {}: <class>",
+                    request::ANNOTATION,
+                    request::ANNOTATION,
+                    request::ANNOTATION
+                ),
+            )));
+        }
+        let annotated = match request::from_annotations(&annotations) {
+            Ok(None) => return Err(Decision::NotRequested),
+            Ok(Some(a)) => a,
+            Err(e) => {
+                return Err(Decision::Deny(Denial::new(
+                    DenialReason::Unparsable,
+                    format!("gpu-share: {e}"),
+                )));
+            }
+        };
+        let pod: Pod = serde_json::from_value(object.clone()).map_err(|e| {
+            Decision::Deny(Denial::new(
+                DenialReason::NotAPod,
+                format!("gpu-share: the object is not a valid Pod: {e}"),
+            ))
+        })?;
+        Ok(Intake {
+            annotations,
+            annotated,
+            pod,
+        })
+    }
+
+    /// What [`Intake::plan`] will need to know about the cluster for this pod under `policy`.
+    pub fn needs(&self, policy: &Policy) -> Needs {
+        let selector_rules = policy.namespaces.iter().any(|r| r.selector.is_some());
+        let mps_host_ipc =
+            matches!(self.annotated.request.class, GpuClass::Mps { .. }) && policy.mps.host_ipc;
+        let pod_names_runtime_class = self
+            .pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.runtime_class_name.is_some());
+        Needs {
+            namespace_labels: selector_rules || mps_host_ipc,
+            runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
+        }
+    }
+
+    /// Plans the mutation: the validations, then the patch steps.
+    pub fn plan(&self, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
+        match self.target(policy, mig, facts) {
+            Ok(target) => {
+                let (patch, warnings) = steps::patch(&target, policy, facts.runtime_class);
+                Decision::Mutate(Mutation {
+                    request: self.annotated.request.clone(),
+                    patch,
+                    warnings,
+                })
+            }
+            Err(d) => Decision::Deny(d),
+        }
+    }
+
+    /// Every validation, in order; what the patch steps work on.
+    fn target<'a>(
+        &'a self,
+        policy: &Policy,
+        mig: &'a MigTable,
+        facts: &Facts<'_>,
+    ) -> Result<Target<'a>, Denial> {
+        let req = &self.annotated.request;
+        let spec =
+            self.pod.spec.as_ref().ok_or_else(|| {
+                Denial::new(DenialReason::NotAPod, "gpu-share: the pod has no spec")
+            })?;
+        check_no_node_name(spec)?;
+        let mig_profile = known_mig_profile(req, mig)?;
+        let rule = policy.rule_for(facts.namespace, facts.namespace_labels);
+        if let Some((i, rule)) = rule {
+            check_namespace_rule(req, mig, facts, i, rule)?;
+        }
+        let index = target_container(spec, self.annotated.container.as_deref())?;
+        let normalized = req.normalized();
+        check_request_annotation(&self.annotations, &normalized)?;
+        let (resource, quantity) = policy.resource_for(req);
+        check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
+        let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
+            && policy.mps.host_ipc
+            && spec.host_ipc != Some(true);
+        if inject_host_ipc {
+            check_host_ipc_allowed(req, rule, facts)?;
+        }
+        Ok(Target {
+            pod: &self.pod,
+            spec,
+            index,
+            container: &spec.containers[index],
+            request: req,
+            mig_profile,
+            resource,
+            quantity,
+            inject_host_ipc,
+            normalized,
+            request_annotated: self.annotations.contains_key(ANNOTATION_REQUEST),
+        })
+    }
+}
+
 /// Which cluster facts the planner will use for a pod, so that the webhook looks up only those
 /// and fails only when one it needs cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,153 +262,108 @@ pub struct Needs {
     pub runtime_class: bool,
 }
 
-/// What [`plan`] will need to know about the cluster for this pod under this policy.
+/// What [`plan`] will need to know about the cluster for this pod under this policy (nothing,
+/// when it is decided without the cluster).
 pub fn needs(object: &Value, policy: &Policy) -> Needs {
-    let annotations = annotations_of(object);
-    let request = match request::from_annotations(&annotations) {
-        // Denied (or left alone) without looking at the cluster.
-        Ok(None) | Err(_) => {
-            return Needs {
-                namespace_labels: false,
-                runtime_class: false,
-            };
-        }
-        Ok(Some(a)) => a.request,
-    };
-    let selector_rules = policy.namespaces.iter().any(|r| r.selector.is_some());
-    let mps_host_ipc = matches!(request.class, GpuClass::Mps { .. }) && policy.mps.host_ipc;
-    let pod_names_runtime_class = object
-        .pointer("/spec/runtimeClassName")
-        .is_some_and(|v| !v.is_null());
-    Needs {
-        namespace_labels: selector_rules || mps_host_ipc,
-        runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
+    match Intake::read(object) {
+        Ok(intake) => intake.needs(policy),
+        Err(_) => Needs {
+            namespace_labels: false,
+            runtime_class: false,
+        },
     }
 }
 
-/// Plans the mutation of one pod on CREATE.
+/// Plans the mutation of one pod on CREATE ([`Intake::read`], then [`Intake::plan`]).
 pub fn plan(object: &Value, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
-    let annotations = annotations_of(object);
-    if annotations.contains_key(ANNOTATION_REQUEST)
-        && !annotations.contains_key(request::ANNOTATION)
-    {
-        return Decision::Deny(Denial::new(
-            DenialReason::RequestWithoutGpuShare,
-            format!(
-                "gpu-share: the pod carries annotation {ANNOTATION_REQUEST} without annotation {}; \
-                 {ANNOTATION_REQUEST} is written by the gpu-share webhook from the {} annotation, and the \
-                 scheduler trusts it over the pod's resource limits: remove it, and ask for a GPU with {}: <class>",
-                request::ANNOTATION,
-                request::ANNOTATION,
-                request::ANNOTATION
-            ),
-        ));
-    }
-    let annotated = match request::from_annotations(&annotations) {
-        Ok(None) => return Decision::NotRequested,
-        Ok(Some(a)) => a,
-        Err(e) => {
-            return Decision::Deny(Denial::new(
-                DenialReason::Unparsable,
-                format!("gpu-share: {e}"),
-            ));
-        }
-    };
-    let pod: Pod = match serde_json::from_value(object.clone()) {
-        Ok(p) => p,
-        Err(e) => {
-            return Decision::Deny(Denial::new(
-                DenialReason::NotAPod,
-                format!("gpu-share: the object is not a valid Pod: {e}"),
-            ));
-        }
-    };
-    match plan_pod(&pod, &annotated, policy, mig, facts) {
-        Ok(m) => Decision::Mutate(m),
-        Err(d) => Decision::Deny(d),
+    match Intake::read(object) {
+        Ok(intake) => intake.plan(policy, mig, facts),
+        Err(decided) => decided,
     }
 }
 
-fn plan_pod(
-    pod: &Pod,
-    annotated: &request::AnnotatedRequest,
-    policy: &Policy,
-    mig: &MigTable,
-    facts: &Facts<'_>,
-) -> Result<Mutation, Denial> {
-    let req = &annotated.request;
-    let class = req.class.to_string();
-    let spec = pod
-        .spec
-        .as_ref()
-        .ok_or_else(|| Denial::new(DenialReason::NotAPod, "gpu-share: the pod has no spec"))?;
-
-    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
-        return Err(Denial::new(
+/// `spec.nodeName` bypasses the scheduler and its accounting.
+fn check_no_node_name(spec: &PodSpec) -> Result<(), Denial> {
+    match spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        None => Ok(()),
+        Some(node) => Err(Denial::new(
             DenialReason::NodeNameSet,
             format!(
                 "gpu-share: the pod sets spec.nodeName ({node}), which bypasses the gpu-share scheduler and its GPU \
                  accounting; remove spec.nodeName (use a nodeSelector or node affinity to pin the pod instead)"
             ),
+        )),
+    }
+}
+
+/// A MIG request's profile must be in the table: its model and profile.
+fn known_mig_profile<'a>(
+    req: &GpuRequest,
+    mig: &'a MigTable,
+) -> Result<Option<(&'a MigModel, &'a MigProfile)>, Denial> {
+    let GpuClass::Mig { profile } = &req.class else {
+        return Ok(None);
+    };
+    match mig.find(profile) {
+        Some(found) => Ok(Some(found)),
+        None => {
+            let hints = mig.suggestions(profile);
+            Err(Denial::new(
+                DenialReason::UnknownMigProfile,
+                format!(
+                    "gpu-share: unknown MIG profile {profile:?} (did you mean {}?); known profiles: {}",
+                    hints.join(" or "),
+                    mig.profile_names().join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// The namespace's policy rule (number `i`): the class allowed, and at most its GPUs per pod.
+fn check_namespace_rule(
+    req: &GpuRequest,
+    mig: &MigTable,
+    facts: &Facts<'_>,
+    i: usize,
+    rule: &NamespaceRule,
+) -> Result<(), Denial> {
+    if !rule.allowed_classes.is_empty() && !rule.allowed_classes.contains(&req.class.kind()) {
+        let allowed: Vec<&str> = rule.allowed_classes.iter().map(|c| c.as_str()).collect();
+        return Err(Denial::new(
+            DenialReason::ClassForbidden,
+            format!(
+                "gpu-share: class {} is not allowed in namespace {} (policy rule {} allows: {})",
+                req.class.kind(),
+                facts.namespace,
+                rule.describe(i),
+                allowed.join(", ")
+            ),
         ));
     }
-
-    // MIG profile must exist in the table.
-    let mig_profile = match &req.class {
-        GpuClass::Mig { profile } => match mig.find(profile) {
-            Some((model, p)) => Some((model, p)),
-            None => {
-                let hints = mig.suggestions(profile);
-                return Err(Denial::new(
-                    DenialReason::UnknownMigProfile,
-                    format!(
-                        "gpu-share: unknown MIG profile {profile:?} (did you mean {}?); known profiles: {}",
-                        hints.join(" or "),
-                        mig.profile_names().join(", ")
-                    ),
-                ));
-            }
-        },
-        _ => None,
-    };
-
-    // Namespace rule.
-    let rule = policy.rule_for(facts.namespace, facts.namespace_labels);
-    if let Some((i, rule)) = rule {
-        if !rule.allowed_classes.is_empty() && !rule.allowed_classes.contains(&req.class.kind()) {
-            let allowed: Vec<&str> = rule.allowed_classes.iter().map(|c| c.as_str()).collect();
+    if let Some(max) = rule.max_gpus_per_pod {
+        let size = gpus_of(req, mig);
+        if size > max + 1e-9 {
             return Err(Denial::new(
-                DenialReason::ClassForbidden,
+                DenialReason::TooLarge,
                 format!(
-                    "gpu-share: class {} is not allowed in namespace {} (policy rule {} allows: {})",
-                    req.class.kind(),
-                    facts.namespace,
+                    "gpu-share: {} asks for {} GPUs, more than the {} GPUs per pod that policy rule {} allows in namespace {}",
+                    req.normalized(),
+                    fmt_num(size),
+                    fmt_num(max),
                     rule.describe(i),
-                    allowed.join(", ")
+                    facts.namespace
                 ),
             ));
         }
-        if let Some(max) = rule.max_gpus_per_pod {
-            let size = gpus_of(req, mig);
-            if size > max + 1e-9 {
-                return Err(Denial::new(
-                    DenialReason::TooLarge,
-                    format!(
-                        "gpu-share: {} asks for {} GPUs, more than the {} GPUs per pod that policy rule {} allows in namespace {}",
-                        req.normalized(),
-                        fmt_num(size),
-                        fmt_num(max),
-                        rule.describe(i),
-                        facts.namespace
-                    ),
-                ));
-            }
-        }
     }
+    Ok(())
+}
 
-    // Target container.
-    let index = match &annotated.container {
-        Some(name) => spec.containers.iter().position(|c| &c.name == name).ok_or_else(|| {
+/// The container the request goes to: the one `gpu-share/container` names, else the first.
+fn target_container(spec: &PodSpec, named: Option<&str>) -> Result<usize, Denial> {
+    match named {
+        Some(name) => spec.containers.iter().position(|c| c.name == name).ok_or_else(|| {
             Denial::new(
                 DenialReason::ContainerNotFound,
                 format!(
@@ -293,223 +372,34 @@ fn plan_pod(
                     some_names(spec.containers.iter().map(|c| c.name.as_str()), 10)
                 ),
             )
-        })?,
-        None if spec.containers.is_empty() => {
-            return Err(Denial::new(DenialReason::ContainerNotFound, "gpu-share: the pod has no containers"));
-        }
-        None => 0,
-    };
-    let container = &spec.containers[index];
+        }),
+        None if spec.containers.is_empty() => Err(Denial::new(
+            DenialReason::ContainerNotFound,
+            "gpu-share: the pod has no containers",
+        )),
+        None => Ok(0),
+    }
+}
 
-    // The normalized request annotation: written by gpu-share only.
-    let normalized = req.normalized();
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    if let Some(existing) = annotations.get(ANNOTATION_REQUEST)
-        && existing != &normalized
-    {
-        return Err(Denial::new(
+/// The normalized request annotation is written by gpu-share only: one already there must say
+/// what the `gpu-share` annotation asks.
+fn check_request_annotation(
+    annotations: &BTreeMap<String, String>,
+    normalized: &str,
+) -> Result<(), Denial> {
+    match annotations.get(ANNOTATION_REQUEST) {
+        Some(existing) if existing != normalized => Err(Denial::new(
             DenialReason::ConflictingLimits,
             format!(
                 "gpu-share: annotation {ANNOTATION_REQUEST} says {existing:?} but gpu-share asks for {normalized:?}; \
                      {ANNOTATION_REQUEST} is written by the webhook: remove it (and the GPU resources copied with it)"
             ),
-        ));
+        )),
+        _ => Ok(()),
     }
-
-    // Existing GPU resources must agree with the annotation.
-    let (resource, quantity) = policy.resource_for(req);
-    check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
-
-    // MPS hostIPC.
-    let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
-        && policy.mps.host_ipc
-        && spec.host_ipc != Some(true);
-    if inject_host_ipc {
-        if let Some((i, rule)) = rule.filter(|(_, r)| !r.allow_host_ipc) {
-            return Err(Denial::new(
-                DenialReason::HostIpcForbidden,
-                format!(
-                    "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but policy rule {} \
-                     does not allow injecting hostIPC in namespace {}; use a mig or timeslice class, or allow hostIPC there",
-                    rule.describe(i),
-                    facts.namespace
-                ),
-            ));
-        }
-        if let Some(level) = facts
-            .namespace_labels
-            .and_then(|l| l.get(POD_SECURITY_ENFORCE))
-            && (level == "baseline" || level == "restricted")
-        {
-            return Err(Denial::new(
-                DenialReason::HostIpcForbidden,
-                format!(
-                    "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but namespace {} \
-                         enforces Pod Security level {level:?}, which forbids hostIPC; use a mig or timeslice class, run \
-                         MPS pods in a privileged namespace, or set mps.hostIPC: false if your MPS stack (NVIDIA device \
-                         plugin v0.15+) does not need it",
-                    facts.namespace
-                ),
-            ));
-        }
-    }
-
-    let mut b = PatchBuilder::default();
-    let mut warnings = Vec::new();
-    let c = index.to_string();
-    let cpath = ["spec", "containers", c.as_str()];
-
-    // 1. The extended resource.
-    let has_limit = container
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .is_some_and(|l| l.contains_key(&resource));
-    if !has_limit {
-        let value = json!(quantity.to_string());
-        match container.resources.as_ref() {
-            None => b.add(
-                &[&cpath[..], &["resources"]].concat(),
-                json!({ "limits": { resource.as_str(): value } }),
-            ),
-            Some(r) if r.limits.is_none() => b.add(
-                &[&cpath[..], &["resources", "limits"]].concat(),
-                json!({ resource.as_str(): value }),
-            ),
-            Some(_) => b.add(
-                &[&cpath[..], &["resources", "limits", resource.as_str()]].concat(),
-                value,
-            ),
-        }
-    }
-
-    // 2. Tolerations.
-    let existing = spec.tolerations.clone().unwrap_or_default();
-    let missing: Vec<Value> = policy
-        .tolerations
-        .iter()
-        .filter(|want| !existing.iter().any(|have| tolerates(have, want)))
-        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
-        .collect();
-    if !missing.is_empty() {
-        if spec.tolerations.is_none() {
-            b.add(&["spec", "tolerations"], Value::Array(missing));
-        } else {
-            for t in missing {
-                b.add(&["spec", "tolerations", "-"], t);
-            }
-        }
-    }
-
-    // 3. RuntimeClass.
-    if !policy.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
-        match facts.runtime_class {
-            RuntimeClassState::Exists => b.add(
-                &["spec", "runtimeClassName"],
-                json!(policy.runtime_class_name),
-            ),
-            RuntimeClassState::Missing => warnings.push(format!(
-                "gpu-share: RuntimeClass {} does not exist; runtimeClassName not set",
-                policy.runtime_class_name
-            )),
-            RuntimeClassState::Unknown => warnings.push(format!(
-                "gpu-share: could not check RuntimeClass {}; runtimeClassName not set",
-                policy.runtime_class_name
-            )),
-        }
-    }
-
-    // 4. MPS: hostIPC, runAsUser.
-    if inject_host_ipc {
-        b.add(&["spec", "hostIPC"], json!(true));
-        warnings.push("gpu-share: injected hostIPC: true for MPS".to_string());
-    }
-    if let (GpuClass::Mps { .. }, Some(uid)) = (&req.class, policy.mps.run_as_user) {
-        let container_sets = container
-            .security_context
-            .as_ref()
-            .and_then(|s| s.run_as_user)
-            .is_some();
-        match spec.security_context.as_ref() {
-            _ if container_sets => {}
-            None => b.add(&["spec", "securityContext"], json!({ "runAsUser": uid })),
-            Some(sc) if sc.run_as_user.is_none() => {
-                b.add(&["spec", "securityContext", "runAsUser"], json!(uid))
-            }
-            Some(_) => {}
-        }
-    }
-
-    // 5. Node affinity.
-    if policy.node_affinity {
-        let exprs = affinity_for(&req.class, policy);
-        let mut alternatives = vec![exprs];
-        alternatives.extend(gke_alternative(&req.class, policy));
-        require_affinity(&mut b, pod, &alternatives);
-    }
-
-    // 6. schedulerName.
-    if !policy.scheduler_name.is_empty() {
-        match spec.scheduler_name.as_deref() {
-            None | Some("") | Some("default-scheduler") => b.add(&["spec", "schedulerName"], json!(policy.scheduler_name)),
-            Some(s) if s == policy.scheduler_name => {}
-            Some(s) => warnings.push(format!("gpu-share: pod keeps its own scheduler {s}; GPU shares are not accounted by gpu-share")),
-        }
-    }
-
-    // 7. Env.
-    let mut env: Vec<(String, String)> = Vec::new();
-    if policy.workload_env {
-        env.push(("GPU_SHARE_CLASS".into(), class.clone()));
-        let (fraction, memory) = match (&req.class, mig_profile) {
-            (GpuClass::Mig { .. }, Some((model, p))) => (
-                fmt_num(
-                    f64::from(p.compute_slices) / f64::from(model.compute_slices)
-                        * f64::from(req.count),
-                ),
-                p.memory_mib.map(|m| m * u64::from(req.count)),
-            ),
-            (GpuClass::Mps { percent } | GpuClass::Timeslice { percent }, _) => {
-                (GpuRequest::fraction_of(*percent), req.memory_mib)
-            }
-            (GpuClass::Exclusive { count }, _) => (count.to_string(), None),
-            (GpuClass::Mig { .. }, None) => (String::new(), None),
-        };
-        if !fraction.is_empty() {
-            env.push(("GPU_SHARE_FRACTION".into(), fraction));
-        }
-        if let Some(m) = memory {
-            env.push(("GPU_SHARE_MEMORY_MIB".into(), m.to_string()));
-        }
-    }
-    if let GpuClass::Mps { percent } = req.class {
-        if policy.mps.active_thread_percentage {
-            env.push((
-                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
-                percent.to_string(),
-            ));
-        }
-        if let Some(m) = req.memory_mib {
-            env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M")));
-        }
-    }
-    add_env(&mut b, container, &cpath, &env);
-
-    // 8. The normalized request annotation (the parent exists: it holds the gpu-share annotation).
-    if !annotations.contains_key(ANNOTATION_REQUEST) {
-        b.add(
-            &["metadata", "annotations", ANNOTATION_REQUEST],
-            json!(normalized),
-        );
-    }
-
-    Ok(Mutation {
-        request: req.clone(),
-        patch: b.ops,
-        warnings,
-    })
 }
 
+/// Existing GPU resources must agree with the annotation.
 fn check_existing_gpu_resources(
     containers: &[Container],
     target: usize,
@@ -543,78 +433,46 @@ fn check_existing_gpu_resources(
     Ok(())
 }
 
-/// Whether an existing pod toleration already covers the one the policy wants.
-fn tolerates(
-    have: &k8s_openapi::api::core::v1::Toleration,
-    want: &crate::policy::Toleration,
-) -> bool {
-    let have_key = have.key.as_deref().unwrap_or("");
-    let have_op = have.operator.as_deref().unwrap_or("Equal");
-    let have_effect = have.effect.as_deref().unwrap_or("");
-    let want_effect = want.effect.map(|e| format!("{e:?}")).unwrap_or_default();
-    if have_key.is_empty() && have_op == "Exists" {
-        return have_effect.is_empty() || have_effect == want_effect;
+/// MPS needs hostIPC here: the namespace's rule must allow injecting it, and its Pod Security
+/// level must not forbid it.
+fn check_host_ipc_allowed(
+    req: &GpuRequest,
+    rule: Option<(usize, &NamespaceRule)>,
+    facts: &Facts<'_>,
+) -> Result<(), Denial> {
+    let class = req.class.to_string();
+    if let Some((i, rule)) = rule.filter(|(_, r)| !r.allow_host_ipc) {
+        return Err(Denial::new(
+            DenialReason::HostIpcForbidden,
+            format!(
+                "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but policy rule {} \
+                 does not allow injecting hostIPC in namespace {}; use a mig or timeslice class, or allow hostIPC there",
+                rule.describe(i),
+                facts.namespace
+            ),
+        ));
     }
-    if have_key != want.key || !(have_effect.is_empty() || have_effect == want_effect) {
-        return false;
+    if let Some(level) = facts
+        .namespace_labels
+        .and_then(|l| l.get(POD_SECURITY_ENFORCE))
+        && (level == "baseline" || level == "restricted")
+    {
+        return Err(Denial::new(
+            DenialReason::HostIpcForbidden,
+            format!(
+                "gpu-share: {class} needs hostIPC on this cluster (policy mps.hostIPC: true), but namespace {} \
+                     enforces Pod Security level {level:?}, which forbids hostIPC; use a mig or timeslice class, run \
+                     MPS pods in a privileged namespace, or set mps.hostIPC: false if your MPS stack (NVIDIA device \
+                     plugin v0.15+) does not need it",
+                facts.namespace
+            ),
+        ));
     }
-    match (have_op, want.operator) {
-        ("Exists", _) => true,
-        ("Equal", TolerationOperator::Equal) => {
-            have.value.as_deref().unwrap_or("") == want.value.as_deref().unwrap_or("")
-        }
-        _ => false,
-    }
-}
-
-/// Appends env vars the container does not already define (its own values win).
-fn add_env(b: &mut PatchBuilder, container: &Container, cpath: &[&str], env: &[(String, String)]) {
-    let have: Vec<&str> = container
-        .env
-        .iter()
-        .flatten()
-        .map(|e| e.name.as_str())
-        .collect();
-    let missing: Vec<Value> = env
-        .iter()
-        .filter(|(n, _)| !have.contains(&n.as_str()))
-        .map(|(n, v)| json!({ "name": n, "value": v }))
-        .collect();
-    if missing.is_empty() {
-        return;
-    }
-    if container.env.is_none() {
-        b.add(&[cpath, &["env"]].concat(), Value::Array(missing));
-    } else {
-        for m in missing {
-            b.add(&[cpath, &["env", "-"]].concat(), m);
-        }
-    }
-}
-
-#[derive(Default)]
-pub(super) struct PatchBuilder {
-    pub(super) ops: Vec<PatchOperation>,
-}
-
-impl PatchBuilder {
-    pub(super) fn add(&mut self, tokens: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(tokens.iter().copied()),
-            value,
-        }));
-    }
-}
-
-/// A number with at most four decimals and no trailing zeros.
-fn fmt_num(x: f64) -> String {
-    let s = format!("{x:.4}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    s.to_string()
+    Ok(())
 }
 
 /// `s` cut to `max` characters, with an ellipsis when cut.
-fn short(s: &str, max: usize) -> String {
+pub(super) fn short(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         None => s.to_string(),
         Some((i, _)) => format!("{}...", &s[..i]),
@@ -635,6 +493,7 @@ fn some_names<'a>(names: impl ExactSizeIterator<Item = &'a str>, max: usize) -> 
 mod tests {
     use super::*;
     use crate::policy::MigStrategy;
+    use serde_json::json;
 
     fn pod(annotations: Value, spec: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod",

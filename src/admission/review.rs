@@ -4,7 +4,6 @@
 //! kube-core's `AdmissionResponse` serializes it as an array of numbers.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -15,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{Instrument, field};
 
-use super::plan::{self, Decision, Denial, Facts, RuntimeClassState};
-use crate::server::{AppState, json_error};
+use super::Context;
+use super::plan::{self, Decision, Denial, Facts, Intake, RuntimeClassState};
+use crate::shared::json_error;
 
 pub const KIND: &str = "AdmissionReview";
 
@@ -167,7 +167,7 @@ pub fn is_pod_update(req: &AdmissionRequest) -> bool {
 
 /// An UPDATE of a pod: refused if it touches gpu-share's annotations in a way
 /// [`crate::admission::guard::check_update`] does not allow.
-fn decide_update(state: &AppState, req: &AdmissionRequest) -> Decision {
+fn decide_update(state: &Context, req: &AdmissionRequest) -> Decision {
     let (Some(new), Some(old)) = (req.object.as_ref(), req.old_object.as_ref()) else {
         return Decision::NotRequested;
     };
@@ -259,7 +259,7 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 /// `POST /mutate`.
-pub async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn mutate(State(state): State<Context>, body: Bytes) -> Response {
     let started = Instant::now();
     let review = match parse_review(&body) {
         Ok(r) => r,
@@ -325,12 +325,12 @@ pub async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response
 /// the apiserver's own timeout error.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn decide(state: &AppState, review: &AdmissionReviewIn, namespace: &str) -> Decision {
+async fn decide(state: &Context, review: &AdmissionReviewIn, namespace: &str) -> Decision {
     decide_within(state, review, namespace, LOOKUP_TIMEOUT).await
 }
 
 async fn decide_within(
-    state: &AppState,
+    state: &Context,
     review: &AdmissionReviewIn,
     namespace: &str,
     lookup_timeout: Duration,
@@ -345,11 +345,12 @@ async fn decide_within(
     let Some(object) = req.object.as_ref() else {
         return Decision::NotRequested;
     };
-    if !plan::concerns_gpu_share(&plan::annotations_of(object)) {
-        return Decision::NotRequested;
-    }
+    let intake = match Intake::read(object) {
+        Ok(intake) => intake,
+        Err(decided) => return decided,
+    };
     let loaded = state.policy.current();
-    let needs = plan::needs(object, &loaded.policy);
+    let needs = intake.needs(&loaded.policy);
     let (labels, runtime_class) = match &state.cluster {
         None => (None, RuntimeClassState::Unknown),
         Some(cluster) => {
@@ -374,7 +375,7 @@ async fn decide_within(
                 }
                 let name = &loaded.policy.runtime_class_name;
                 match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
-                    Ok(state) => state,
+                    Ok(found) => found.into(),
                     Err(_) => {
                         tracing::warn!(
                             runtime_class = %name,
@@ -405,7 +406,7 @@ async fn decide_within(
         namespace_labels: labels.as_ref(),
         runtime_class,
     };
-    plan::plan(object, &loaded.policy, &loaded.mig, &facts)
+    intake.plan(&loaded.policy, &loaded.mig, &facts)
 }
 
 #[cfg(test)]
@@ -434,14 +435,18 @@ mod tests {
         );
     }
 
-    /// An AppState whose API server accepts requests and never answers them.
-    fn hanging_cluster() -> (AppState, crate::cluster::mock::Handle) {
+    /// A webhook context whose API server accepts requests and never answers them.
+    fn hanging_cluster() -> (Context, crate::cluster::mock::Handle) {
+        use std::sync::Arc;
         let (client, handle) = crate::cluster::mock::client();
-        let mut state = AppState::dev(
-            crate::cli::Role::Webhook,
-            crate::policy::Policy::default_policy(),
-        );
-        state.cluster = Some(crate::cluster::ClusterFacts::new(client));
+        let state = Context {
+            policy: Arc::new(crate::shared::PolicyStore::new(
+                crate::policy::Policy::default_policy(),
+            )),
+            cluster: Some(crate::cluster::ClusterFacts::new(client)),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
+            annotation_writers: Arc::new(vec![crate::admission::guard::DEFAULT_WRITER.into()]),
+        };
         (state, handle)
     }
 

@@ -15,8 +15,6 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::{Api, Client};
 use moka::future::Cache;
 
-use crate::admission::plan::RuntimeClassState;
-
 /// How long namespace labels and RuntimeClass answers are trusted.
 pub const NAMESPACE_TTL: Duration = Duration::from_secs(30);
 pub const RUNTIME_CLASS_TTL: Duration = Duration::from_secs(60);
@@ -64,14 +62,11 @@ impl ClusterFacts {
             .await
     }
 
-    /// Whether a RuntimeClass exists (cached). A failed lookup is `Unknown` and not cached.
-    pub async fn runtime_class(&self, name: &str) -> RuntimeClassState {
+    /// Whether a RuntimeClass exists (cached): `Some(exists)`, or `None` when the lookup failed
+    /// (not cached).
+    pub async fn runtime_class(&self, name: &str) -> Option<bool> {
         if let Some(exists) = self.runtime_classes.get(name).await {
-            return if exists {
-                RuntimeClassState::Exists
-            } else {
-                RuntimeClassState::Missing
-            };
+            return Some(exists);
         }
         let api: Api<RuntimeClass> = Api::all(self.client.clone());
         match api.get_opt(name).await {
@@ -79,15 +74,11 @@ impl ClusterFacts {
                 self.runtime_classes
                     .insert(name.to_string(), found.is_some())
                     .await;
-                if found.is_some() {
-                    RuntimeClassState::Exists
-                } else {
-                    RuntimeClassState::Missing
-                }
+                Some(found.is_some())
             }
             Err(e) => {
                 tracing::warn!(error = %e, runtime_class = name, "cannot look up RuntimeClass");
-                RuntimeClassState::Unknown
+                None
             }
         }
     }
@@ -158,18 +149,12 @@ mod tests {
             let (_, send) = handle.next_request().await.unwrap();
             send.send_response(json(500, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": 500})));
         });
-        assert_eq!(
-            facts.runtime_class("nvidia").await,
-            RuntimeClassState::Missing
-        );
-        assert_eq!(
-            facts.runtime_class("nvidia").await,
-            RuntimeClassState::Missing,
-            "cached"
-        );
+        assert_eq!(facts.runtime_class("nvidia").await, Some(false));
+        assert_eq!(facts.runtime_class("nvidia").await, Some(false), "cached");
         assert_eq!(
             facts.runtime_class("other").await,
-            RuntimeClassState::Unknown
+            None,
+            "a failed lookup is unknown"
         );
         server.await.unwrap();
     }

@@ -9,13 +9,13 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
+use super::Context;
 use super::handlers::{BindPlan, NOT_SYNCED, begin, reserve_for_bind};
-use super::state::{Assumed, ExtenderState, Mode};
+use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
 use crate::ledger;
-use crate::server::AppState;
 
-pub async fn bind_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response {
     let start = Instant::now();
     let (ext, args) = match begin(&state, "bind", start, wire::parse_binding(&body)) {
         Ok(x) => x,
@@ -31,7 +31,7 @@ pub async fn bind_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Re
 }
 
 async fn bind(
-    state: &AppState,
+    state: &Context,
     ext: &ExtenderState,
     args: &ExtenderBindingArgs,
 ) -> Result<(), String> {
@@ -42,9 +42,9 @@ async fn bind(
     if args.node.is_empty() || args.pod_name.is_empty() {
         return Err(format!("bind request for {key:?} names no pod or no node"));
     }
-    let pod = match ext.pods.get(&args.pod_uid) {
+    let pod = match ext.seen_pod(&args.pod_uid) {
         Some(p) => p,
-        None => match (&ext.mode, &state.cluster) {
+        None => match (ext.mode(), &state.cluster) {
             (Mode::Cluster, Some(c)) => {
                 let pod = tokio::time::timeout(
                     BIND_READBACK_TIMEOUT,
@@ -80,27 +80,14 @@ async fn bind(
         },
     };
     let policy = state.policy.current();
-    let cluster = match (&ext.mode, &state.cluster) {
+    let cluster = match (ext.mode(), &state.cluster) {
         (Mode::Cluster, Some(c)) => Some(c),
         _ => None,
     };
-    // Assumed before the reservation exists: a watch event of the still-unbound pod in between
-    // must not free it.
-    if cluster.is_some() {
-        ext.assumed.insert(
-            args.pod_uid.clone(),
-            Assumed {
-                node: args.node.clone(),
-                bound_at: None,
-            },
-        );
-    }
-    let plan = reserve_for_bind(ext, &policy, &pod, &args.node);
-    let reserved = matches!(plan, Ok(BindPlan::Reserved { .. }));
-    if cluster.is_some() && !reserved {
-        ext.assumed.invalidate(&args.pod_uid);
-    }
-    let annotations = match plan? {
+    // Settled below: committed once the API has the binding, aborted when it failed. (An early
+    // return reserved nothing.)
+    let mut binding = ext.begin_bind(&args.pod_uid, &args.node, cluster.is_some());
+    let annotations = match reserve_for_bind(ext, &mut binding, &policy, &pod, &args.node)? {
         BindPlan::Plain => BTreeMap::new(),
         BindPlan::Reserved { annotations } => annotations,
     };
@@ -142,34 +129,12 @@ async fn bind(
             if took {
                 tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
             } else {
-                // Release only the reservation this bind made and nothing has confirmed since:
-                // once the watch records the pod bound, it drops the assumption, and the holding
-                // is the pod's, not this bind's.
-                let ours = ext
-                    .assumed
-                    .get(&args.pod_uid)
-                    .is_some_and(|a| a.node == args.node && a.bound_at.is_none());
-                if reserved && ours {
-                    ext.assumed.invalidate(&args.pod_uid);
-                    ext.ledgers.release(&args.pod_uid);
-                }
+                binding.abort();
                 return Err(format!("binding pod {key} to {} failed: {why}", args.node));
             }
         }
-        if reserved {
-            // The API has it now: a list begun from here on shows it unless it is gone.
-            ext.assumed.insert(
-                args.pod_uid.clone(),
-                Assumed {
-                    node: args.node.clone(),
-                    bound_at: Some(Instant::now()),
-                },
-            );
-        }
     }
-    ext.waiting.invalidate(&args.pod_uid);
-    ext.pods.invalidate(&args.pod_uid);
-    ext.clear_unscheduled(&args.pod_uid);
+    binding.commit();
     tracing::info!(pod = %key, node = %args.node, "bound");
     Ok(())
 }
@@ -221,7 +186,6 @@ mod tests {
     //! bind against kube's mock API service: what the ledger holds after each way the binding
     //! call can end.
     use super::*;
-    use crate::cli::Role;
     use crate::cluster::ClusterFacts;
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
@@ -241,16 +205,14 @@ mod tests {
     }
 
     /// A cluster-mode state with one 4-GPU node and the pod seen in filter.
-    fn cluster_state() -> (AppState, Handle) {
+    fn cluster_state() -> (Context, Handle) {
         let (client, handle) = crate::cluster::mock::client();
-        let mut state = AppState::dev(Role::All, Policy::default_policy());
+        let mut state = Context::dev(Policy::default_policy());
         state.cluster = Some(ClusterFacts::new(client));
         let ext = ExtenderState::new(Mode::Cluster, std::time::Duration::from_secs(60));
-        ext.synced.store(true, std::sync::atomic::Ordering::Release);
-        ext.ledgers
-            .upsert_node(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068));
-        ext.pods
-            .insert("u-1".into(), Arc::new(ledger::BindPod::of(&pod())));
+        ext.mark_synced();
+        ext.set_node("n1", Some(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068)));
+        ext.remember_pod("u-1", Arc::new(ledger::BindPod::of(&pod())));
         state.extender = Some(Arc::new(ext));
         (state, handle)
     }
@@ -291,7 +253,7 @@ mod tests {
         let result = bind(&state, &ext, &args()).await;
         drop(state);
         let paths = server.await.unwrap();
-        (result, ext.ledgers.node_of("u-1"), paths)
+        (result, ext.ledger().node_of("u-1"), paths)
     }
 
     #[tokio::test]

@@ -14,9 +14,10 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
-use super::state::{ExtenderState, Mode, NodeReport, report};
+use super::report::{NodeReport, report};
+use super::state::{Binding, ExtenderState, Mode};
 
-pub use super::bind::bind_handler;
+use super::Context;
 use super::wire::{
     self, ExtenderArgs, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
     HostPriority, MetaPod, MetaVictims, NodeList,
@@ -24,7 +25,7 @@ use super::wire::{
 use crate::ledger;
 use crate::metrics::Metrics;
 use crate::packing::{self, Demand, Reason};
-use crate::server::{AppState, LoadedPolicy, json_error};
+use crate::shared::{LoadedPolicy, json_error};
 
 /// What the verbs say while the caches have not synced.
 pub const NOT_SYNCED: &str = "gpu-share extender is not ready: its node and pod caches have not synced yet, and it will not guess from an empty ledger";
@@ -99,7 +100,7 @@ fn node_name(v: &Value) -> String {
 fn learn_nodes(ext: &ExtenderState, items: &[Value], policy: &crate::policy::Policy) {
     use serde::Deserialize;
     // Parsing up to thousands of Nodes per call would duplicate what the watch keeps.
-    if ext.mode == Mode::Cluster {
+    if ext.mode() == Mode::Cluster {
         return;
     }
     let nodes: Vec<Node> = items
@@ -112,13 +113,13 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], policy: &crate::policy::Pol
 /// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
 /// nodes (cluster mode, or known as such) or unknown.
 fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
-    ext.ledgers
+    ext.ledger()
         .with_nodes_par(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
             Some(r) => r,
-            None if ext.mode == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
+            None if ext.mode() == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
             None => Err(Reason::UnknownNode),
         })
         .collect()
@@ -168,17 +169,13 @@ pub fn filter(
     // every node's reason.
     let contradicted = ledger::request_contradiction(&pod);
     // In a cluster the pod watch keeps the count (it also sees the pod go); in `--dev`, filter.
-    if ext.mode == Mode::Dev
+    if ext.mode() == Mode::Dev
         && let Some(uid) = &pod.metadata.uid
     {
         ext.note_contradicted(uid, contradicted.is_some());
     }
     let first_seen = match &pod.metadata.uid {
-        Some(uid) => {
-            let new = !ext.pods.contains_key(uid);
-            ext.pods.insert(uid.clone(), seen.clone());
-            new
-        }
+        Some(uid) => ext.remember_pod(uid, seen.clone()),
         None => true,
     };
     // Per position in `names`: `None` when the node fits, else why not.
@@ -220,7 +217,7 @@ pub fn filter(
                     pod.metadata.namespace.clone(),
                 )
             {
-                ext.waiting.insert(
+                ext.mark_waiting(
                     uid,
                     super::state::Waiting {
                         namespace: ns,
@@ -238,7 +235,7 @@ pub fn filter(
         tracing::warn!(pod = %key, reason = %why, "request annotation contradicted by the pod's limits");
     }
     // Without a pod watch (`--dev`), a pod this filter found no node for counts as pending.
-    if ext.mode == super::state::Mode::Dev
+    if ext.mode() == Mode::Dev
         && let (Some(uid), Ok(Some(demand))) = (&pod.metadata.uid, &seen.demand)
     {
         if fit == 0 && !names.is_empty() {
@@ -326,7 +323,7 @@ pub fn prioritize(
     };
     let kept = Arc::new(ledger::BindPod::of(&pod));
     if let Some(uid) = &pod.metadata.uid {
-        ext.pods.insert(uid.clone(), kept.clone());
+        ext.remember_pod(uid, kept.clone());
     }
     let demand = match &kept.demand {
         Ok(d) => d.clone(),
@@ -343,9 +340,9 @@ pub fn prioritize(
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
     let raw: Vec<Option<f64>> = ext
-        .ledgers
+        .ledger()
         .with_nodes_par(&names, |nl| {
-            packing::place_memo(&scorer, &nl.node, &nl.usage, &demand, &mut nl.memo)
+            packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut nl.memo)
                 .ok()
                 .map(|(_, s)| s)
         })
@@ -379,9 +376,10 @@ pub enum BindPlan {
     },
 }
 
-/// The ledger half of bind: re-check the fit and record the holding.
+/// The ledger half of bind: re-check the fit and reserve the holding.
 pub fn reserve_for_bind(
     ext: &ExtenderState,
+    binding: &mut Binding<'_>,
     policy: &LoadedPolicy,
     pod: &ledger::BindPod,
     node: &str,
@@ -391,7 +389,7 @@ pub fn reserve_for_bind(
         return Ok(BindPlan::Plain);
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    match ext.ledgers.reserve(&scorer, node, pod.pod.clone(), demand) {
+    match binding.reserve(&scorer, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
         }),
@@ -468,7 +466,7 @@ pub fn preempt(
             continue;
         };
         let planned = ext
-            .ledgers
+            .ledger()
             .with_node(&node, |nl| {
                 ledger::plan_victims(nl, demand, priority, &uids)
             })
@@ -497,7 +495,7 @@ pub fn preempt(
 /// is the finished reply, returned at once, so its size does not matter.
 #[allow(clippy::result_large_err)]
 pub(super) fn begin<'s, T>(
-    state: &'s AppState,
+    state: &'s Context,
     verb: &'static str,
     start: Instant,
     parsed: Result<T, wire::WireError>,
@@ -517,7 +515,7 @@ pub(super) fn begin<'s, T>(
 /// Replies for the verbs whose Go result type has no `Error` field: any non-200 status is an
 /// error to kube-scheduler.
 fn reply<T: serde::Serialize>(
-    state: &AppState,
+    state: &Context,
     verb: &'static str,
     start: Instant,
     result: Result<T, VerbError>,
@@ -539,7 +537,7 @@ fn reply<T: serde::Serialize>(
     }
 }
 
-pub async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn filter_handler(State(state): State<Context>, body: Bytes) -> Response {
     let start = Instant::now();
     let (ext, args) = match begin(&state, "filter", start, wire::parse_args(&body)) {
         Ok(x) => x,
@@ -560,7 +558,7 @@ pub async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> 
     axum::Json(result).into_response()
 }
 
-pub async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn prioritize_handler(State(state): State<Context>, body: Bytes) -> Response {
     let start = Instant::now();
     match begin(&state, "prioritize", start, wire::parse_args(&body)) {
         Ok((ext, args)) => {
@@ -571,7 +569,7 @@ pub async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes)
     }
 }
 
-pub async fn preempt_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn preempt_handler(State(state): State<Context>, body: Bytes) -> Response {
     let start = Instant::now();
     match begin(&state, "preempt", start, wire::parse_preemption(&body)) {
         Ok((ext, args)) => reply(&state, "preempt", start, preempt(ext, args)),
@@ -580,13 +578,13 @@ pub async fn preempt_handler(State(state): State<Arc<AppState>>, body: Bytes) ->
 }
 
 /// `GET /v1/nodes`.
-pub async fn nodes_handler(State(state): State<Arc<AppState>>) -> Response {
+pub async fn nodes_handler(State(state): State<Context>) -> Response {
     let Some(ext) = state.extender.as_deref() else {
         return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
     };
     let policy = state.policy.current();
     let reports: Vec<NodeReport> = ext
-        .ledgers
+        .ledger()
         .snapshot()
         .values()
         .map(|nl| report(nl, &policy.mig))

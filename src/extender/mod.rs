@@ -5,4 +5,37 @@ pub mod config;
 pub mod handlers;
 pub mod report;
 pub mod state;
+pub mod sync;
 pub mod wire;
+
+use std::sync::Arc;
+
+use crate::cluster::ClusterFacts;
+use crate::metrics::Metrics;
+use crate::shared::PolicyStore;
+
+/// What the extender's handlers take from the service's state (through axum's `FromRef`).
+#[derive(Clone)]
+pub struct Context {
+    /// `None` when the extender role is off: every verb answers 404.
+    pub extender: Option<Arc<state::ExtenderState>>,
+    pub policy: Arc<PolicyStore>,
+    pub metrics: Arc<Metrics>,
+    /// `None` in `--dev` (no cluster): bind holds capacity without an API call.
+    pub cluster: Option<ClusterFacts>,
+}
+
+impl Context {
+    /// A context for `--dev` and tests: a fresh dev-mode state, the given policy, no cluster.
+    pub fn dev(policy: crate::policy::Policy) -> Self {
+        Context {
+            extender: Some(Arc::new(state::ExtenderState::new(
+                state::Mode::Dev,
+                state::DEFAULT_ASSUME_TTL,
+            ))),
+            policy: Arc::new(PolicyStore::new(policy)),
+            metrics: Arc::new(Metrics::new()),
+            cluster: None,
+        }
+    }
+}

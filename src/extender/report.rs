@@ -186,3 +186,45 @@ pub fn fragmented_on(nl: &NodeLedger, demand: &Demand) -> f64 {
         _ => 0.0,
     }
 }
+
+/// Computes the extender's gauges from the live state (at scrape time): fragmentation, held
+/// pods, GPU nodes, each node's GPUs by class, and the pending pods by class. Each node is read
+/// under its own lock, one at a time; nothing is copied.
+pub fn update_gauges(
+    ext: &super::state::ExtenderState,
+    metrics: &crate::metrics::Metrics,
+    mig: &crate::mig::MigTable,
+) {
+    let common = ext.most_common_demand();
+    let mut frag = 0.0;
+    let mut pods = 0;
+    let mut rows: Vec<(String, ClassGpus)> = Vec::new();
+    let nodes = ext.ledger().for_each_node(|nl| {
+        if let Some(d) = &common {
+            frag += fragmented_on(nl, d);
+        }
+        pods += nl.holdings.len();
+        for c in gpus_by_class(nl, mig) {
+            rows.push((nl.node.name.clone(), c));
+        }
+    });
+    metrics.ledger(frag, pods, nodes);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let rows: Vec<crate::metrics::NodeGpus<'_>> = rows
+        .iter()
+        .map(|(node, c)| crate::metrics::NodeGpus {
+            node,
+            class: c.class,
+            allocated: round(c.used),
+            free: round((c.total - c.used).max(0.0)),
+        })
+        .collect();
+    metrics.node_gpus(&rows);
+    let pending: Vec<_> = ext
+        .pending_by_class(std::time::SystemTime::now())
+        .into_iter()
+        .map(|p| (p.class, p.pods, p.oldest_seconds.round()))
+        .collect();
+    metrics.pending(&pending);
+    metrics.contradicted(ext.contradicted_pods());
+}

@@ -18,8 +18,6 @@ use crate::packing::frag::TargetWorkload;
 use crate::packing::{Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
 use crate::sync::lock;
 
-pub use super::report::*;
-
 /// How long a pod seen in filter/prioritize is remembered for bind.
 pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
 
@@ -113,7 +111,7 @@ pub const WARM_IN_BACKGROUND_NODES: usize = 1000;
 
 /// Fills every node's memo for the pending target, then makes it the target; again while a
 /// newer one arrived meanwhile.
-fn warm_memos(online: &Mutex<Online>, ledgers: &Ledger, policy: PackingPolicy) {
+fn warm_memos(online: &Mutex<Online>, ledger: &Ledger, policy: PackingPolicy) {
     loop {
         let Some(t) = lock(online).pending.take() else {
             lock(online).warming = false;
@@ -121,7 +119,7 @@ fn warm_memos(online: &Mutex<Online>, ledgers: &Ledger, policy: PackingPolicy) {
         };
         let started = Instant::now();
         let scorer = Scorer::with_workload(policy, t.clone());
-        let nodes = ledgers.for_each_node(|nl| scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo));
+        let nodes = ledger.for_each_node(|nl| scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo));
         let mut o = lock(online);
         o.target = Some(t);
         if o.pending.is_none() {
@@ -141,27 +139,108 @@ pub struct Assumed {
     pub bound_at: Option<Instant>,
 }
 
-/// The extender's state.
+/// A bind in progress: the holding it reserved, shielded in a cluster by an assumption until
+/// the API shows the pod bound. Settled by [`Binding::commit`] or [`Binding::abort`]. Dropped
+/// unsettled (its request cancelled while the binding call was in flight), the outcome is
+/// unknown: the holding stays, and its assumption frees it after the assume TTL unless the API
+/// shows the pod bound.
+#[must_use = "settle a binding with commit or abort"]
+pub struct Binding<'a> {
+    ext: &'a ExtenderState,
+    uid: String,
+    node: String,
+    assume: bool,
+    reserved: bool,
+}
+
+impl Binding<'_> {
+    /// Re-checks the fit and reserves the demand on the node. In a cluster the pod is assumed
+    /// there first: a watch event of the still-unbound pod in between must not free it. When
+    /// nothing is reserved, there is nothing to shield and the assumption goes.
+    pub fn reserve(
+        &mut self,
+        scorer: &Scorer,
+        pod: crate::ledger::PodRef,
+        demand: Demand,
+    ) -> Result<crate::packing::Placement, crate::packing::Reason> {
+        if self.assume {
+            self.ext.assumed.insert(
+                self.uid.clone(),
+                Assumed {
+                    node: self.node.clone(),
+                    bound_at: None,
+                },
+            );
+        }
+        let placed = self.ext.ledger.reserve(scorer, &self.node, pod, demand);
+        self.reserved = placed.is_ok();
+        if self.assume && !self.reserved {
+            self.ext.assumed.invalidate(&self.uid);
+        }
+        placed
+    }
+
+    /// The API bound the pod (or, in `--dev`, there is no API): the holding stays. A list begun
+    /// from here on shows the pod unless it is gone; the pod no longer waits.
+    pub fn commit(self) {
+        let ext = self.ext;
+        if self.assume && self.reserved {
+            ext.assumed.insert(
+                self.uid.clone(),
+                Assumed {
+                    node: self.node.clone(),
+                    bound_at: Some(Instant::now()),
+                },
+            );
+        }
+        ext.waiting.invalidate(&self.uid);
+        ext.pods.invalidate(&self.uid);
+        ext.clear_unscheduled(&self.uid);
+    }
+
+    /// The binding failed: releases the holding this bind reserved, unless something confirmed
+    /// it since (once the watch records the pod bound, it drops the assumption, and the holding
+    /// is the pod's, not this bind's).
+    pub fn abort(self) {
+        if !self.reserved {
+            return;
+        }
+        let ext = self.ext;
+        let ours = !self.assume
+            || ext
+                .assumed
+                .get(&self.uid)
+                .is_some_and(|a| a.node == self.node && a.bound_at.is_none());
+        if ours {
+            ext.assumed.invalidate(&self.uid);
+            ext.ledger.release(&self.uid);
+        }
+    }
+}
+
+/// The extender's state. Its fields are its own: filter, prioritize, bind and the API's events
+/// change it through the verbs below (remember a pod, mark one waiting, bind as a
+/// [`Binding`], and in `extender::sync` apply a watch event or a reconcile).
 pub struct ExtenderState {
-    pub mode: Mode,
-    pub ledgers: Arc<Ledger>,
+    mode: Mode,
+    ledger: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
-    pub pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
+    pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
     /// Bound but not yet seen in the API, by UID. Expiry releases the holding.
-    pub assumed: moka::sync::Cache<String, Assumed>,
+    assumed: moka::sync::Cache<String, Assumed>,
     /// Pods rejected for capacity: uid -> who.
-    pub waiting: moka::sync::Cache<String, Waiting>,
+    waiting: moka::sync::Cache<String, Waiting>,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
-    pub online: Arc<Mutex<Online>>,
+    online: Arc<Mutex<Online>>,
     /// The caches have synced (always true in `--dev`).
-    pub synced: Arc<AtomicBool>,
+    synced: AtomicBool,
     /// When the watch last changed a pod (by UID) or a node (`node/<name>`): a reconcile that
     /// works from an older list leaves those alone. Each reconcile forgets what is older than
     /// its list (a later list is newer still), so this holds the changes of about one reconcile
     /// period, not every pod.
     touched: Mutex<std::collections::HashMap<String, Instant>>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
-    pub non_gpu: Mutex<std::collections::HashSet<String>>,
+    non_gpu: Mutex<std::collections::HashSet<String>>,
     /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
     /// filter turned it away), or in `--dev` from filter.
     unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
@@ -172,8 +251,8 @@ pub struct ExtenderState {
 
 impl ExtenderState {
     pub fn new(mode: Mode, assume_ttl: Duration) -> Self {
-        let ledgers = Arc::new(Ledger::new());
-        let for_expiry = Arc::downgrade(&ledgers);
+        let ledger = Arc::new(Ledger::new());
+        let for_expiry = Arc::downgrade(&ledger);
         let assumed = moka::sync::Cache::builder()
             .time_to_live(assume_ttl)
             .eviction_listener(move |uid: Arc<String>, a: Assumed, cause| {
@@ -188,7 +267,7 @@ impl ExtenderState {
             .build();
         ExtenderState {
             mode,
-            ledgers,
+            ledger,
             pods: moka::sync::Cache::builder()
                 .max_capacity(POD_CACHE_BYTES)
                 .weigher(|uid: &String, pod: &Arc<crate::ledger::BindPod>| {
@@ -202,7 +281,7 @@ impl ExtenderState {
                 .time_to_live(WAITING_TTL)
                 .build(),
             online: Arc::new(Mutex::new(Online::default())),
-            synced: Arc::new(AtomicBool::new(mode == Mode::Dev)),
+            synced: AtomicBool::new(mode == Mode::Dev),
             touched: Mutex::new(std::collections::HashMap::new()),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
@@ -279,7 +358,7 @@ impl ExtenderState {
         let t = Arc::new(t);
         if o.target.is_none()
             || !policy.reads_workload()
-            || self.ledgers.node_count() < WARM_IN_BACKGROUND_NODES
+            || self.ledger.node_count() < WARM_IN_BACKGROUND_NODES
         {
             o.target = Some(t);
             return;
@@ -290,10 +369,10 @@ impl ExtenderState {
         }
         o.warming = true;
         drop(o);
-        let (online, ledgers) = (self.online.clone(), self.ledgers.clone());
+        let (online, ledger) = (self.online.clone(), self.ledger.clone());
         let spawned = std::thread::Builder::new()
             .name("gpu-share-warm".into())
-            .spawn(move || warm_memos(&online, &ledgers, policy));
+            .spawn(move || warm_memos(&online, &ledger, policy));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the memo warm-up; using the new workload at once");
             let mut o = lock(&self.online);
@@ -331,12 +410,12 @@ impl ExtenderState {
             match crate::inventory::read_node(n, reading) {
                 Some(inv) => {
                     lock(&self.non_gpu).remove(&name);
-                    self.ledgers.upsert_node(inv);
+                    self.ledger.upsert_node(inv);
                     gpu += 1;
                 }
                 None => {
                     lock(&self.non_gpu).insert(name.clone());
-                    self.ledgers.remove_node(&name);
+                    self.ledger.remove_node(&name);
                 }
             }
         }
@@ -352,10 +431,109 @@ impl ExtenderState {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// The node and pod caches have synced: the verbs may answer.
+    pub fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// How it learns about nodes and binds pods.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The cluster's ledger, to read (fit, scores, reports). Its changes go through the verbs.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Remembers a pod seen in filter or prioritize, for bind. Returns whether it was new.
+    pub fn remember_pod(&self, uid: &str, pod: Arc<crate::ledger::BindPod>) -> bool {
+        let new = !self.pods.contains_key(uid);
+        self.pods.insert(uid.to_string(), pod);
+        new
+    }
+
+    /// A pod remembered from filter or prioritize.
+    pub fn seen_pod(&self, uid: &str) -> Option<Arc<crate::ledger::BindPod>> {
+        self.pods.get(uid)
+    }
+
+    /// Marks a pod as waiting for capacity of its class (the requeuer nudges it on a release).
+    pub fn mark_waiting(&self, uid: String, who: Waiting) {
+        self.waiting.insert(uid, who);
+    }
+
+    /// The pods waiting for capacity.
+    pub fn waiting_pods(&self) -> Vec<(String, Waiting)> {
+        self.waiting
+            .iter()
+            .map(|(k, v)| ((*k).clone(), v))
+            .collect()
+    }
+
+    /// Whether pod `uid` waits for capacity.
+    pub fn is_waiting(&self, uid: &str) -> bool {
+        self.waiting.contains_key(uid)
+    }
+
+    /// The pod was nudged (or no longer waits).
+    pub fn stop_waiting(&self, uid: &str) {
+        self.waiting.invalidate(uid);
+    }
+
+    /// Begins binding pod `uid` to `node`. In a cluster (`assume`), the holding bind reserves is
+    /// assumed until the API shows the pod there. Settle it with [`Binding::commit`] or
+    /// [`Binding::abort`].
+    pub fn begin_bind(&self, uid: &str, node: &str, assume: bool) -> Binding<'_> {
+        Binding {
+            ext: self,
+            uid: uid.to_string(),
+            node: node.to_string(),
+            assume,
+            reserved: false,
+        }
+    }
+
+    /// What the API showed of a node: its inventory, or `None` when it is not a GPU node.
+    pub fn set_node(&self, name: &str, inventory: Option<crate::inventory::GpuNode>) {
+        match inventory {
+            Some(inv) => self.ledger.upsert_node(inv),
+            None => self.ledger.remove_node(name),
+        }
+    }
+
+    /// Releases what pod `uid` holds, and any assumption of it.
+    pub fn release(&self, uid: &str) {
+        self.assumed.invalidate(uid);
+        self.ledger.release(uid);
+    }
+
+    /// Records a holding the API shows: no longer merely assumed.
+    pub fn record(&self, observed: &crate::ledger::ObservedPod) {
+        self.ledger.record(observed);
+        self.assumed.invalidate(&observed.pod.uid);
+    }
+
+    /// What is assumed of pod `uid`: bound (or being bound) by this extender, not yet shown by
+    /// the API.
+    pub fn assumption(&self, uid: &str) -> Option<Assumed> {
+        self.assumed.get(uid)
+    }
+
+    /// The API shows pod `uid` bound: it is no longer merely assumed.
+    pub fn confirm(&self, uid: &str) {
+        self.assumed.invalidate(uid);
+    }
+
+    /// The demand seen most often lately (the fragmentation gauge's target), if any.
+    pub fn most_common_demand(&self) -> Option<Demand> {
+        lock(&self.online).recent.most_common().cloned()
+    }
+
     /// Subscribes to releases (the requeuer).
     pub fn subscribe_releases(&self) -> mpsc::UnboundedReceiver<Released> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.ledgers.on_release(move |h| {
+        self.ledger.on_release(move |h| {
             let _ = tx.send(Released {
                 node: h.node.clone(),
                 class: h.demand.gpu.class(),
@@ -420,7 +598,7 @@ impl ExtenderState {
         );
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
-                self.ledgers.record(&o);
+                self.ledger.record(&o);
                 self.assumed.invalidate(&uid);
                 self.waiting.invalidate(&uid);
             }
@@ -444,8 +622,8 @@ impl ExtenderState {
                     // Bound by us a moment ago; the watch has not caught up yet.
                     return;
                 }
-                if self.ledgers.node_of(&uid).is_some() {
-                    self.ledgers.release(&uid);
+                if self.ledger.node_of(&uid).is_some() {
+                    self.ledger.release(&uid);
                 }
             }
             Err(e) => {
@@ -462,7 +640,7 @@ impl ExtenderState {
         self.pods.invalidate(uid);
         self.clear_unscheduled(uid);
         self.note_contradicted(uid, false);
-        self.ledgers.release(uid);
+        self.ledger.release(uid);
     }
 
     /// After a full relist begun at `listed_from`: releases holdings of pods the API no longer
@@ -478,10 +656,10 @@ impl ExtenderState {
         lock(&self.contradicted)
             .retain(|uid| seen.contains(uid) || self.touched_after(uid, listed_from));
         let mut dropped = 0;
-        for uid in self.ledgers.uids() {
+        for uid in self.ledger.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
                 self.assumed.invalidate(&uid);
-                self.ledgers.release(&uid);
+                self.ledger.release(&uid);
                 dropped += 1;
             }
         }
@@ -521,6 +699,8 @@ pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extender::report::gpus_by_class;
+    use crate::extender::report::{fragmented_gpus, report};
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::NodeLedger;
     use crate::ledger::PodRef;
@@ -578,7 +758,7 @@ mod tests {
                 Sharing::TimeSlicing { replicas: 4 },
             );
             n.cpu_milli = Some(64_000);
-            ext.ledgers.upsert_node(n);
+            ext.ledger().upsert_node(n);
         }
         let d = |milli| {
             Demand::gpu(GpuDemand::Timeslice {
@@ -608,7 +788,7 @@ mod tests {
         // Every memo already holds the new workload's value: reading it computes nothing new.
         let scorer = ext.scorer(PackingPolicy::GpuShare);
         let mut hits = 0;
-        ext.ledgers.for_each_node(|nl| {
+        ext.ledger().for_each_node(|nl| {
             let before = nl.memo.clone();
             scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo);
             if format!("{before:?}") == format!("{:?}", nl.memo) {

@@ -8,7 +8,8 @@ use crate::inventory::GpuNode;
 use crate::packing::{Demand, Placement, Reason, Scorer};
 use crate::sync::lock;
 
-use super::*;
+use super::demand::*;
+use super::node::*;
 
 type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
 

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::inventory::{self, GpuNode};
-use crate::packing::{self, Demand, GpuDemand, Placement, Reason, Scorer, Usage};
+use crate::packing::{self, Demand, FragMemo, GpuDemand, Placement, Reason, Scorer, Usage};
 
-use super::*;
+use super::demand::*;
 
 /// What one pod holds on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -63,7 +63,7 @@ impl NodeLedger {
             return Ok(h.placement.clone());
         }
         let (placement, _) =
-            packing::place_memo(scorer, &self.node, &self.usage, &demand, &mut self.memo)?;
+            packing::place(scorer, &self.node, &self.usage, &demand, &mut self.memo)?;
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             pod.uid.clone(),
@@ -115,7 +115,7 @@ impl NodeLedger {
         let scorer = Scorer::new(packing::PackingPolicy::Binpack);
         // The pod is running: when the model has no room for it, it still holds its units.
         let mut best = scorer
-            .evaluate(&self.node, &self.usage, demand)
+            .evaluate(&self.node, &self.usage, demand, &mut FragMemo::default())
             .map_or_else(|| packing::node_level(&self.node, demand), |(p, _)| p);
         if let Some(gpus) = gpus
             && gpus.iter().all(|(i, _)| *i < self.node.gpus)

@@ -1,46 +1,9 @@
 //! The demand model: what a pod asks of a node (a GPU demand by class, CPU and memory), and the
 //! MIG shares it is measured in.
 
-use std::sync::LazyLock;
-
 use serde::Serialize;
 
-use crate::mig::{MigModel, MigProfile, MigTable};
-
-/// One GPU, in thousandths.
-pub const GPU_MILLI: u32 = 1000;
-
-/// A MIG device's share of its GPU in thousandths: its compute slices out of the model's
-/// (a `3g.40gb` is 3/7, an A30's `1g.6gb` 1/4).
-pub fn mig_share_milli(model: &MigModel, profile: &MigProfile) -> u32 {
-    u32::from(profile.compute_slices) * GPU_MILLI / u32::from(model.compute_slices.max(1))
-}
-
-/// [`mig_share_milli`] of a profile by name, from the built-in MIG table; a profile the table
-/// does not know counts by its `<N>g` prefix out of 7.
-pub fn mig_profile_milli(profile: &str) -> u32 {
-    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
-    match TABLE.find(profile) {
-        Some((m, p)) => mig_share_milli(m, p),
-        None => {
-            let slices: u32 = profile
-                .split_once('g')
-                .and_then(|(n, _)| n.parse().ok())
-                .unwrap_or(7);
-            slices.min(7) * GPU_MILLI / 7
-        }
-    }
-}
-
-/// How many MIG devices of a profile one GPU holds at most, from the built-in MIG table; a
-/// profile the table does not know: as many as its compute share allows.
-pub fn mig_profile_per_gpu(profile: &str) -> u32 {
-    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
-    match TABLE.find(profile) {
-        Some((_, p)) => u32::from(p.max).max(1),
-        None => (GPU_MILLI / mig_profile_milli(profile).max(1)).max(1),
-    }
-}
+pub use crate::mig::{GPU_MILLI, mig_profile_milli, mig_profile_per_gpu, mig_share_milli};
 
 /// What a pod asks of the GPU side of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]

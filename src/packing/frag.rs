@@ -19,7 +19,8 @@ use std::sync::{Arc, Weak};
 
 use serde::Serialize;
 
-use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage};
+use super::demand::{Demand, GPU_MILLI, GpuDemand};
+use super::usage::{Placement, Usage};
 use crate::inventory::GpuNode;
 
 /// One pod shape of a target workload (memory is ignored, as in the paper).

@@ -10,642 +10,26 @@
 //!   and a future node agent); on [`Sharing::PerGpu`] nodes (the simulator's trace cluster) it is
 //!   enforced, as in the FGD paper.
 
+mod candidates;
 mod demand;
+mod fit;
 pub mod frag;
 pub mod score;
+mod usage;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use crate::inventory::GpuNode;
 
-use serde::Serialize;
-
-use crate::inventory::{GpuNode, MigLayout, Sharing};
-
+pub use candidates::*;
 pub use demand::*;
+pub use fit::*;
 pub use frag::FragMemo;
 pub use score::{OnlineWorkload, PackingPolicy, Scorer, Workload};
+pub use usage::*;
 
-/// What is allocated on one node.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Usage {
-    pub cpu_milli: u64,
-    pub memory_mib: u64,
-    /// Per full GPU, allocated thousandths (the per-GPU model; may exceed 1000 on a time-sliced
-    /// node where the device plugin stacked replicas differently than modelled).
-    pub gpu_milli: Vec<u32>,
-    /// Units of the node's pool resource in use.
-    pub slots: u32,
-    /// Declared time-slicing budgets, thousandths of a GPU.
-    pub budget_milli: u64,
-    /// Declared GPU memory of mps/timeslice pods, MiB.
-    pub gpu_memory_mib: u64,
-    /// MIG devices in use per profile.
-    pub mig: BTreeMap<String, u32>,
-    /// Pods holding something here.
-    pub pods: u32,
-    /// Pods per GPU request kind ([`GpuDemand::tag`]): the `gpu-clustering` policy's view.
-    pub tags: BTreeMap<u32, u32>,
-}
-
-impl Usage {
-    /// Empty usage for a node.
-    pub fn empty(node: &GpuNode) -> Self {
-        Usage {
-            gpu_milli: vec![0; node.gpus as usize],
-            ..Usage::default()
-        }
-    }
-
-    /// Full GPUs with nothing on them (model).
-    pub fn free_gpus(&self) -> u32 {
-        self.gpu_milli.iter().filter(|m| **m == 0).count() as u32
-    }
-
-    /// Allocated thousandths over all full GPUs (model).
-    pub fn allocated_milli(&self) -> u64 {
-        self.gpu_milli
-            .iter()
-            .map(|m| u64::from((*m).min(GPU_MILLI)))
-            .sum()
-    }
-}
-
-/// What a placement adds to a node's [`Usage`].
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Placement {
-    /// Per-GPU model: (GPU index, thousandths).
-    pub gpus: Vec<(u32, u32)>,
-    pub slots: u32,
-    pub budget_milli: u64,
-    pub gpu_memory_mib: u64,
-    pub mig: Option<(String, u32)>,
-    pub cpu_milli: u64,
-    pub memory_mib: u64,
-    /// The demand's [`GpuDemand::tag`].
-    pub tag: Option<u32>,
-}
-
-impl Placement {
-    /// The per-GPU model as `index:milli` pairs, e.g. `0:250,3:1000` (the binding annotation).
-    pub fn gpus_text(&self) -> String {
-        self.gpus
-            .iter()
-            .map(|(i, m)| format!("{i}:{m}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Parses [`Placement::gpus_text`]; `None` if malformed.
-    pub fn parse_gpus(text: &str) -> Option<Vec<(u32, u32)>> {
-        if text.is_empty() {
-            return Some(Vec::new());
-        }
-        text.split(',')
-            .map(|p| {
-                let (i, m) = p.split_once(':')?;
-                Some((i.parse().ok()?, m.parse().ok()?))
-            })
-            .collect()
-    }
-}
-
-/// Adds a placement to a node's usage.
-pub fn apply(usage: &mut Usage, p: &Placement) {
-    shift::<true>(usage, p);
-}
-
-/// Removes a placement that [`apply`] added.
-pub fn unapply(usage: &mut Usage, p: &Placement) {
-    shift::<false>(usage, p);
-}
-
-/// Adds (`ADD`) or removes a placement, field by field in one place, so that the two can never
-/// disagree. Saturating both ways: a recorded pod may claim more than any node has (its spec is
-/// not ours). Map entries that fall to zero are removed.
-#[inline]
-fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
-    fn step<T: num_step::Step>(x: &mut T, by: T, add: bool) {
-        *x = if add { x.up(by) } else { x.down(by) };
-    }
-    fn count<K: Ord + Clone>(
-        map: &mut std::collections::BTreeMap<K, u32>,
-        key: &K,
-        by: u32,
-        add: bool,
-    ) {
-        if add {
-            let n = map.entry(key.clone()).or_default();
-            *n = n.saturating_add(by);
-        } else if let Some(n) = map.get_mut(key) {
-            *n = n.saturating_sub(by);
-            if *n == 0 {
-                map.remove(key);
-            }
-        }
-    }
-    for (i, m) in &p.gpus {
-        if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
-            step(g, *m, ADD);
-        }
-    }
-    step(&mut usage.slots, p.slots, ADD);
-    step(&mut usage.budget_milli, p.budget_milli, ADD);
-    step(&mut usage.gpu_memory_mib, p.gpu_memory_mib, ADD);
-    if let Some((profile, n)) = &p.mig {
-        count(&mut usage.mig, profile, *n, ADD);
-    }
-    step(&mut usage.cpu_milli, p.cpu_milli, ADD);
-    step(&mut usage.memory_mib, p.memory_mib, ADD);
-    step(&mut usage.pods, 1, ADD);
-    if let Some(t) = p.tag {
-        count(&mut usage.tags, &t, 1, ADD);
-    }
-}
-
-/// Saturating steps for the usage counters' integer types.
-mod num_step {
-    pub trait Step: Copy {
-        fn up(self, by: Self) -> Self;
-        fn down(self, by: Self) -> Self;
-    }
-    macro_rules! step {
-        ($($t:ty),*) => {$(
-            impl Step for $t {
-                #[inline]
-                fn up(self, by: Self) -> Self { self.saturating_add(by) }
-                #[inline]
-                fn down(self, by: Self) -> Self { self.saturating_sub(by) }
-            }
-        )*};
-    }
-    step!(u32, u64);
-}
-
-/// Why a node cannot take a demand. The messages are a fixed set of category sentences (no
-/// per-node numbers), so kube-scheduler can group them in the pod's FailedScheduling event.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Reason {
-    NotGpuNode,
-    UnknownNode,
-    ModelNotAllowed,
-    NoMig,
-    MigProfileAbsent,
-    MigProfileFull,
-    MigSingleOtherProfile,
-    NodeIsMig,
-    SharingMismatch {
-        node: &'static str,
-        pod: &'static str,
-    },
-    MpsReplicaTooSmall,
-    ReplicaMemoryTooSmall,
-    GpuMemoryTooSmall,
-    NoFreeReplica,
-    BudgetUsedUp,
-    MemoryBudgetUsedUp,
-    TooFewGpus,
-    NoFreeGpus,
-    NoGpuWithRoom,
-    ResourceAbsent,
-    NotEnoughUnits,
-    Cpu,
-    Memory,
-}
-
-impl Reason {
-    /// The sentence sent to kube-scheduler.
-    pub fn message(&self) -> String {
-        self.message_static().into_owned()
-    }
-
-    /// [`Reason::message`], borrowed where the sentence is fixed (filter sends one per node).
-    pub fn message_static(&self) -> std::borrow::Cow<'static, str> {
-        match self {
-            Reason::NotGpuNode => "node has no NVIDIA GPUs".into(),
-            Reason::UnknownNode => "node is not in gpu-share's inventory".into(),
-            Reason::ModelNotAllowed => "node's GPU model is not one the pod allows".into(),
-            Reason::NoMig => "node has no MIG devices; pod asks MIG".into(),
-            Reason::MigProfileAbsent => "node has no MIG devices of the requested profile".into(),
-            Reason::MigProfileFull => "no free MIG device of the requested profile".into(),
-            Reason::MigSingleOtherProfile => {
-                "node's GPUs are split into MIG devices of another profile".into()
-            }
-            Reason::NodeIsMig => {
-                "node's GPUs are split into MIG devices; pod asks full GPUs".into()
-            }
-            Reason::SharingMismatch { node, pod } => format!("node {node}; pod asks {pod}").into(),
-            Reason::MpsReplicaTooSmall => {
-                "MPS replicas on this node are smaller than the request".into()
-            }
-            Reason::ReplicaMemoryTooSmall => {
-                "GPU memory per replica on this node is smaller than the request".into()
-            }
-            Reason::GpuMemoryTooSmall => {
-                "GPU memory on this node is smaller than the request".into()
-            }
-            Reason::NoFreeReplica => "no free GPU replica on this node".into(),
-            Reason::BudgetUsedUp => "time-slicing budget of this node's GPUs is used up".into(),
-            Reason::MemoryBudgetUsedUp => "GPU memory budget of this node is used up".into(),
-            Reason::TooFewGpus => "node has fewer GPUs than the pod asks".into(),
-            Reason::NoFreeGpus => "not enough free whole GPUs".into(),
-            Reason::NoGpuWithRoom => "no single GPU has enough free share".into(),
-            Reason::ResourceAbsent => "node does not advertise the requested GPU resource".into(),
-            Reason::NotEnoughUnits => "not enough free units of the requested GPU resource".into(),
-            Reason::Cpu => "not enough free CPU".into(),
-            Reason::Memory => "not enough free memory".into(),
-        }
-    }
-
-    /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
-    /// preemption may help); false when the node can never hold the pod
-    /// (`FailedAndUnresolvableNodes`).
-    pub fn resolvable(&self) -> bool {
-        matches!(
-            self,
-            Reason::MigProfileFull
-                | Reason::NoFreeReplica
-                | Reason::BudgetUsedUp
-                | Reason::MemoryBudgetUsedUp
-                | Reason::NoFreeGpus
-                | Reason::NoGpuWithRoom
-                | Reason::NotEnoughUnits
-                | Reason::Cpu
-                | Reason::Memory
-        )
-    }
-
-    /// A short stable label for metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Reason::NotGpuNode => "not_gpu_node",
-            Reason::UnknownNode => "unknown_node",
-            Reason::ModelNotAllowed => "model_not_allowed",
-            Reason::NoMig => "no_mig",
-            Reason::MigProfileAbsent => "mig_profile_absent",
-            Reason::MigProfileFull => "mig_profile_full",
-            Reason::MigSingleOtherProfile => "mig_single_other_profile",
-            Reason::NodeIsMig => "node_is_mig",
-            Reason::SharingMismatch { .. } => "sharing_mismatch",
-            Reason::MpsReplicaTooSmall => "mps_replica_too_small",
-            Reason::ReplicaMemoryTooSmall => "replica_memory_too_small",
-            Reason::GpuMemoryTooSmall => "gpu_memory_too_small",
-            Reason::NoFreeReplica => "no_free_replica",
-            Reason::BudgetUsedUp => "budget_used_up",
-            Reason::MemoryBudgetUsedUp => "memory_budget_used_up",
-            Reason::TooFewGpus => "too_few_gpus",
-            Reason::NoFreeGpus => "no_free_gpus",
-            Reason::NoGpuWithRoom => "no_gpu_with_room",
-            Reason::ResourceAbsent => "resource_absent",
-            Reason::NotEnoughUnits => "not_enough_units",
-            Reason::Cpu => "cpu",
-            Reason::Memory => "memory",
-        }
-    }
-}
-
-fn node_sharing_words(node: &GpuNode) -> &'static str {
-    match node.sharing {
-        Sharing::None if node.gpus == 0 && node.mig != MigLayout::None => "has only MIG devices",
-        Sharing::None => "does not share GPUs",
-        Sharing::TimeSlicing { .. } => "shares GPUs by time-slicing",
-        Sharing::Mps { .. } => "shares GPUs by MPS",
-        Sharing::PerGpu => "shares GPUs per GPU",
-    }
-}
-
-fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
-    Reason::SharingMismatch {
-        node: node_sharing_words(node),
-        pod,
-    }
-}
-
-/// Checks CPU, memory and model; then the GPU rules of [`fit_gpu`].
-pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
-    if !demand.models.is_empty() {
-        let product = node.product.as_deref().unwrap_or_default();
-        if !demand.models.iter().any(|m| m == product) {
-            return Err(Reason::ModelNotAllowed);
-        }
-    }
-    if let Some(cpu) = node.cpu_milli
-        && usage.cpu_milli.saturating_add(demand.cpu_milli) > cpu
-    {
-        return Err(Reason::Cpu);
-    }
-    if let Some(mem) = node.memory_mib
-        && usage.memory_mib.saturating_add(demand.memory_mib) > mem
-    {
-        return Err(Reason::Memory);
-    }
-    fit_gpu(node, usage, &demand.gpu)
-}
-
-fn replica_milli(node: &GpuNode) -> u32 {
-    GPU_MILLI / node.sharing.replicas()
-}
-
-/// The GPU rules. Classes never mix: MIG fits only free MIG devices of that profile; mps only
-/// MPS nodes whose replicas are large enough; timeslice only time-sliced nodes; exclusive only
-/// unshared whole GPUs.
-pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), Reason> {
-    let free_slots = node.slots.saturating_sub(usage.slots);
-    match demand {
-        GpuDemand::None => Ok(()),
-        GpuDemand::Mig { profile, count } => match &node.mig {
-            MigLayout::None => Err(Reason::NoMig),
-            MigLayout::Single { profile: p } if p != profile => Err(Reason::MigSingleOtherProfile),
-            MigLayout::Single { .. } => {
-                if node.slots < *count {
-                    Err(Reason::MigProfileAbsent)
-                } else if free_slots < *count {
-                    Err(Reason::MigProfileFull)
-                } else {
-                    Ok(())
-                }
-            }
-            MigLayout::Mixed { instances } => {
-                let total = instances.get(profile).copied().unwrap_or(0);
-                let used = usage.mig.get(profile).copied().unwrap_or(0);
-                if total < *count {
-                    Err(Reason::MigProfileAbsent)
-                } else if total.saturating_sub(used) < *count {
-                    Err(Reason::MigProfileFull)
-                } else {
-                    Ok(())
-                }
-            }
-        },
-        GpuDemand::Whole { count } => {
-            if let MigLayout::Single { .. } = node.mig {
-                return Err(Reason::NodeIsMig);
-            }
-            match node.sharing {
-                Sharing::None => {
-                    if node.gpus == 0 && node.mig != MigLayout::None {
-                        Err(Reason::NodeIsMig)
-                    } else if node.slots < *count {
-                        Err(Reason::TooFewGpus)
-                    } else if free_slots < *count || usage.free_gpus() < *count {
-                        Err(Reason::NoFreeGpus)
-                    } else {
-                        Ok(())
-                    }
-                }
-                Sharing::PerGpu => {
-                    if node.gpus < *count {
-                        Err(Reason::TooFewGpus)
-                    } else if usage.free_gpus() < *count {
-                        Err(Reason::NoFreeGpus)
-                    } else {
-                        Ok(())
-                    }
-                }
-                Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
-                    Err(mismatch(node, "whole unshared GPUs"))
-                }
-            }
-        }
-        GpuDemand::Mps { milli, memory_mib } => match node.sharing {
-            Sharing::Mps { replicas } => {
-                if replica_milli(node) < *milli {
-                    return Err(Reason::MpsReplicaTooSmall);
-                }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && gpu_mem / u64::from(replicas.max(1)) < *want
-                {
-                    return Err(Reason::ReplicaMemoryTooSmall);
-                }
-                if free_slots < 1 {
-                    return Err(Reason::NoFreeReplica);
-                }
-                Ok(())
-            }
-            _ => Err(mismatch(node, "MPS")),
-        },
-        GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {
-            Sharing::TimeSlicing { .. } => {
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && *want > gpu_mem
-                {
-                    return Err(Reason::GpuMemoryTooSmall);
-                }
-                if free_slots < 1 {
-                    return Err(Reason::NoFreeReplica);
-                }
-                if usage.budget_milli.saturating_add(u64::from(*milli))
-                    > u64::from(node.gpus) * 1000
-                {
-                    return Err(Reason::BudgetUsedUp);
-                }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && usage.gpu_memory_mib.saturating_add(*want)
-                        > gpu_mem.saturating_mul(u64::from(node.gpus))
-                {
-                    return Err(Reason::MemoryBudgetUsedUp);
-                }
-                Ok(())
-            }
-            Sharing::PerGpu => {
-                if node.gpus == 0 {
-                    return Err(Reason::TooFewGpus);
-                }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && *want > gpu_mem
-                {
-                    return Err(Reason::GpuMemoryTooSmall);
-                }
-                if usage
-                    .gpu_milli
-                    .iter()
-                    .any(|m| m.saturating_add(*milli) <= GPU_MILLI)
-                {
-                    Ok(())
-                } else {
-                    Err(Reason::NoGpuWithRoom)
-                }
-            }
-            _ => Err(mismatch(node, "time-slicing")),
-        },
-        GpuDemand::Units { resource, count } => {
-            if *resource != node.pool_resource || node.slots == 0 {
-                return Err(Reason::ResourceAbsent);
-            }
-            if node.slots < *count {
-                return Err(Reason::ResourceAbsent);
-            }
-            if free_slots < *count {
-                return Err(Reason::NotEnoughUnits);
-            }
-            // On a time-sliced node each unit counts its fair share against the budget.
-            if let Sharing::TimeSlicing { .. } = node.sharing
-                && usage
-                    .budget_milli
-                    .saturating_add(u64::from(*count) * u64::from(replica_milli(node)))
-                    > u64::from(node.gpus) * 1000
-            {
-                return Err(Reason::BudgetUsedUp);
-            }
-            Ok(())
-        }
-    }
-}
-
-/// What a demand holds on a node apart from the per-GPU model: pool units, time-slicing budget,
-/// declared GPU memory, MIG devices, CPU and memory. Every candidate starts from this; a pod
-/// already running where the model has no room is recorded with exactly this.
-pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
-    let base = Placement {
-        cpu_milli: demand.cpu_milli,
-        memory_mib: demand.memory_mib,
-        tag: demand.gpu.tag(),
-        ..Placement::default()
-    };
-    let per_gpu_model = node.sharing == Sharing::PerGpu;
-    match &demand.gpu {
-        GpuDemand::None => base,
-        GpuDemand::Whole { count } => Placement {
-            slots: if per_gpu_model { 0 } else { *count },
-            ..base
-        },
-        GpuDemand::Mig { profile, count } => match node.mig {
-            MigLayout::Single { .. } => Placement {
-                slots: *count,
-                ..base
-            },
-            _ => Placement {
-                mig: Some((profile.clone(), *count)),
-                ..base
-            },
-        },
-        GpuDemand::Mps { memory_mib, .. } => Placement {
-            slots: 1,
-            gpu_memory_mib: memory_mib.unwrap_or(0),
-            ..base
-        },
-        GpuDemand::Timeslice { milli, memory_mib } => Placement {
-            slots: u32::from(!per_gpu_model),
-            budget_milli: if per_gpu_model { 0 } else { u64::from(*milli) },
-            gpu_memory_mib: memory_mib.unwrap_or(0),
-            ..base
-        },
-        GpuDemand::Units { count, .. } => Placement {
-            slots: *count,
-            budget_milli: match node.sharing {
-                Sharing::TimeSlicing { .. } => u64::from(*count) * u64::from(replica_milli(node)),
-                _ => 0,
-            },
-            ..base
-        },
-    }
-}
-
-/// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
-/// GPU state, after [`fit`] said yes. Whole-GPU demands take the lowest-index free GPUs.
-pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
-    let mut out = Vec::new();
-    for_each_candidate(node, usage, demand, |p| out.push(p.clone()));
-    out
-}
-
-/// Visits [`candidates`] in order without keeping them (a scorer clones only the best): the
-/// single-GPU candidates are one placement whose GPU changes between visits.
-pub fn for_each_candidate(
-    node: &GpuNode,
-    usage: &Usage,
-    demand: &Demand,
-    mut visit: impl FnMut(&Placement),
-) {
-    let base = node_level(node, demand);
-    let free_indexes = |n: u32| -> Vec<(u32, u32)> {
-        usage
-            .gpu_milli
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| **m == 0)
-            .take(n as usize)
-            .map(|(i, _)| (i as u32, GPU_MILLI))
-            .collect()
-    };
-    // One candidate per distinct free amount (GPUs with equal load are interchangeable).
-    let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
-        let mut cand = Placement {
-            gpus: vec![(0, milli)],
-            ..base
-        };
-        let mut visited = false;
-        for (i, m) in usage.gpu_milli.iter().enumerate() {
-            // An earlier GPU as used as this one fit as well and was visited.
-            if m.saturating_add(milli) > GPU_MILLI || usage.gpu_milli[..i].contains(m) {
-                continue;
-            }
-            cand.gpus[0].0 = i as u32;
-            visit(&cand);
-            visited = true;
-        }
-        if !visited && !strict {
-            // The model is full; the device plugin still has a replica: model it on the
-            // least-loaded GPU.
-            if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {
-                cand.gpus[0].0 = i as u32;
-                visit(&cand);
-            }
-        }
-    };
-    match &demand.gpu {
-        GpuDemand::None | GpuDemand::Mig { .. } => visit(&base),
-        GpuDemand::Whole { count } => visit(&Placement {
-            gpus: free_indexes(*count),
-            ..base
-        }),
-        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false, base),
-        GpuDemand::Timeslice { milli, .. } => {
-            one_gpu_each(*milli, node.sharing == Sharing::PerGpu, base)
-        }
-        GpuDemand::Units { count, .. } => {
-            let gpus = match node.sharing {
-                Sharing::None | Sharing::PerGpu => free_indexes(*count),
-                Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
-                    // Each unit is one replica: model them on the least-loaded GPUs. No node
-                    // hands out more units than it has (a recorded pod may claim more).
-                    let r = replica_milli(node);
-                    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
-                        .gpu_milli
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| Reverse((*m, i as u32)))
-                        .collect();
-                    let mut out = Vec::new();
-                    for _ in 0..(*count).min(node.slots) {
-                        let Some(Reverse((m, i))) = load.pop() else {
-                            break;
-                        };
-                        out.push((i, r));
-                        load.push(Reverse((m.saturating_add(r), i)));
-                    }
-                    out
-                }
-            };
-            visit(&Placement { gpus, ..base })
-        }
-    }
-}
-
-/// Fits, then picks the placement the scorer likes best. Returns the placement and its score.
+/// Fits, then picks the placement the scorer likes best, reading (and keeping) the node's
+/// fragmentation before the placement in `memo`: the node's own, kept between decisions, or a
+/// fresh `FragMemo::default()`. Returns the placement and its score.
 pub fn place(
-    scorer: &Scorer,
-    node: &GpuNode,
-    usage: &Usage,
-    demand: &Demand,
-) -> Result<(Placement, f64), Reason> {
-    place_memo(scorer, node, usage, demand, &mut FragMemo::default())
-}
-
-/// [`place`], with the node's own [`FragMemo`] (kept between decisions on the node).
-pub fn place_memo(
     scorer: &Scorer,
     node: &GpuNode,
     usage: &Usage,
@@ -654,7 +38,7 @@ pub fn place_memo(
 ) -> Result<(Placement, f64), Reason> {
     fit(node, usage, demand)?;
     scorer
-        .evaluate_memo(node, usage, demand, memo)
+        .evaluate(node, usage, demand, memo)
         .ok_or(Reason::NoGpuWithRoom)
 }
 
@@ -680,6 +64,7 @@ pub fn to_extender_scores(raw: &[f64]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inventory::{MigLayout, Sharing};
 
     #[test]
     fn mig_shares_follow_the_model_and_demands_print_as_annotations() {
@@ -741,7 +126,13 @@ mod tests {
     }
 
     fn add(node: &GpuNode, usage: &mut Usage, d: &Demand) -> Result<(), Reason> {
-        let (p, _) = place(&Scorer::new(PackingPolicy::Binpack), node, usage, d)?;
+        let (p, _) = place(
+            &Scorer::new(PackingPolicy::Binpack),
+            node,
+            usage,
+            d,
+            &mut FragMemo::default(),
+        )?;
         apply(usage, &p);
         Ok(())
     }
@@ -853,7 +244,14 @@ mod tests {
         let n = GpuNode::whole("plain", "H100", 4, 81559);
         let mut u = Usage::empty(&n);
         let two = Demand::gpu(GpuDemand::Whole { count: 2 });
-        let (p, _) = place(&Scorer::new(PackingPolicy::Binpack), &n, &u, &two).unwrap();
+        let (p, _) = place(
+            &Scorer::new(PackingPolicy::Binpack),
+            &n,
+            &u,
+            &two,
+            &mut FragMemo::default(),
+        )
+        .unwrap();
         apply(&mut u, &p);
         assert_eq!(u.gpu_milli, vec![1000, 1000, 0, 0]);
         add(&n, &mut u, &two).unwrap();

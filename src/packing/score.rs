@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+use super::candidates::{candidates, for_each_candidate};
+use super::demand::{Demand, GPU_MILLI, GpuDemand};
 use super::frag::{FragMemo, Measure, Shape, TargetWorkload};
-use super::{Demand, GPU_MILLI, GpuDemand, Placement, Usage, candidates, for_each_candidate};
+use super::usage::{Placement, Usage};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
 /// Packing policies by name (the policy file's `packing.policy` takes `binpack`, `spread` and
@@ -211,27 +213,8 @@ impl Scorer {
         }
     }
 
-    /// Picks the placement on this node and scores the node (higher is better), after
-    /// [`super::fit`] said yes. `None` when there is no way to place the demand.
-    ///
-    /// The six baselines follow the FGD paper's simulator: integer scores 0..=100 (so equal
-    /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
-    /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
-    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's rule with a
-    /// CPU-aware measure against the workload seen so far: see [`frag_step_score`].
-    pub fn evaluate(
-        &self,
-        node: &GpuNode,
-        usage: &Usage,
-        demand: &Demand,
-    ) -> Option<(Placement, f64)> {
-        self.evaluate_memo(node, usage, demand, &mut FragMemo::default())
-    }
-
-    /// [`Scorer::evaluate`], with the node's fragmentation before the placement read from (and
-    /// kept in) `memo`: the node's own, kept between decisions. Same result.
     /// Fills `memo` with the node's "before" fragmentation under this scorer's workload, as
-    /// [`Scorer::evaluate_memo`] would read it (nothing for policies that read no workload).
+    /// [`Scorer::evaluate`] would read it (nothing for policies that read no workload).
     pub fn warm_memo(&self, node: &GpuNode, usage: &Usage, memo: &mut FragMemo) {
         let measure = match self.policy {
             PackingPolicy::Fgd => Measure::Fgd,
@@ -243,7 +226,18 @@ impl Scorer {
         }
     }
 
-    pub fn evaluate_memo(
+    /// Picks the placement on this node and scores the node (higher is better), after
+    /// [`super::fit`] said yes. `None` when there is no way to place the demand.
+    ///
+    /// The six baselines follow the FGD paper's simulator: integer scores 0..=100 (so equal
+    /// nodes tie and the caller's tie-break decides), and the GPU inside the node chosen
+    /// best-fit (the fullest GPU that fits), except `random` (a random GPU) and `fgd` (the GPU
+    /// whose use grows the node's fragmentation least). `gpu-share` is FGD's rule with a
+    /// CPU-aware measure against the workload seen so far: see [`frag_step_score`].
+    ///
+    /// The node's fragmentation before the placement is read from (and kept in) `memo`: the
+    /// node's own, kept between decisions, or a fresh `FragMemo::default()` (the same result).
+    pub fn evaluate(
         &self,
         node: &GpuNode,
         usage: &Usage,
@@ -675,7 +669,9 @@ mod tests {
     }
 
     fn eval(policy: PackingPolicy, n: &GpuNode, u: &Usage, d: &Demand) -> (Placement, f64) {
-        Scorer::new(policy).evaluate(n, u, d).unwrap()
+        Scorer::new(policy)
+            .evaluate(n, u, d, &mut FragMemo::default())
+            .unwrap()
     }
 
     #[test]
@@ -758,17 +754,26 @@ mod tests {
         // GPU 0 half used. A 500 pod on GPU 0 fills it (no fragment left); on GPU 1 it would
         // leave 500 that whole-GPU pods cannot use.
         let (n, u) = trace_node(2, 8000, &[500, 0]);
-        let (p, s_fill) = fgd.evaluate(&n, &u, &share(1000, 500)).unwrap();
+        let (p, s_fill) = fgd
+            .evaluate(&n, &u, &share(1000, 500), &mut FragMemo::default())
+            .unwrap();
         assert_eq!(p.gpus, vec![(0, 500)]);
         // Before: 0.5*0 + 0.5*500 = 250 fragment; after: 0 -> growth -250, sigmoid(0.25)*100.
         assert_eq!(s_fill, (sigmoid(0.25) * 100.0).trunc());
         // The same pod on an empty node grows fragmentation: lower score.
         let (n2, u2) = trace_node(2, 8000, &[]);
-        let (_, s_empty) = fgd.evaluate(&n2, &u2, &share(1000, 500)).unwrap();
+        let (_, s_empty) = fgd
+            .evaluate(&n2, &u2, &share(1000, 500), &mut FragMemo::default())
+            .unwrap();
         assert!(s_empty < s_fill);
         // gpu-share with the same workload scores like FGD.
         let gs = Scorer::with_workload(PackingPolicy::GpuShare, w);
-        assert_eq!(gs.evaluate(&n, &u, &share(1000, 500)).unwrap().1, s_fill);
+        assert_eq!(
+            gs.evaluate(&n, &u, &share(1000, 500), &mut FragMemo::default())
+                .unwrap()
+                .1,
+            s_fill
+        );
     }
 
     #[test]
@@ -796,12 +801,24 @@ mod tests {
         let fgd = Scorer::with_workload(PackingPolicy::Fgd, w.clone());
         let gs = Scorer::with_workload(PackingPolicy::GpuShare, w);
         // FGD sees no difference (the pod still fits once on both).
-        let f_starved = fgd.evaluate(&starved, &su, &cpu_only).unwrap().1;
-        let f_rich = fgd.evaluate(&rich, &ru, &cpu_only).unwrap().1;
+        let f_starved = fgd
+            .evaluate(&starved, &su, &cpu_only, &mut FragMemo::default())
+            .unwrap()
+            .1;
+        let f_rich = fgd
+            .evaluate(&rich, &ru, &cpu_only, &mut FragMemo::default())
+            .unwrap()
+            .1;
         assert_eq!((f_starved, f_rich), (50.0, 50.0));
         // gpu-share charges the stranded GPU: 750 more fragment, sigmoid(-0.75) -> 32.
-        let g_starved = gs.evaluate(&starved, &su, &cpu_only).unwrap().1;
-        let g_rich = gs.evaluate(&rich, &ru, &cpu_only).unwrap().1;
+        let g_starved = gs
+            .evaluate(&starved, &su, &cpu_only, &mut FragMemo::default())
+            .unwrap()
+            .1;
+        let g_rich = gs
+            .evaluate(&rich, &ru, &cpu_only, &mut FragMemo::default())
+            .unwrap()
+            .1;
         assert_eq!(g_rich, 50.0);
         assert_eq!(g_starved, (sigmoid(-CPU_CAPPED_WEIGHT) * 100.0).trunc());
         assert!(g_starved < g_rich);
@@ -816,7 +833,9 @@ mod tests {
                 seed,
                 ..Scorer::new(PackingPolicy::Random)
             };
-            let (p, score) = s.evaluate(&n, &u, &share(1000, 300)).unwrap();
+            let (p, score) = s
+                .evaluate(&n, &u, &share(1000, 300), &mut FragMemo::default())
+                .unwrap();
             assert_eq!(score, 0.0);
             assert_ne!(p.gpus[0].0, 0, "GPU 0 has no room for 300");
             seen.insert(p.gpus[0].0);
@@ -866,7 +885,11 @@ mod tests {
     fn best<'n>(scorer: &Scorer, nodes: &'n [(GpuNode, Usage)], d: &Demand) -> Option<&'n str> {
         nodes
             .iter()
-            .filter_map(|(n, u)| place(scorer, n, u, d).ok().map(|(_, s)| (n, s)))
+            .filter_map(|(n, u)| {
+                place(scorer, n, u, d, &mut FragMemo::default())
+                    .ok()
+                    .map(|(_, s)| (n, s))
+            })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(n, _)| n.name.as_str())
     }
@@ -875,7 +898,14 @@ mod tests {
         let a = GpuNode::shared("a", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });
         let b = GpuNode::shared("b", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });
         let mut ua = Usage::empty(&a);
-        let (p, _) = place(&Scorer::new(PackingPolicy::Binpack), &a, &ua, &ts(30)).unwrap();
+        let (p, _) = place(
+            &Scorer::new(PackingPolicy::Binpack),
+            &a,
+            &ua,
+            &ts(30),
+            &mut FragMemo::default(),
+        )
+        .unwrap();
         apply(&mut ua, &p);
         let ub = Usage::empty(&b);
         vec![(a, ua), (b, ub)]
@@ -903,9 +933,23 @@ mod tests {
         let n = GpuNode::shared("a", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });
         let mut u = Usage::empty(&n);
         u.gpu_milli = vec![300, 600];
-        let (p, _) = place(&Scorer::new(PackingPolicy::Binpack), &n, &u, &ts(30)).unwrap();
+        let (p, _) = place(
+            &Scorer::new(PackingPolicy::Binpack),
+            &n,
+            &u,
+            &ts(30),
+            &mut FragMemo::default(),
+        )
+        .unwrap();
         assert_eq!(p.gpus, vec![(1, 300)]);
-        let (p, _) = place(&Scorer::new(PackingPolicy::Spread), &n, &u, &ts(30)).unwrap();
+        let (p, _) = place(
+            &Scorer::new(PackingPolicy::Spread),
+            &n,
+            &u,
+            &ts(30),
+            &mut FragMemo::default(),
+        )
+        .unwrap();
         assert_eq!(p.gpus, vec![(0, 300)]);
     }
 

@@ -25,8 +25,8 @@ use bytes::BytesMut;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::json_error;
 use crate::metrics::Metrics;
+use crate::shared::json_error;
 
 /// The part of each body drawn from the small budget.
 pub const SMALL_PART: usize = 64 << 10;

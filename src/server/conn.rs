@@ -279,7 +279,7 @@ pub async fn serve(
     let name = registry.limits.listener;
     let (closing_tx, closing) = watch::channel(false);
     let drained = async {
-        super::stopped(&mut shutdown).await;
+        crate::shared::stopped(&mut shutdown).await;
         if !drain.is_zero() {
             tracing::info!(
                 listener = name,

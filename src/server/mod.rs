@@ -7,15 +7,16 @@ mod policy;
 pub mod shutdown;
 pub mod tls;
 
+pub use crate::shared::{LoadedPolicy, PolicyStore, Readiness, json_error, stopped};
 pub use policy::*;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -25,10 +26,10 @@ use tokio::sync::watch;
 use crate::cli::{Role, ServeArgs};
 use crate::cluster::ClusterFacts;
 use crate::extender::handlers as ext;
-use crate::extender::state::{ExtenderState, Mode};
+use crate::extender::state::{DEFAULT_ASSUME_TTL, ExtenderState, Mode};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::{Error, Result};
+use crate::{Error, Result, admission, extender};
 
 /// Largest AdmissionReview body accepted (a pod is at most ~1.5 MiB in etcd).
 pub const MUTATE_BODY_LIMIT: usize = 4 << 20;
@@ -55,47 +56,10 @@ pub fn body_budget(role: Role, memory: usize, timeout: Duration) -> body::BodyBu
     )
 }
 
-/// What `/readyz` waits for.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    pub certificate: AtomicBool,
-    pub policy: AtomicBool,
-    /// The API server answered (webhook) or the caches synced (extender); true in `--dev`.
-    pub cluster: AtomicBool,
-    /// Shutdown has begun: still serving, but no longer ready, so that the endpoints move on.
-    pub draining: AtomicBool,
-}
-
-impl Readiness {
-    pub fn all_ready() -> Self {
-        Readiness {
-            certificate: AtomicBool::new(true),
-            policy: AtomicBool::new(true),
-            cluster: AtomicBool::new(true),
-            draining: AtomicBool::new(false),
-        }
-    }
-
-    /// What is not ready yet, in words (empty when ready).
-    pub fn missing(&self) -> Vec<&'static str> {
-        let mut m = Vec::new();
-        if !self.certificate.load(Ordering::Acquire) {
-            m.push("certificate not loaded");
-        }
-        if !self.policy.load(Ordering::Acquire) {
-            m.push("policy not loaded");
-        }
-        if !self.cluster.load(Ordering::Acquire) {
-            m.push("Kubernetes API not reached or caches not synced");
-        }
-        if self.draining.load(Ordering::Acquire) {
-            m.push("shutting down");
-        }
-        m
-    }
-}
-
-/// Shared state of every handler.
+/// The routers' state: the shared parts, each handler taking only the part it needs (axum's
+/// `FromRef`: `/mutate` an [`admission::Context`], the verbs an [`extender::Context`]). Cloning
+/// it clones handles.
+#[derive(Clone)]
 pub struct AppState {
     pub role: Role,
     pub policy: Arc<PolicyStore>,
@@ -120,26 +84,40 @@ impl AppState {
             cluster: None,
             metrics: Arc::new(Metrics::new()),
             ready: Arc::new(Readiness::all_ready()),
-            extender: role.extender().then(|| {
-                Arc::new(ExtenderState::new(
-                    crate::extender::state::Mode::Dev,
-                    crate::extender::state::DEFAULT_ASSUME_TTL,
-                ))
-            }),
+            extender: role
+                .extender()
+                .then(|| Arc::new(ExtenderState::new(Mode::Dev, DEFAULT_ASSUME_TTL))),
             body: Arc::new(body_budget(role, 96 << 20, Duration::from_secs(10))),
-            annotation_writers: Arc::new(vec![crate::admission::guard::DEFAULT_WRITER.to_string()]),
+            annotation_writers: Arc::new(vec![admission::guard::DEFAULT_WRITER.to_string()]),
         }
     }
 }
 
-/// A JSON error body: `{"error": "<what is wrong>"}`.
-pub fn json_error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+impl FromRef<AppState> for admission::Context {
+    fn from_ref(app: &AppState) -> Self {
+        admission::Context {
+            policy: app.policy.clone(),
+            cluster: app.cluster.clone(),
+            metrics: app.metrics.clone(),
+            annotation_writers: app.annotation_writers.clone(),
+        }
+    }
+}
+
+impl FromRef<AppState> for extender::Context {
+    fn from_ref(app: &AppState) -> Self {
+        extender::Context {
+            extender: app.extender.clone(),
+            policy: app.policy.clone(),
+            metrics: app.metrics.clone(),
+            cluster: app.cluster.clone(),
+        }
+    }
 }
 
 /// The HTTPS routes.
-pub fn router(state: Arc<AppState>) -> Router {
-    let bounded = |route: MethodRouter<Arc<AppState>>, endpoint: &'static str, limit: usize| {
+pub fn router(state: AppState) -> Router {
+    let bounded = |route: MethodRouter<AppState>, endpoint: &'static str, limit: usize| {
         let rule = Arc::new(body::BodyRule {
             endpoint,
             limit,
@@ -154,11 +132,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     if state.role.webhook() {
         r = r.route(
             "/mutate",
-            bounded(
-                post(crate::admission::review::mutate),
-                "mutate",
-                MUTATE_BODY_LIMIT,
-            ),
+            bounded(post(admission::review::mutate), "mutate", MUTATE_BODY_LIMIT),
         );
     }
     if state.role.extender() {
@@ -177,7 +151,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
             .route(
                 "/scheduler/bind",
-                bounded(post(ext::bind_handler), "bind", EXTENDER_BODY_LIMIT),
+                bounded(
+                    post(extender::bind::bind_handler),
+                    "bind",
+                    EXTENDER_BODY_LIMIT,
+                ),
             )
             .route(
                 "/scheduler/preempt",
@@ -206,7 +184,7 @@ fn endpoint_of(path: &str) -> &'static str {
     }
 }
 
-async fn not_found(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
+async fn not_found(State(state): State<AppState>, uri: Uri) -> Response {
     state
         .metrics
         .observe("unrouted", "not_found", Duration::ZERO);
@@ -216,11 +194,7 @@ async fn not_found(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
     )
 }
 
-async fn method_not_allowed(
-    State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-) -> Response {
+async fn method_not_allowed(State(state): State<AppState>, method: Method, uri: Uri) -> Response {
     let endpoint = endpoint_of(uri.path());
     state
         .metrics
@@ -239,7 +213,7 @@ async fn method_not_allowed(
 }
 
 /// The plain-HTTP admin routes: `/livez`, `/readyz`, `/metrics`.
-pub fn admin_router(state: Arc<AppState>) -> Router {
+pub fn admin_router(state: AppState) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -253,7 +227,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
 /// `/v1/nodes` on the plain-HTTP admin port: it names pods, so only to loopback clients (a
 /// `kubectl port-forward`, or the pod itself). The HTTPS port serves it to anyone it trusts.
 async fn local_nodes(
-    state: State<Arc<AppState>>,
+    state: State<extender::Context>,
     peer: Option<axum::Extension<conn::Peer>>,
 ) -> Response {
     match peer {
@@ -268,7 +242,7 @@ async fn local_nodes(
     }
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+async fn readyz(State(state): State<AppState>) -> Response {
     let missing = state.ready.missing();
     if missing.is_empty() {
         (StatusCode::OK, "ok\n").into_response()
@@ -281,12 +255,12 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+async fn metrics(State(state): State<AppState>) -> Response {
     let text = {
         let _scrape = state.metrics.scrape_lock();
         state.metrics.ready(state.ready.missing().is_empty());
         if let Some(ext) = &state.extender {
-            crate::cluster::watch::update_gauges(ext, &state.metrics, &state.policy.current().mig);
+            extender::report::update_gauges(ext, &state.metrics, &state.policy.current().mig);
         }
         state.metrics.encode()
     };
@@ -298,11 +272,6 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         text,
     )
         .into_response()
-}
-
-/// Resolves once shutdown has been asked for (or the sender is gone).
-pub async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// How long the listener keeps accepting after SIGTERM while reporting not ready, so that the
@@ -388,148 +357,22 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     listen().map_err(|source| Error::Listen { addr, source })
 }
 
-/// `gpu-share serve`.
+/// `gpu-share serve`: load the policy and the certificate, build the extender's state, connect
+/// to the cluster and start its tasks, then serve until a signal.
 pub async fn run(args: ServeArgs) -> Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     shutdown::spawn_signal_handler(shutdown_tx);
-
     let ready = Arc::new(Readiness::default());
     let metrics = Arc::new(Metrics::new());
 
-    // Policy.
-    let (policy, policy_bytes) = match &args.policy {
-        Some(path) => {
-            let (loaded, bytes) = load_policy_file(path)?;
-            log_policy_file(path, &loaded);
-            (loaded.policy, bytes)
-        }
-        None => (Policy::default_policy(), Vec::new()),
-    };
-    tracing::info!(source = %args.policy.as_ref().map_or("embedded default".to_string(), |p| p.display().to_string()), "policy loaded");
-    let store = Arc::new(PolicyStore::new(policy));
+    let (store, policy_bytes) = load_policy_at_start(&args)?;
     ready.policy.store(true, Ordering::Release);
-
-    // Certificates.
-    let mut _dev_dir = None;
-    let files = if args.dev && args.tls_cert.is_none() {
-        let dir = tempfile::Builder::new()
-            .prefix("gpu-share-dev-")
-            .tempdir()
-            .map_err(|e| Error::Config(format!("--dev: cannot create a temp dir: {e}")))?;
-        let pair = crate::certs::self_signed(&["localhost", "127.0.0.1"]).map_err(Error::Config)?;
-        let cert = dir.path().join("tls.crt");
-        let key = dir.path().join("tls.key");
-        std::fs::write(&cert, &pair.cert_pem)
-            .and_then(|_| std::fs::write(&key, &pair.key_pem))
-            .map_err(|e| Error::Config(format!("--dev: cannot write the certificate: {e}")))?;
-        tracing::info!(dir = %dir.path().display(), cert = %cert.display(), "--dev: generated a self-signed certificate for localhost and 127.0.0.1");
-        _dev_dir = Some(dir);
-        tls::TlsFiles {
-            cert,
-            key,
-            client_ca: args.client_ca.clone(),
-        }
-    } else {
-        let cert = args
-            .tls_cert
-            .clone()
-            .ok_or_else(|| Error::Config("--tls-cert is required (or run with --dev)".into()))?;
-        let key = args
-            .tls_key
-            .clone()
-            .ok_or_else(|| Error::Config("--tls-key is required (or run with --dev)".into()))?;
-        tls::TlsFiles {
-            cert,
-            key,
-            client_ca: args.client_ca.clone(),
-        }
-    };
+    // The `--dev` certificate's directory lives as long as the service.
+    let (files, _dev_dir) = certificate_files(&args)?;
     let tls = Arc::new(tls::ReloadingTls::load(files, Duration::from_secs(1))?);
     ready.certificate.store(true, Ordering::Release);
-
-    // Extender state.
-    let extender = if args.role.extender() {
-        let mode = if args.dev { Mode::Dev } else { Mode::Cluster };
-        let ext = Arc::new(ExtenderState::new(
-            mode,
-            Duration::from_secs(args.assume_ttl_seconds.max(1)),
-        ));
-        if let Some(path) = &args.nodes {
-            let reading = crate::inventory::Reading::of(&store.current().policy);
-            let nodes = load_nodes(path)?;
-            let gpu = ext.learn_nodes(&nodes, &reading);
-            tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
-        }
-        Some(ext)
-    } else {
-        None
-    };
-
-    // Cluster.
-    let cluster = if args.dev {
-        ready.cluster.store(true, Ordering::Release);
-        None
-    } else {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            Error::Config(format!(
-                "no Kubernetes configuration found ({e}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
-            ))
-        })?;
-        let facts = ClusterFacts::new(client.clone());
-        if let Some(ext) = &extender {
-            // Ready when the node and pod caches have synced.
-            crate::cluster::watch::spawn_watches(
-                client.clone(),
-                ext.clone(),
-                store.clone(),
-                ready.clone(),
-                shutdown_rx.clone(),
-            );
-            crate::cluster::watch::spawn_reconcile(
-                client.clone(),
-                ext.clone(),
-                store.clone(),
-                metrics.clone(),
-                Duration::from_secs(args.reconcile_seconds.max(1)),
-                shutdown_rx.clone(),
-            );
-            if args.requeue_nudge {
-                crate::cluster::watch::spawn_requeuer(
-                    client.clone(),
-                    ext.clone(),
-                    metrics.clone(),
-                    ext.subscribe_releases(),
-                    shutdown_rx.clone(),
-                );
-            } else {
-                tracing::info!(
-                    "--requeue-nudge false: pods waiting for GPU capacity are not nudged"
-                );
-            }
-        }
-        if extender.is_none() {
-            // The webhook alone is ready once the API server answers.
-            let probe = facts.clone();
-            let ready = ready.clone();
-            tokio::spawn(async move {
-                loop {
-                    match probe.ping().await {
-                        Ok(()) => {
-                            ready.cluster.store(true, Ordering::Release);
-                            tracing::info!("Kubernetes API reached");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "Kubernetes API not reachable yet");
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                        }
-                    }
-                }
-            });
-        }
-        Some(facts)
-    };
-
+    let extender = extender_state(&args, &store)?;
+    let cluster = connect(&args, &extender, &store, &ready, &metrics, &shutdown_rx).await?;
     if let Some(path) = &args.policy {
         spawn_policy_reloader(
             path.clone(),
@@ -540,43 +383,201 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
-
     if let Some(ext) = &extender {
-        crate::cluster::watch::spawn_maintenance(
+        extender::sync::spawn_maintenance(
             ext.clone(),
             Duration::from_secs(10),
             shutdown_rx.clone(),
         );
     }
-    let body = Arc::new(body_budget(
-        args.role,
-        args.body_memory_mib.saturating_mul(1 << 20),
-        Duration::from_secs(args.body_timeout_seconds.max(1)),
-    ));
-    let limits = connection_limits(&args, descriptor_budget());
-    let https = conn::Registry::new(limits.0, metrics.clone());
-    let admin_registry = conn::Registry::new(limits.1, metrics.clone());
-    let state = Arc::new(AppState {
+    let state = AppState {
         role: args.role,
         policy: store,
         cluster,
         metrics,
         ready,
         extender,
-        body,
+        body: Arc::new(body_budget(
+            args.role,
+            args.body_memory_mib.saturating_mul(1 << 20),
+            Duration::from_secs(args.body_timeout_seconds.max(1)),
+        )),
         annotation_writers: Arc::new(args.annotation_writers.clone()),
+    };
+    serve(&args, state, tls, shutdown_rx).await
+}
+
+/// The policy file (`--policy`) or the embedded default, and the bytes it was read from (empty
+/// for the default).
+fn load_policy_at_start(args: &ServeArgs) -> Result<(Arc<PolicyStore>, Vec<u8>)> {
+    let (policy, bytes) = match &args.policy {
+        Some(path) => {
+            let (loaded, bytes) = load_policy_file(path)?;
+            log_policy_file(path, &loaded);
+            (loaded.policy, bytes)
+        }
+        None => (Policy::default_policy(), Vec::new()),
+    };
+    tracing::info!(source = %args.policy.as_ref().map_or("embedded default".to_string(), |p| p.display().to_string()), "policy loaded");
+    Ok((Arc::new(PolicyStore::new(policy)), bytes))
+}
+
+/// The certificate files: the flags' or, in `--dev` without `--tls-cert`, a self-signed pair for
+/// localhost written to a temporary directory (returned, so that it lives while it is used).
+fn certificate_files(args: &ServeArgs) -> Result<(tls::TlsFiles, Option<tempfile::TempDir>)> {
+    if !(args.dev && args.tls_cert.is_none()) {
+        let cert = args
+            .tls_cert
+            .clone()
+            .ok_or_else(|| Error::Config("--tls-cert is required (or run with --dev)".into()))?;
+        let key = args
+            .tls_key
+            .clone()
+            .ok_or_else(|| Error::Config("--tls-key is required (or run with --dev)".into()))?;
+        let files = tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca.clone(),
+        };
+        return Ok((files, None));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("gpu-share-dev-")
+        .tempdir()
+        .map_err(|e| Error::Config(format!("--dev: cannot create a temp dir: {e}")))?;
+    let pair = crate::certs::self_signed(&["localhost", "127.0.0.1"])
+        .map_err(|e| Error::Config(format!("--dev: {e}")))?;
+    let cert = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    std::fs::write(&cert, &pair.cert_pem)
+        .and_then(|_| std::fs::write(&key, &pair.key_pem))
+        .map_err(|e| Error::Config(format!("--dev: cannot write the certificate: {e}")))?;
+    tracing::info!(dir = %dir.path().display(), cert = %cert.display(), "--dev: generated a self-signed certificate for localhost and 127.0.0.1");
+    let files = tls::TlsFiles {
+        cert,
+        key,
+        client_ca: args.client_ca.clone(),
+    };
+    Ok((files, Some(dir)))
+}
+
+/// The extender's state for `--role extender|all` (with the `--nodes` inventory, if given).
+fn extender_state(args: &ServeArgs, store: &PolicyStore) -> Result<Option<Arc<ExtenderState>>> {
+    if !args.role.extender() {
+        return Ok(None);
+    }
+    let mode = if args.dev { Mode::Dev } else { Mode::Cluster };
+    let ext = Arc::new(ExtenderState::new(
+        mode,
+        Duration::from_secs(args.assume_ttl_seconds.max(1)),
+    ));
+    if let Some(path) = &args.nodes {
+        let reading = crate::inventory::Reading::of(&store.current().policy);
+        let nodes = load_nodes(path)?;
+        let gpu = ext.learn_nodes(&nodes, &reading);
+        tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
+    }
+    Ok(Some(ext))
+}
+
+/// The cluster's API (`None` in `--dev`, which is ready at once): the extender's watches,
+/// reconcile and requeuer, or for the webhook alone a probe that marks it ready once the API
+/// server answers.
+async fn connect(
+    args: &ServeArgs,
+    extender: &Option<Arc<ExtenderState>>,
+    store: &Arc<PolicyStore>,
+    ready: &Arc<Readiness>,
+    metrics: &Arc<Metrics>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Option<ClusterFacts>> {
+    if args.dev {
+        ready.cluster.store(true, Ordering::Release);
+        return Ok(None);
+    }
+    let client = kube::Client::try_default().await.map_err(|e| {
+        Error::Config(format!(
+            "no Kubernetes configuration found ({e}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
+        ))
+    })?;
+    let facts = ClusterFacts::new(client.clone());
+    match extender {
+        Some(ext) => {
+            // Ready when the node and pod caches have synced.
+            extender::sync::spawn_watches(
+                client.clone(),
+                ext.clone(),
+                store.clone(),
+                ready.clone(),
+                shutdown.clone(),
+            );
+            extender::sync::spawn_reconcile(
+                client.clone(),
+                ext.clone(),
+                store.clone(),
+                metrics.clone(),
+                Duration::from_secs(args.reconcile_seconds.max(1)),
+                shutdown.clone(),
+            );
+            if args.requeue_nudge {
+                extender::sync::spawn_requeuer(
+                    client,
+                    ext.clone(),
+                    metrics.clone(),
+                    ext.subscribe_releases(),
+                    shutdown.clone(),
+                );
+            } else {
+                tracing::info!(
+                    "--requeue-nudge false: pods waiting for GPU capacity are not nudged"
+                );
+            }
+        }
+        None => spawn_api_probe(facts.clone(), ready.clone()),
+    }
+    Ok(Some(facts))
+}
+
+/// The webhook alone is ready once the API server answers: asks every 2 s until it does.
+fn spawn_api_probe(facts: ClusterFacts, ready: Arc<Readiness>) {
+    tokio::spawn(async move {
+        loop {
+            match facts.ping().await {
+                Ok(()) => {
+                    ready.cluster.store(true, Ordering::Release);
+                    tracing::info!("Kubernetes API reached");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Kubernetes API not reachable yet");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
     });
+}
+
+/// Binds both listeners and serves until shutdown. On the first signal: report not ready at
+/// once, keep serving for the drain, then stop accepting and finish in-flight requests; the
+/// drain comes out of the shutdown grace. The admin listener (`/readyz` says "shutting down")
+/// stays up until the HTTPS one is done.
+async fn serve(
+    args: &ServeArgs,
+    state: AppState,
+    tls: Arc<tls::ReloadingTls>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let limits = connection_limits(args, descriptor_budget());
+    let https = conn::Registry::new(limits.0, state.metrics.clone());
+    let admin_registry = conn::Registry::new(limits.1, state.metrics.clone());
     let listen = args.listen_addr();
     let admin_listen = args.admin_listen_addr();
     let listener = bind(listen).await?;
     let admin = bind(admin_listen).await?;
     tracing::info!(%listen, %admin_listen, role = ?args.role, dev = args.dev, "gpu-share serving");
-
-    // On the first signal: report not ready at once, keep serving for the drain, then stop
-    // accepting and finish in-flight requests; the drain comes out of the shutdown grace.
     {
         let ready = state.ready.clone();
-        let mut rx = shutdown_rx.clone();
+        let mut rx = shutdown.clone();
         tokio::spawn(async move {
             stopped(&mut rx).await;
             ready.draining.store(true, Ordering::Release);
@@ -584,7 +585,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     let total = Duration::from_secs(args.shutdown_grace_seconds);
     let drain = SHUTDOWN_DRAIN.min(total);
-    // The admin listener (/readyz says "shutting down") stays up until the HTTPS one is done.
     let (admin_stop, admin_stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(conn::serve(
         admin,
@@ -600,7 +600,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         Some(tls),
         router(state),
         https,
-        shutdown_rx,
+        shutdown,
         drain,
         total.saturating_sub(drain),
     )
@@ -620,12 +620,7 @@ mod tests {
     #[tokio::test]
     async fn v1_nodes_on_the_admin_port_is_for_loopback_clients_only() {
         use tower::ServiceExt;
-        let mut state = AppState::dev(Role::All, Policy::default_policy());
-        state.extender = Some(Arc::new(crate::extender::state::ExtenderState::new(
-            crate::extender::state::Mode::Dev,
-            Duration::from_secs(60),
-        )));
-        let state = Arc::new(state);
+        let state = AppState::dev(Role::All, Policy::default_policy());
         let ask = |peer: Option<&str>| {
             let router = admin_router(state.clone());
             let mut req = axum::http::Request::get("/v1/nodes")
@@ -653,14 +648,6 @@ mod tests {
             StatusCode::FORBIDDEN,
             "no peer known"
         );
-    }
-
-    #[test]
-    fn draining_is_not_ready() {
-        let r = Readiness::all_ready();
-        assert!(r.missing().is_empty());
-        r.draining.store(true, Ordering::Release);
-        assert_eq!(r.missing(), vec!["shutting down"]);
     }
 
     #[tokio::test]

@@ -5,50 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::mig::MigTable;
 use crate::policy::Policy;
 use crate::{Error, Result};
 
-use super::stopped;
-
-/// A policy with what is derived from it.
-#[derive(Debug, Clone)]
-pub struct LoadedPolicy {
-    pub policy: Policy,
-    pub mig: MigTable,
-}
-
-impl LoadedPolicy {
-    pub fn new(policy: Policy) -> Self {
-        let mig = policy.mig_table();
-        LoadedPolicy { policy, mig }
-    }
-}
-
-/// The current policy, swapped atomically on reload.
-pub struct PolicyStore {
-    current: ArcSwap<LoadedPolicy>,
-}
-
-impl PolicyStore {
-    pub fn new(policy: Policy) -> Self {
-        PolicyStore {
-            current: ArcSwap::from_pointee(LoadedPolicy::new(policy)),
-        }
-    }
-
-    pub fn current(&self) -> Arc<LoadedPolicy> {
-        self.current.load_full()
-    }
-
-    pub fn replace(&self, policy: Policy) {
-        self.current.store(Arc::new(LoadedPolicy::new(policy)));
-    }
-}
+use crate::shared::{PolicyStore, stopped};
 
 /// Reads and validates a policy file.
 pub fn load_policy(path: &PathBuf) -> Result<Policy> {

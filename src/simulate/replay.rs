@@ -5,7 +5,7 @@
 //! dropped, nothing ever deleted. After every pod it records the arrived and allocated GPU and
 //! the cluster's fragmentation.
 //!
-//! Placement goes through [`packing::fit`] and [`Scorer::evaluate_memo`]: the code the extender's
+//! Placement goes through [`packing::fit`] and [`Scorer::evaluate`]: the code the extender's
 //! filter, prioritize and bind run.
 
 use std::collections::HashMap;
@@ -263,8 +263,7 @@ pub fn run(
             }
         }
         if let Some((ni, _)) = best
-            && let Some((p, _)) =
-                scorer.evaluate_memo(&nodes[ni], &usages[ni], demand, &mut memos[ni])
+            && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand, &mut memos[ni])
         {
             packing::apply(&mut usages[ni], &p);
             versions[ni] = versions[ni].wrapping_add(1);
@@ -326,7 +325,7 @@ fn evaluate(
     demand: &Demand,
     memo: &mut FragMemo,
 ) -> Option<f64> {
-    packing::place_memo(scorer, node, usage, demand, memo)
+    packing::place(scorer, node, usage, demand, memo)
         .ok()
         .map(|(_, s)| s)
 }

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
-use std::sync::{Arc, Once};
+use std::sync::Once;
 
 use axum::body::Body;
 use base64::Engine;
@@ -28,12 +28,12 @@ pub fn fixture(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-pub fn dev_state() -> Arc<AppState> {
-    Arc::new(AppState::dev(Role::All, Policy::default_policy()))
+pub fn dev_state() -> AppState {
+    AppState::dev(Role::All, Policy::default_policy())
 }
 
 /// POSTs a body to the router and returns (status, JSON body).
-pub async fn post(state: Arc<AppState>, path: &str, body: Vec<u8>) -> (u16, Value) {
+pub async fn post(state: AppState, path: &str, body: Vec<u8>) -> (u16, Value) {
     let req = http::Request::post(path)
         .header("content-type", "application/json")
         .body(Body::from(body))

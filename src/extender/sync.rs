@@ -1,0 +1,924 @@
+//! The extender's state kept in step with the API: what a watch event and a reconcile do to it
+//! (methods of [`ExtenderState`], tested without a cluster), and the tasks that feed them from
+//! `cluster::watch`'s streams and lists: watches, reconcile, requeuer and cache maintenance.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::runtime::watcher::Event;
+use tokio::sync::mpsc;
+use tokio::sync::watch::Receiver;
+
+use super::state::{ExtenderState, Released, Waiting};
+use crate::cluster::watch;
+use crate::inventory;
+use crate::ledger::{self, ObservedPod};
+use crate::metrics::Metrics;
+use crate::shared::{PolicyStore, Readiness, stopped};
+
+/// Tracks a relist (Init .. InitDone) so objects gone during a dropped watch are removed.
+#[derive(Debug, Default)]
+pub struct Relist {
+    seen: Option<HashSet<String>>,
+    /// When the list began.
+    from: Option<Instant>,
+    /// Time spent recording listed objects (the rest of the list's duration is the API's).
+    build: Duration,
+}
+
+impl Relist {
+    fn begin(&mut self) {
+        self.seen = Some(HashSet::new());
+        self.from = Some(Instant::now());
+        self.build = Duration::ZERO;
+    }
+
+    /// Logs how long the list took, apart from recording what it brought.
+    fn done(&self, what: &'static str, seen: usize, ledger_pods: usize) {
+        let Some(from) = self.from else { return };
+        let total = from.elapsed();
+        tracing::info!(
+            what,
+            listed = seen,
+            ledger_pods,
+            list_seconds = format!("{:.3}", total.saturating_sub(self.build).as_secs_f64()),
+            build_seconds = format!("{:.3}", self.build.as_secs_f64()),
+            "listed and recorded"
+        );
+    }
+}
+
+/// What a reconcile found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// Held in the ledger, absent from the API (not a fresh bind): released.
+    pub phantom: usize,
+    /// In the API, missing or different in the ledger: recorded.
+    pub missing: usize,
+    /// Node inventories that differed: replaced.
+    pub nodes: usize,
+}
+
+/// What a reconcile keeps of a list: GPU nodes' inventories and bound pods' holdings, not the
+/// objects (a list of 150,000 pods is a few GB decoded; this is a few dozen MB).
+#[derive(Debug, Default)]
+pub struct Listed {
+    nodes: HashMap<String, inventory::GpuNode>,
+    pods: HashMap<String, ObservedPod>,
+}
+
+impl Listed {
+    pub fn node(&mut self, n: &Node, reading: &inventory::Reading) {
+        if let Some(g) = inventory::read_node(n, reading) {
+            self.nodes.insert(g.name.clone(), g);
+        }
+    }
+
+    pub fn pod(&mut self, p: &Pod) {
+        if let Ok(Some(o)) = ledger::observed_holding(p) {
+            self.pods.insert(o.pod.uid.clone(), o);
+        }
+    }
+
+    /// The GPU nodes and the bound pods, pods ordered by UID.
+    pub fn into_parts(self) -> (Vec<inventory::GpuNode>, Vec<ObservedPod>) {
+        let mut pods: Vec<ObservedPod> = self.pods.into_values().collect();
+        pods.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+        (self.nodes.into_values().collect(), pods)
+    }
+
+    /// How many GPU nodes and bound pods it holds.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.nodes.len(), self.pods.len())
+    }
+}
+
+impl ExtenderState {
+    /// Applies one node event. Returns true when a full list has just completed.
+    pub fn apply_node_event(
+        &self,
+        relist: &mut Relist,
+        event: Event<Node>,
+        reading: &inventory::Reading,
+    ) -> bool {
+        match event {
+            Event::Init => {
+                relist.begin();
+                false
+            }
+            Event::InitApply(n) => {
+                let started = Instant::now();
+                self.apply_node_event(relist, Event::Apply(n), reading);
+                relist.build += started.elapsed();
+                false
+            }
+            Event::Apply(n) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                self.touch(format!("node/{name}"));
+                if let Some(seen) = relist.seen.as_mut() {
+                    seen.insert(name.clone());
+                }
+                self.set_node(&name, inventory::read_node(&n, reading));
+                false
+            }
+            Event::Delete(n) => {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                self.touch(format!("node/{name}"));
+                self.set_node(name, None);
+                false
+            }
+            Event::InitDone => {
+                if let Some(seen) = relist.seen.take() {
+                    relist.done("nodes", seen.len(), self.ledger().uids_len());
+                    for name in self.ledger().node_names() {
+                        if !seen.contains(&name) {
+                            self.set_node(&name, None);
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Applies one pod event. Returns true when a full list has just completed.
+    pub fn apply_pod_event(&self, relist: &mut Relist, event: Event<Pod>) -> bool {
+        match event {
+            Event::Init => {
+                relist.begin();
+                false
+            }
+            Event::InitApply(p) => {
+                let started = Instant::now();
+                self.apply_pod_event(relist, Event::Apply(p));
+                relist.build += started.elapsed();
+                false
+            }
+            Event::Apply(p) => {
+                if let (Some(seen), Some(uid)) = (relist.seen.as_mut(), p.metadata.uid.clone()) {
+                    seen.insert(uid);
+                }
+                self.observe_pod(&p);
+                false
+            }
+            Event::Delete(p) => {
+                if let Some(uid) = &p.metadata.uid {
+                    self.forget_pod(uid);
+                }
+                false
+            }
+            Event::InitDone => {
+                if let (Some(seen), Some(from)) = (relist.seen.take(), relist.from) {
+                    let dropped = self.retain_pods(&seen, from);
+                    relist.done("pods", seen.len(), self.ledger().uids_len());
+                    if dropped > 0 {
+                        tracing::info!(dropped, "relist: released pods that are gone");
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Compares the ledger with a list from the API, taken from `listed_at` on, and repairs it.
+    /// Pods and nodes the watch changed after `listed_at` are left alone: the watch is newer than
+    /// the list.
+    pub fn reconcile_with(
+        &self,
+        nodes: &[Node],
+        pods: &[Pod],
+        reading: &inventory::Reading,
+        listed_at: Instant,
+    ) -> Drift {
+        let mut listed = Listed::default();
+        for n in nodes {
+            listed.node(n, reading);
+        }
+        for p in pods {
+            listed.pod(p);
+        }
+        self.reconcile(listed, listed_at)
+    }
+
+    /// [`ExtenderState::reconcile_with`] over what was kept of the lists.
+    pub fn reconcile(&self, listed: Listed, listed_at: Instant) -> Drift {
+        let mut drift = Drift::default();
+        let newer = |key: &str| self.touched_after(key, listed_at);
+        let node_newer = |name: &str| newer(&format!("node/{name}"));
+        let Listed {
+            nodes: mut inv,
+            pods: expected,
+        } = listed;
+        for name in self.ledger().node_names() {
+            let listed = inv.remove(&name);
+            if node_newer(&name) {
+                continue;
+            }
+            match listed {
+                Some(g) => {
+                    let same = self
+                        .ledger()
+                        .with_node(&name, |nl| nl.node == g)
+                        .unwrap_or(false);
+                    if !same {
+                        drift.nodes += 1;
+                        self.set_node(&name, Some(g));
+                    }
+                }
+                None => {
+                    drift.nodes += 1;
+                    self.set_node(&name, None);
+                }
+            }
+        }
+        for (name, g) in inv {
+            if node_newer(&name) {
+                continue;
+            }
+            drift.nodes += 1;
+            self.set_node(&name, Some(g));
+        }
+        for uid in self.ledger().uids() {
+            if !expected.contains_key(&uid) && !self.bound_after(&uid, listed_at) && !newer(&uid) {
+                drift.phantom += 1;
+                self.release(&uid);
+            }
+        }
+        for (uid, o) in &expected {
+            if newer(uid) {
+                continue;
+            }
+            // The API shows it bound: no longer merely assumed.
+            self.confirm(uid);
+            let same = self.ledger().node_of(uid).as_deref() == Some(o.node.as_str())
+                && self
+                    .ledger()
+                    .with_node(&o.node, |nl| {
+                        nl.holdings
+                            .get(uid)
+                            .map(|h| h.demand == o.demand)
+                            .unwrap_or(false)
+                    })
+                    .unwrap_or(false);
+            if !same {
+                drift.missing += 1;
+                self.record(o);
+            }
+        }
+        drift
+    }
+}
+
+/// Starts the node and pod watches; the extender becomes ready when both have listed.
+pub fn spawn_watches(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    policy: Arc<PolicyStore>,
+    ready: Arc<Readiness>,
+    shutdown: Receiver<bool>,
+) {
+    let nodes_synced = Arc::new(AtomicBool::new(false));
+    let pods_synced = Arc::new(AtomicBool::new(false));
+
+    let node_stream = watch::node_events(client.clone());
+    let e = ext.clone();
+    let p = policy.clone();
+    let mut relist = Relist::default();
+    tokio::spawn(watch::drive(
+        node_stream,
+        nodes_synced.clone(),
+        "nodes",
+        shutdown.clone(),
+        move |ev| {
+            let reading = inventory::Reading::of(&p.current().policy);
+            e.apply_node_event(&mut relist, ev, &reading)
+        },
+    ));
+
+    let pod_stream = watch::pod_events(client);
+    let e = ext.clone();
+    let mut relist = Relist::default();
+    tokio::spawn(watch::drive(
+        pod_stream,
+        pods_synced.clone(),
+        "pods",
+        shutdown.clone(),
+        move |ev| e.apply_pod_event(&mut relist, ev),
+    ));
+
+    // Ready once both lists are complete.
+    let mut shutdown = shutdown;
+    tokio::spawn(async move {
+        loop {
+            if nodes_synced.load(Ordering::Acquire) && pods_synced.load(Ordering::Acquire) {
+                ext.mark_synced();
+                ready.cluster.store(true, Ordering::Release);
+                tracing::info!(
+                    nodes = ext.ledger().node_names().len(),
+                    pods = ext.ledger().uids_len(),
+                    "extender ready: node and pod caches synced"
+                );
+                return;
+            }
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    });
+}
+
+/// Lists nodes and pods every `every` and reconciles.
+pub fn spawn_reconcile(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    policy: Arc<PolicyStore>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    mut shutdown: Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            ext.run_pending();
+            if !ext.is_synced() {
+                continue;
+            }
+            let listed_at = Instant::now();
+            let reading = inventory::Reading::of(&policy.current().policy);
+            match list_compact(&client, &reading).await {
+                Ok(listed) => {
+                    let (nodes, pods) = listed.counts();
+                    let list_seconds = listed_at.elapsed().as_secs_f64();
+                    let d = ext.reconcile(listed, listed_at);
+                    ext.forget_touches_before(listed_at);
+                    metrics.drift("phantom", d.phantom as u64);
+                    metrics.drift("missing", d.missing as u64);
+                    metrics.drift("node", d.nodes as u64);
+                    if d != Drift::default() {
+                        tracing::warn!(
+                            phantom = d.phantom,
+                            missing = d.missing,
+                            nodes = d.nodes,
+                            "reconcile repaired ledger drift"
+                        );
+                    } else {
+                        tracing::info!(
+                            nodes,
+                            pods,
+                            list_seconds = format!("{list_seconds:.3}"),
+                            "reconcile: the ledger matches the API"
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconcile: cannot list nodes or pods")
+                }
+            }
+        }
+    });
+}
+
+/// Lists nodes and pods a page at a time (one consistent snapshot each), keeping only what a
+/// reconcile compares.
+pub async fn list_compact(
+    client: &Client,
+    reading: &inventory::Reading,
+) -> Result<Listed, kube::Error> {
+    let mut listed = Listed::default();
+    watch::list_nodes(client, |n| listed.node(n, reading)).await?;
+    watch::list_pods(client, |p| listed.pod(p)).await?;
+    Ok(listed)
+}
+
+/// Which waiting pods a release should nudge: those of the same class (direct device requests
+/// match any class), oldest entries first, at most `limit`.
+pub fn pods_to_nudge(
+    waiting: &[(String, Waiting)],
+    released: &[Released],
+    limit: usize,
+) -> Vec<(String, Waiting)> {
+    waiting
+        .iter()
+        .filter(|(_, w)| {
+            released
+                .iter()
+                .any(|r| r.class == w.class || r.class == "device" || w.class == "device")
+        })
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+/// Requeue: when capacity is released, nudge the pods waiting for it (debounced).
+pub fn spawn_requeuer(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    metrics: Arc<Metrics>,
+    mut released: mpsc::UnboundedReceiver<Released>,
+    mut shutdown: Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let first = tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                r = released.recv() => match r { Some(r) => r, None => return },
+            };
+            // Collect what else is released in the next moment.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut batch = vec![first];
+            while let Ok(r) = released.try_recv() {
+                batch.push(r);
+            }
+            let waiting = ext.waiting_pods();
+            let chosen = pods_to_nudge(&waiting, &batch, 100);
+            if chosen.is_empty() {
+                continue;
+            }
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| format!("{}.{:03}", d.as_secs(), d.subsec_millis()))
+                .unwrap_or_default();
+            let mut n = 0;
+            for (uid, w) in chosen {
+                ext.stop_waiting(&uid);
+                match crate::cluster::binder::nudge(&client, &w.namespace, &w.name, &stamp).await {
+                    Ok(()) => n += 1,
+                    Err(e) => {
+                        tracing::debug!(pod = %format!("{}/{}", w.namespace, w.name), error = %e, "cannot nudge waiting pod")
+                    }
+                }
+            }
+            metrics.requeued(n);
+            tracing::info!(
+                nudged = n,
+                released = batch.len(),
+                "requeued pods waiting for GPU capacity"
+            );
+        }
+    });
+}
+
+/// Runs the caches' pending maintenance (expiries) every `every`.
+pub fn spawn_maintenance(ext: Arc<ExtenderState>, every: Duration, mut shutdown: Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            ext.run_pending();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::watch::POD_FIELD_SELECTOR;
+    use crate::extender::state::{Binding, Mode};
+    use crate::inventory::GpuNode;
+    use futures::StreamExt;
+    use kube::Api;
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    fn ext() -> ExtenderState {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        e.ledger()
+            .upsert_node(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068));
+        e
+    }
+
+    fn pod(uid: &str, node: Option<&str>, phase: &str) -> serde_json::Value {
+        json!({
+            "metadata": {"name": format!("pod-{uid}"), "namespace": "ml", "uid": uid,
+                         "annotations": {"gpu-share.io/request": "exclusive"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                     "nodeName": node},
+            "status": {"phase": phase}
+        })
+    }
+
+    fn typed(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn pod_events_record_and_release() {
+        let e = ext();
+        let mut r = Relist::default();
+        e.apply_pod_event(&mut r, Event::Apply(typed(pod("a", Some("n1"), "Running"))));
+        e.apply_pod_event(&mut r, Event::Apply(typed(pod("b", Some("n1"), "Running"))));
+        assert_eq!(e.ledger().uids(), vec!["a", "b"]);
+        // Finished pods hold nothing; deleted pods are forgotten.
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("a", Some("n1"), "Succeeded"))),
+        );
+        e.apply_pod_event(
+            &mut r,
+            Event::Delete(typed(pod("b", Some("n1"), "Running"))),
+        );
+        assert!(e.ledger().uids().is_empty());
+        let slots = e.ledger().with_node("n1", |nl| nl.usage.slots).unwrap();
+        assert_eq!(slots, 0);
+    }
+
+    #[test]
+    fn relist_drops_what_disappeared_and_never_double_counts() {
+        let e = ext();
+        let mut r = Relist::default();
+        for uid in ["a", "b"] {
+            e.apply_pod_event(&mut r, Event::Apply(typed(pod(uid, Some("n1"), "Running"))));
+        }
+        // The watch dropped; b was deleted meanwhile; a is listed again.
+        assert!(!e.apply_pod_event(&mut r, Event::Init));
+        e.apply_pod_event(
+            &mut r,
+            Event::InitApply(typed(pod("a", Some("n1"), "Running"))),
+        );
+        assert!(e.apply_pod_event(&mut r, Event::InitDone));
+        assert_eq!(e.ledger().uids(), vec!["a"]);
+        assert_eq!(e.ledger().with_node("n1", |nl| nl.usage.slots), Some(1));
+    }
+
+    /// A bind of `uid` to n1 that has reserved a whole GPU, as bind does before calling the
+    /// API: still in flight (keep it unsettled), or [`Binding::commit`] it.
+    fn bind<'a>(e: &'a ExtenderState, uid: &str) -> Binding<'a> {
+        let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
+        let pref = crate::ledger::PodRef {
+            uid: uid.into(),
+            namespace: "ml".into(),
+            name: format!("pod-{uid}"),
+            priority: 0,
+        };
+        let mut b = e.begin_bind(uid, "n1", true);
+        b.reserve(
+            &scorer,
+            pref,
+            crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 1 }),
+        )
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn a_fresh_bind_survives_a_relist_that_does_not_show_it_yet() {
+        let e = ext();
+        let mut r = Relist::default();
+        // One bind is still in flight when the list begins, another completes after it began.
+        let _in_flight = bind(&e, "in-flight");
+        e.apply_pod_event(&mut r, Event::Init);
+        bind(&e, "new").commit();
+        e.apply_pod_event(&mut r, Event::InitDone);
+        assert_eq!(e.ledger().uids(), vec!["in-flight", "new"]);
+        // Once the API shows it bound, it is no longer merely assumed.
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("new", Some("n1"), "Pending"))),
+        );
+        assert_eq!(e.assumption("new"), None);
+        assert_eq!(e.ledger().with_node("n1", |nl| nl.usage.slots), Some(2));
+    }
+
+    #[test]
+    fn a_bind_the_watch_never_showed_is_released_by_a_later_list_without_it() {
+        // The API server went away: the extender bound a pod the watch never showed, and the
+        // pod was deleted before the watch came back. The relist begun after the binding does
+        // not have it, so it is gone: released, not held until the assume TTL runs out.
+        let e = ext();
+        bind(&e, "gone").commit();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut r = Relist::default();
+        e.apply_pod_event(&mut r, Event::Init);
+        assert!(e.apply_pod_event(&mut r, Event::InitDone));
+        assert!(e.ledger().uids().is_empty());
+        assert_eq!(e.assumption("gone"), None);
+        assert_eq!(e.ledger().with_node("n1", |nl| nl.usage.slots), Some(0));
+        // The reconcile's list does the same.
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        bind(&e, "gone-too").commit();
+        std::thread::sleep(Duration::from_millis(2));
+        let listed_at = Instant::now();
+        let d = e.reconcile_with(&nodes, &[], &"nvidia.com/gpu".into(), listed_at);
+        assert_eq!(d.phantom, 1);
+        assert!(e.ledger().uids().is_empty());
+        // But not one bound after its list began.
+        bind(&e, "late").commit();
+        let d = e.reconcile_with(&nodes, &[], &"nvidia.com/gpu".into(), listed_at);
+        assert_eq!(d.phantom, 0);
+        assert_eq!(e.ledger().uids(), vec!["late"]);
+    }
+
+    #[test]
+    fn node_events_build_and_prune_the_inventory() {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        let node = |name: &str, gpus: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": gpus}},
+                "status": {"allocatable": {"nvidia.com/gpu": gpus}}
+            }))
+            .unwrap()
+        };
+        let cpu: Node = serde_json::from_value(
+            json!({"metadata": {"name": "cpu"}, "status": {"allocatable": {"cpu": "4"}}}),
+        )
+        .unwrap();
+        let mut r = Relist::default();
+        e.apply_node_event(&mut r, Event::Init, &"nvidia.com/gpu".into());
+        e.apply_node_event(
+            &mut r,
+            Event::InitApply(node("g1", "4")),
+            &"nvidia.com/gpu".into(),
+        );
+        e.apply_node_event(
+            &mut r,
+            Event::InitApply(node("g2", "2")),
+            &"nvidia.com/gpu".into(),
+        );
+        e.apply_node_event(&mut r, Event::InitApply(cpu), &"nvidia.com/gpu".into());
+        assert!(e.apply_node_event(&mut r, Event::InitDone, &"nvidia.com/gpu".into()));
+        assert_eq!(e.ledger().node_names(), vec!["g1", "g2"]);
+        e.apply_node_event(
+            &mut r,
+            Event::Apply(node("g1", "8")),
+            &"nvidia.com/gpu".into(),
+        );
+        assert_eq!(e.ledger().with_node("g1", |nl| nl.node.slots), Some(8));
+        e.apply_node_event(&mut r, Event::Init, &"nvidia.com/gpu".into());
+        e.apply_node_event(
+            &mut r,
+            Event::InitApply(node("g1", "8")),
+            &"nvidia.com/gpu".into(),
+        );
+        e.apply_node_event(&mut r, Event::InitDone, &"nvidia.com/gpu".into());
+        assert_eq!(e.ledger().node_names(), vec!["g1"]);
+    }
+
+    #[test]
+    fn reconcile_counts_and_repairs_drift() {
+        let e = ext();
+        let mut r = Relist::default();
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("gone", Some("n1"), "Running"))),
+        );
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        let pods = vec![typed(pod("missed", Some("n1"), "Running"))];
+        let d = e.reconcile_with(&nodes, &pods, &"nvidia.com/gpu".into(), Instant::now());
+        assert_eq!(d.phantom, 1);
+        assert_eq!(d.missing, 1);
+        assert_eq!(e.ledger().uids(), vec!["missed"]);
+        let again = e.reconcile_with(&nodes, &pods, &"nvidia.com/gpu".into(), Instant::now());
+        assert_eq!(again, Drift::default());
+
+        // A list taken before the watch saw a new pod and a deletion is older than the watch:
+        // it neither frees the new pod nor brings the deleted one back.
+        let listed_at = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("late", Some("n1"), "Running"))),
+        );
+        e.apply_pod_event(
+            &mut r,
+            Event::Delete(typed(pod("missed", Some("n1"), "Running"))),
+        );
+        let stale = e.reconcile_with(&nodes, &pods, &"nvidia.com/gpu".into(), listed_at);
+        assert_eq!(stale, Drift::default());
+        assert_eq!(e.ledger().uids(), vec!["late"]);
+        // The next list, taken after both, agrees.
+        let fresh = vec![typed(pod("late", Some("n1"), "Running"))];
+        let d = e.reconcile_with(&nodes, &fresh, &"nvidia.com/gpu".into(), Instant::now());
+        assert_eq!(d, Drift::default());
+    }
+
+    #[test]
+    fn nudges_go_to_pods_of_the_released_class() {
+        use crate::extender::state::Waiting;
+        let w = |c: &'static str| Waiting {
+            namespace: "ml".into(),
+            name: c.into(),
+            class: c,
+        };
+        let waiting = vec![
+            ("1".to_string(), w("mig")),
+            ("2".to_string(), w("mps")),
+            ("3".to_string(), w("device")),
+        ];
+        let released = vec![Released {
+            node: "n".into(),
+            class: "mig",
+        }];
+        let chosen: Vec<String> = pods_to_nudge(&waiting, &released, 10)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(chosen, vec!["1", "3"]);
+        assert_eq!(pods_to_nudge(&waiting, &released, 1).len(), 1);
+    }
+
+    /// The watcher against kube's mock service: a list, a watch that adds a pod and then expires
+    /// (410), a relist; the ledger ends with each pod once.
+    #[tokio::test]
+    async fn a_dropped_watch_resyncs_without_double_allocation() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let server = tokio::spawn(async move {
+            let mut lists = 0;
+            loop {
+                let Some((req, send)) = handle.next_request().await else {
+                    return;
+                };
+                let query = req.uri().query().unwrap_or_default().to_string();
+                assert!(req.uri().path().ends_with("/api/v1/pods"), "{}", req.uri());
+                assert!(query.contains("fieldSelector"), "{query}");
+                let body = if query.contains("watch=true") {
+                    if lists == 1 {
+                        let added =
+                            json!({"type": "ADDED", "object": pod("b", Some("n1"), "Running")});
+                        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}});
+                        format!("{added}\n{gone}\n")
+                    } else {
+                        // Keep the second watch open until the test ends.
+                        std::future::pending::<()>().await;
+                        unreachable!()
+                    }
+                } else {
+                    lists += 1;
+                    let items = if lists == 1 {
+                        vec![pod("a", Some("n1"), "Running")]
+                    } else {
+                        vec![
+                            pod("a", Some("n1"), "Running"),
+                            pod("b", Some("n1"), "Running"),
+                        ]
+                    };
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": format!("{}", 10 * lists)}, "items": items}).to_string()
+                };
+                send.send_response(crate::cluster::mock::text(200, body.into_bytes()));
+            }
+        });
+        let e = ext();
+        let mut stream = watcher::watcher(
+            Api::<Pod>::all(client),
+            watcher::Config::default().fields(POD_FIELD_SELECTOR),
+        )
+        .boxed();
+        let mut relist = Relist::default();
+        let mut lists_done = 0;
+        let mut saw_b_before_relist = false;
+        while lists_done < 2 {
+            let next = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("the watcher makes progress");
+            match next {
+                Some(Ok(ev)) => {
+                    if e.apply_pod_event(&mut relist, ev) {
+                        lists_done += 1;
+                    }
+                    if lists_done == 1 && e.ledger().uids().len() == 2 {
+                        saw_b_before_relist = true;
+                    }
+                }
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+        assert!(saw_b_before_relist, "the watch event fed the ledger");
+        assert_eq!(e.ledger().uids(), vec!["a", "b"]);
+        assert_eq!(e.ledger().with_node("n1", |nl| nl.usage.slots), Some(2));
+        server.abort();
+    }
+
+    /// The reconcile's lists go a page at a time, following the continue token, and keep only
+    /// holdings: a ledger that lost a pod gets it back, one holding a deleted pod releases it.
+    #[tokio::test]
+    async fn the_reconcile_lists_a_page_at_a_time() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let server = tokio::spawn(async move {
+            let mut queries = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                let query = req.uri().query().unwrap_or_default().to_string();
+                assert!(query.contains("limit=500"), "{query}");
+                let page = |kind: &str, items: Vec<serde_json::Value>, next: &str| {
+                    json!({"apiVersion": "v1", "kind": kind,
+                           "metadata": {"resourceVersion": "7", "continue": next}, "items": items})
+                };
+                let body = if req.uri().path().ends_with("/api/v1/nodes") {
+                    page(
+                        "NodeList",
+                        vec![json!({
+                            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+                            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+                        })],
+                        "",
+                    )
+                } else if query.contains("continue=page-2") {
+                    page("PodList", vec![pod("c", Some("n1"), "Running")], "")
+                } else {
+                    assert!(query.contains("fieldSelector"), "{query}");
+                    page("PodList", vec![pod("a", Some("n1"), "Running")], "page-2")
+                };
+                queries.push(format!("{}?{query}", req.uri().path()));
+                send.send_response(crate::cluster::mock::text(
+                    200,
+                    body.to_string().into_bytes(),
+                ));
+            }
+            queries
+        });
+        let e = ext();
+        let mut r = Relist::default();
+        for uid in ["a", "b"] {
+            e.apply_pod_event(&mut r, Event::Apply(typed(pod(uid, Some("n1"), "Running"))));
+        }
+        let listed_at = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let listed = list_compact(&client, &"nvidia.com/gpu".into())
+            .await
+            .unwrap();
+        drop(client);
+        let d = e.reconcile(listed, listed_at);
+        assert_eq!((d.phantom, d.missing, d.nodes), (1, 1, 0));
+        assert_eq!(e.ledger().uids(), vec!["a", "c"]);
+        let queries = server.await.unwrap();
+        assert_eq!(queries.len(), 3, "{queries:?}");
+    }
+
+    /// Requeue end to end: a pod rejected for capacity waits; when a holding of its class is
+    /// released, the requeuer patches the waiting pod.
+    #[tokio::test]
+    async fn a_release_nudges_the_waiting_pod() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let e = Arc::new(ext());
+        let mut r = Relist::default();
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("holder", Some("n1"), "Running"))),
+        );
+        e.mark_waiting(
+            "waiter".into(),
+            Waiting {
+                namespace: "ml".into(),
+                name: "pod-waiter".into(),
+                class: "exclusive",
+            },
+        );
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
+        spawn_requeuer(
+            client,
+            e.clone(),
+            metrics.clone(),
+            e.subscribe_releases(),
+            rx,
+        );
+        e.apply_pod_event(
+            &mut r,
+            Event::Delete(typed(pod("holder", Some("n1"), "Running"))),
+        );
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a nudge within the debounce")
+            .expect("a request");
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/pod-waiter");
+        send.send_response(crate::cluster::mock::text(
+            200,
+            json!({"metadata": {"name": "pod-waiter"}})
+                .to_string()
+                .into_bytes(),
+        ));
+        for _ in 0..50 {
+            if metrics
+                .encode()
+                .contains("gpu_share_requeue_nudges_total 1")
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            metrics
+                .encode()
+                .contains("gpu_share_requeue_nudges_total 1")
+        );
+        assert!(!e.is_waiting("waiter"));
+    }
+}

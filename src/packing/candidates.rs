@@ -1,0 +1,150 @@
+//! Candidates: every way a demand that fits could be placed on a node's GPUs (the per-GPU
+//! model), and what it holds on the node apart from them.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::demand::{Demand, GPU_MILLI, GpuDemand};
+use super::fit::replica_milli;
+use super::usage::{Placement, Usage};
+use crate::inventory::{GpuNode, MigLayout, Sharing};
+
+/// What a demand holds on a node apart from the per-GPU model: pool units, time-slicing budget,
+/// declared GPU memory, MIG devices, CPU and memory. Every candidate starts from this; a pod
+/// already running where the model has no room is recorded with exactly this.
+pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
+    let base = Placement {
+        cpu_milli: demand.cpu_milli,
+        memory_mib: demand.memory_mib,
+        tag: demand.gpu.tag(),
+        ..Placement::default()
+    };
+    let per_gpu_model = node.sharing == Sharing::PerGpu;
+    match &demand.gpu {
+        GpuDemand::None => base,
+        GpuDemand::Whole { count } => Placement {
+            slots: if per_gpu_model { 0 } else { *count },
+            ..base
+        },
+        GpuDemand::Mig { profile, count } => match node.mig {
+            MigLayout::Single { .. } => Placement {
+                slots: *count,
+                ..base
+            },
+            _ => Placement {
+                mig: Some((profile.clone(), *count)),
+                ..base
+            },
+        },
+        GpuDemand::Mps { memory_mib, .. } => Placement {
+            slots: 1,
+            gpu_memory_mib: memory_mib.unwrap_or(0),
+            ..base
+        },
+        GpuDemand::Timeslice { milli, memory_mib } => Placement {
+            slots: u32::from(!per_gpu_model),
+            budget_milli: if per_gpu_model { 0 } else { u64::from(*milli) },
+            gpu_memory_mib: memory_mib.unwrap_or(0),
+            ..base
+        },
+        GpuDemand::Units { count, .. } => Placement {
+            slots: *count,
+            budget_milli: match node.sharing {
+                Sharing::TimeSlicing { .. } => u64::from(*count) * u64::from(replica_milli(node)),
+                _ => 0,
+            },
+            ..base
+        },
+    }
+}
+
+/// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
+/// GPU state, after [`fit`](super::fit) said yes. Whole-GPU demands take the lowest-index free GPUs.
+pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for_each_candidate(node, usage, demand, |p| out.push(p.clone()));
+    out
+}
+
+/// Visits [`candidates`] in order without keeping them (a scorer clones only the best): the
+/// single-GPU candidates are one placement whose GPU changes between visits.
+pub fn for_each_candidate(
+    node: &GpuNode,
+    usage: &Usage,
+    demand: &Demand,
+    mut visit: impl FnMut(&Placement),
+) {
+    let base = node_level(node, demand);
+    let free_indexes = |n: u32| -> Vec<(u32, u32)> {
+        usage
+            .gpu_milli
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| **m == 0)
+            .take(n as usize)
+            .map(|(i, _)| (i as u32, GPU_MILLI))
+            .collect()
+    };
+    // One candidate per distinct free amount (GPUs with equal load are interchangeable).
+    let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
+        let mut cand = Placement {
+            gpus: vec![(0, milli)],
+            ..base
+        };
+        let mut visited = false;
+        for (i, m) in usage.gpu_milli.iter().enumerate() {
+            // An earlier GPU as used as this one fit as well and was visited.
+            if m.saturating_add(milli) > GPU_MILLI || usage.gpu_milli[..i].contains(m) {
+                continue;
+            }
+            cand.gpus[0].0 = i as u32;
+            visit(&cand);
+            visited = true;
+        }
+        if !visited && !strict {
+            // The model is full; the device plugin still has a replica: model it on the
+            // least-loaded GPU.
+            if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {
+                cand.gpus[0].0 = i as u32;
+                visit(&cand);
+            }
+        }
+    };
+    match &demand.gpu {
+        GpuDemand::None | GpuDemand::Mig { .. } => visit(&base),
+        GpuDemand::Whole { count } => visit(&Placement {
+            gpus: free_indexes(*count),
+            ..base
+        }),
+        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false, base),
+        GpuDemand::Timeslice { milli, .. } => {
+            one_gpu_each(*milli, node.sharing == Sharing::PerGpu, base)
+        }
+        GpuDemand::Units { count, .. } => {
+            let gpus = match node.sharing {
+                Sharing::None | Sharing::PerGpu => free_indexes(*count),
+                Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
+                    // Each unit is one replica: model them on the least-loaded GPUs. No node
+                    // hands out more units than it has (a recorded pod may claim more).
+                    let r = replica_milli(node);
+                    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
+                        .gpu_milli
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| Reverse((*m, i as u32)))
+                        .collect();
+                    let mut out = Vec::new();
+                    for _ in 0..(*count).min(node.slots) {
+                        let Some(Reverse((m, i))) = load.pop() else {
+                            break;
+                        };
+                        out.push((i, r));
+                        load.push(Reverse((m.saturating_add(r), i)));
+                    }
+                    out
+                }
+            };
+            visit(&Placement { gpus, ..base })
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Fit: whether a node can take a demand, and if not, why, in a fixed set of words.
+
+use serde::Serialize;
+
+use super::demand::{Demand, GPU_MILLI, GpuDemand};
+use super::usage::Usage;
+use crate::inventory::{GpuNode, MigLayout, Sharing};
+
+/// Why a node cannot take a demand. The messages are a fixed set of category sentences (no
+/// per-node numbers), so kube-scheduler can group them in the pod's FailedScheduling event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    NotGpuNode,
+    UnknownNode,
+    ModelNotAllowed,
+    NoMig,
+    MigProfileAbsent,
+    MigProfileFull,
+    MigSingleOtherProfile,
+    NodeIsMig,
+    SharingMismatch {
+        node: &'static str,
+        pod: &'static str,
+    },
+    MpsReplicaTooSmall,
+    ReplicaMemoryTooSmall,
+    GpuMemoryTooSmall,
+    NoFreeReplica,
+    BudgetUsedUp,
+    MemoryBudgetUsedUp,
+    TooFewGpus,
+    NoFreeGpus,
+    NoGpuWithRoom,
+    ResourceAbsent,
+    NotEnoughUnits,
+    Cpu,
+    Memory,
+}
+
+impl Reason {
+    /// The sentence sent to kube-scheduler.
+    pub fn message(&self) -> String {
+        self.message_static().into_owned()
+    }
+
+    /// [`Reason::message`], borrowed where the sentence is fixed (filter sends one per node).
+    pub fn message_static(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Reason::NotGpuNode => "node has no NVIDIA GPUs".into(),
+            Reason::UnknownNode => "node is not in gpu-share's inventory".into(),
+            Reason::ModelNotAllowed => "node's GPU model is not one the pod allows".into(),
+            Reason::NoMig => "node has no MIG devices; pod asks MIG".into(),
+            Reason::MigProfileAbsent => "node has no MIG devices of the requested profile".into(),
+            Reason::MigProfileFull => "no free MIG device of the requested profile".into(),
+            Reason::MigSingleOtherProfile => {
+                "node's GPUs are split into MIG devices of another profile".into()
+            }
+            Reason::NodeIsMig => {
+                "node's GPUs are split into MIG devices; pod asks full GPUs".into()
+            }
+            Reason::SharingMismatch { node, pod } => format!("node {node}; pod asks {pod}").into(),
+            Reason::MpsReplicaTooSmall => {
+                "MPS replicas on this node are smaller than the request".into()
+            }
+            Reason::ReplicaMemoryTooSmall => {
+                "GPU memory per replica on this node is smaller than the request".into()
+            }
+            Reason::GpuMemoryTooSmall => {
+                "GPU memory on this node is smaller than the request".into()
+            }
+            Reason::NoFreeReplica => "no free GPU replica on this node".into(),
+            Reason::BudgetUsedUp => "time-slicing budget of this node's GPUs is used up".into(),
+            Reason::MemoryBudgetUsedUp => "GPU memory budget of this node is used up".into(),
+            Reason::TooFewGpus => "node has fewer GPUs than the pod asks".into(),
+            Reason::NoFreeGpus => "not enough free whole GPUs".into(),
+            Reason::NoGpuWithRoom => "no single GPU has enough free share".into(),
+            Reason::ResourceAbsent => "node does not advertise the requested GPU resource".into(),
+            Reason::NotEnoughUnits => "not enough free units of the requested GPU resource".into(),
+            Reason::Cpu => "not enough free CPU".into(),
+            Reason::Memory => "not enough free memory".into(),
+        }
+    }
+
+    /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
+    /// preemption may help); false when the node can never hold the pod
+    /// (`FailedAndUnresolvableNodes`).
+    pub fn resolvable(&self) -> bool {
+        matches!(
+            self,
+            Reason::MigProfileFull
+                | Reason::NoFreeReplica
+                | Reason::BudgetUsedUp
+                | Reason::MemoryBudgetUsedUp
+                | Reason::NoFreeGpus
+                | Reason::NoGpuWithRoom
+                | Reason::NotEnoughUnits
+                | Reason::Cpu
+                | Reason::Memory
+        )
+    }
+
+    /// A short stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Reason::NotGpuNode => "not_gpu_node",
+            Reason::UnknownNode => "unknown_node",
+            Reason::ModelNotAllowed => "model_not_allowed",
+            Reason::NoMig => "no_mig",
+            Reason::MigProfileAbsent => "mig_profile_absent",
+            Reason::MigProfileFull => "mig_profile_full",
+            Reason::MigSingleOtherProfile => "mig_single_other_profile",
+            Reason::NodeIsMig => "node_is_mig",
+            Reason::SharingMismatch { .. } => "sharing_mismatch",
+            Reason::MpsReplicaTooSmall => "mps_replica_too_small",
+            Reason::ReplicaMemoryTooSmall => "replica_memory_too_small",
+            Reason::GpuMemoryTooSmall => "gpu_memory_too_small",
+            Reason::NoFreeReplica => "no_free_replica",
+            Reason::BudgetUsedUp => "budget_used_up",
+            Reason::MemoryBudgetUsedUp => "memory_budget_used_up",
+            Reason::TooFewGpus => "too_few_gpus",
+            Reason::NoFreeGpus => "no_free_gpus",
+            Reason::NoGpuWithRoom => "no_gpu_with_room",
+            Reason::ResourceAbsent => "resource_absent",
+            Reason::NotEnoughUnits => "not_enough_units",
+            Reason::Cpu => "cpu",
+            Reason::Memory => "memory",
+        }
+    }
+}
+
+fn node_sharing_words(node: &GpuNode) -> &'static str {
+    match node.sharing {
+        Sharing::None if node.gpus == 0 && node.mig != MigLayout::None => "has only MIG devices",
+        Sharing::None => "does not share GPUs",
+        Sharing::TimeSlicing { .. } => "shares GPUs by time-slicing",
+        Sharing::Mps { .. } => "shares GPUs by MPS",
+        Sharing::PerGpu => "shares GPUs per GPU",
+    }
+}
+
+fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
+    Reason::SharingMismatch {
+        node: node_sharing_words(node),
+        pod,
+    }
+}
+
+/// Checks CPU, memory and model; then the GPU rules of [`fit_gpu`].
+pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
+    if !demand.models.is_empty() {
+        let product = node.product.as_deref().unwrap_or_default();
+        if !demand.models.iter().any(|m| m == product) {
+            return Err(Reason::ModelNotAllowed);
+        }
+    }
+    if let Some(cpu) = node.cpu_milli
+        && usage.cpu_milli.saturating_add(demand.cpu_milli) > cpu
+    {
+        return Err(Reason::Cpu);
+    }
+    if let Some(mem) = node.memory_mib
+        && usage.memory_mib.saturating_add(demand.memory_mib) > mem
+    {
+        return Err(Reason::Memory);
+    }
+    fit_gpu(node, usage, &demand.gpu)
+}
+
+pub(super) fn replica_milli(node: &GpuNode) -> u32 {
+    GPU_MILLI / node.sharing.replicas()
+}
+
+/// The GPU rules. Classes never mix: MIG fits only free MIG devices of that profile; mps only
+/// MPS nodes whose replicas are large enough; timeslice only time-sliced nodes; exclusive only
+/// unshared whole GPUs.
+pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), Reason> {
+    let free_slots = node.slots.saturating_sub(usage.slots);
+    match demand {
+        GpuDemand::None => Ok(()),
+        GpuDemand::Mig { profile, count } => match &node.mig {
+            MigLayout::None => Err(Reason::NoMig),
+            MigLayout::Single { profile: p } if p != profile => Err(Reason::MigSingleOtherProfile),
+            MigLayout::Single { .. } => {
+                if node.slots < *count {
+                    Err(Reason::MigProfileAbsent)
+                } else if free_slots < *count {
+                    Err(Reason::MigProfileFull)
+                } else {
+                    Ok(())
+                }
+            }
+            MigLayout::Mixed { instances } => {
+                let total = instances.get(profile).copied().unwrap_or(0);
+                let used = usage.mig.get(profile).copied().unwrap_or(0);
+                if total < *count {
+                    Err(Reason::MigProfileAbsent)
+                } else if total.saturating_sub(used) < *count {
+                    Err(Reason::MigProfileFull)
+                } else {
+                    Ok(())
+                }
+            }
+        },
+        GpuDemand::Whole { count } => {
+            if let MigLayout::Single { .. } = node.mig {
+                return Err(Reason::NodeIsMig);
+            }
+            match node.sharing {
+                Sharing::None => {
+                    if node.gpus == 0 && node.mig != MigLayout::None {
+                        Err(Reason::NodeIsMig)
+                    } else if node.slots < *count {
+                        Err(Reason::TooFewGpus)
+                    } else if free_slots < *count || usage.free_gpus() < *count {
+                        Err(Reason::NoFreeGpus)
+                    } else {
+                        Ok(())
+                    }
+                }
+                Sharing::PerGpu => {
+                    if node.gpus < *count {
+                        Err(Reason::TooFewGpus)
+                    } else if usage.free_gpus() < *count {
+                        Err(Reason::NoFreeGpus)
+                    } else {
+                        Ok(())
+                    }
+                }
+                Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
+                    Err(mismatch(node, "whole unshared GPUs"))
+                }
+            }
+        }
+        GpuDemand::Mps { milli, memory_mib } => match node.sharing {
+            Sharing::Mps { replicas } => {
+                if replica_milli(node) < *milli {
+                    return Err(Reason::MpsReplicaTooSmall);
+                }
+                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+                    && gpu_mem / u64::from(replicas.max(1)) < *want
+                {
+                    return Err(Reason::ReplicaMemoryTooSmall);
+                }
+                if free_slots < 1 {
+                    return Err(Reason::NoFreeReplica);
+                }
+                Ok(())
+            }
+            _ => Err(mismatch(node, "MPS")),
+        },
+        GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {
+            Sharing::TimeSlicing { .. } => {
+                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+                    && *want > gpu_mem
+                {
+                    return Err(Reason::GpuMemoryTooSmall);
+                }
+                if free_slots < 1 {
+                    return Err(Reason::NoFreeReplica);
+                }
+                if usage.budget_milli.saturating_add(u64::from(*milli))
+                    > u64::from(node.gpus) * 1000
+                {
+                    return Err(Reason::BudgetUsedUp);
+                }
+                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+                    && usage.gpu_memory_mib.saturating_add(*want)
+                        > gpu_mem.saturating_mul(u64::from(node.gpus))
+                {
+                    return Err(Reason::MemoryBudgetUsedUp);
+                }
+                Ok(())
+            }
+            Sharing::PerGpu => {
+                if node.gpus == 0 {
+                    return Err(Reason::TooFewGpus);
+                }
+                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+                    && *want > gpu_mem
+                {
+                    return Err(Reason::GpuMemoryTooSmall);
+                }
+                if usage
+                    .gpu_milli
+                    .iter()
+                    .any(|m| m.saturating_add(*milli) <= GPU_MILLI)
+                {
+                    Ok(())
+                } else {
+                    Err(Reason::NoGpuWithRoom)
+                }
+            }
+            _ => Err(mismatch(node, "time-slicing")),
+        },
+        GpuDemand::Units { resource, count } => {
+            if *resource != node.pool_resource || node.slots == 0 {
+                return Err(Reason::ResourceAbsent);
+            }
+            if node.slots < *count {
+                return Err(Reason::ResourceAbsent);
+            }
+            if free_slots < *count {
+                return Err(Reason::NotEnoughUnits);
+            }
+            // On a time-sliced node each unit counts its fair share against the budget.
+            if let Sharing::TimeSlicing { .. } = node.sharing
+                && usage
+                    .budget_milli
+                    .saturating_add(u64::from(*count) * u64::from(replica_milli(node)))
+                    > u64::from(node.gpus) * 1000
+            {
+                return Err(Reason::BudgetUsedUp);
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Usage accounting: what is allocated on one node, what a placement adds to it, and adding or
+//! removing a placement.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::demand::GPU_MILLI;
+use crate::inventory::GpuNode;
+
+/// What is allocated on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    /// Per full GPU, allocated thousandths (the per-GPU model; may exceed 1000 on a time-sliced
+    /// node where the device plugin stacked replicas differently than modelled).
+    pub gpu_milli: Vec<u32>,
+    /// Units of the node's pool resource in use.
+    pub slots: u32,
+    /// Declared time-slicing budgets, thousandths of a GPU.
+    pub budget_milli: u64,
+    /// Declared GPU memory of mps/timeslice pods, MiB.
+    pub gpu_memory_mib: u64,
+    /// MIG devices in use per profile.
+    pub mig: BTreeMap<String, u32>,
+    /// Pods holding something here.
+    pub pods: u32,
+    /// Pods per GPU request kind ([`GpuDemand::tag`]): the `gpu-clustering` policy's view.
+    pub tags: BTreeMap<u32, u32>,
+}
+
+impl Usage {
+    /// Empty usage for a node.
+    pub fn empty(node: &GpuNode) -> Self {
+        Usage {
+            gpu_milli: vec![0; node.gpus as usize],
+            ..Usage::default()
+        }
+    }
+
+    /// Full GPUs with nothing on them (model).
+    pub fn free_gpus(&self) -> u32 {
+        self.gpu_milli.iter().filter(|m| **m == 0).count() as u32
+    }
+
+    /// Allocated thousandths over all full GPUs (model).
+    pub fn allocated_milli(&self) -> u64 {
+        self.gpu_milli
+            .iter()
+            .map(|m| u64::from((*m).min(GPU_MILLI)))
+            .sum()
+    }
+}
+
+/// What a placement adds to a node's [`Usage`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Per-GPU model: (GPU index, thousandths).
+    pub gpus: Vec<(u32, u32)>,
+    pub slots: u32,
+    pub budget_milli: u64,
+    pub gpu_memory_mib: u64,
+    pub mig: Option<(String, u32)>,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    /// The demand's [`GpuDemand::tag`].
+    pub tag: Option<u32>,
+}
+
+impl Placement {
+    /// The per-GPU model as `index:milli` pairs, e.g. `0:250,3:1000` (the binding annotation).
+    pub fn gpus_text(&self) -> String {
+        self.gpus
+            .iter()
+            .map(|(i, m)| format!("{i}:{m}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Parses [`Placement::gpus_text`]; `None` if malformed.
+    pub fn parse_gpus(text: &str) -> Option<Vec<(u32, u32)>> {
+        if text.is_empty() {
+            return Some(Vec::new());
+        }
+        text.split(',')
+            .map(|p| {
+                let (i, m) = p.split_once(':')?;
+                Some((i.parse().ok()?, m.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// Adds a placement to a node's usage.
+pub fn apply(usage: &mut Usage, p: &Placement) {
+    shift::<true>(usage, p);
+}
+
+/// Removes a placement that [`apply`] added.
+pub fn unapply(usage: &mut Usage, p: &Placement) {
+    shift::<false>(usage, p);
+}
+
+/// Adds (`ADD`) or removes a placement, field by field in one place, so that the two can never
+/// disagree. Saturating both ways: a recorded pod may claim more than any node has (its spec is
+/// not ours). Map entries that fall to zero are removed.
+#[inline]
+fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
+    fn step<T: num_step::Step>(x: &mut T, by: T, add: bool) {
+        *x = if add { x.up(by) } else { x.down(by) };
+    }
+    fn count<K: Ord + Clone>(
+        map: &mut std::collections::BTreeMap<K, u32>,
+        key: &K,
+        by: u32,
+        add: bool,
+    ) {
+        if add {
+            let n = map.entry(key.clone()).or_default();
+            *n = n.saturating_add(by);
+        } else if let Some(n) = map.get_mut(key) {
+            *n = n.saturating_sub(by);
+            if *n == 0 {
+                map.remove(key);
+            }
+        }
+    }
+    for (i, m) in &p.gpus {
+        if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
+            step(g, *m, ADD);
+        }
+    }
+    step(&mut usage.slots, p.slots, ADD);
+    step(&mut usage.budget_milli, p.budget_milli, ADD);
+    step(&mut usage.gpu_memory_mib, p.gpu_memory_mib, ADD);
+    if let Some((profile, n)) = &p.mig {
+        count(&mut usage.mig, profile, *n, ADD);
+    }
+    step(&mut usage.cpu_milli, p.cpu_milli, ADD);
+    step(&mut usage.memory_mib, p.memory_mib, ADD);
+    step(&mut usage.pods, 1, ADD);
+    if let Some(t) = p.tag {
+        count(&mut usage.tags, &t, 1, ADD);
+    }
+}
+
+/// Saturating steps for the usage counters' integer types.
+mod num_step {
+    pub trait Step: Copy {
+        fn up(self, by: Self) -> Self;
+        fn down(self, by: Self) -> Self;
+    }
+    macro_rules! step {
+        ($($t:ty),*) => {$(
+            impl Step for $t {
+                #[inline]
+                fn up(self, by: Self) -> Self { self.saturating_add(by) }
+                #[inline]
+                fn down(self, by: Self) -> Self { self.saturating_sub(by) }
+            }
+        )*};
+    }
+    step!(u32, u64);
+}
