@@ -148,16 +148,17 @@ pub enum PackingPolicyName {
     GpuShare,
 }
 
+/// The policy file's `packing` section (the scorer's policy is [`crate::packing::PackingPolicy`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PackingPolicy {
+pub struct PackingSection {
     #[serde(default)]
     pub policy: PackingPolicyName,
 }
 
-impl Default for PackingPolicy {
+impl Default for PackingSection {
     fn default() -> Self {
-        PackingPolicy {
+        PackingSection {
             policy: PackingPolicyName::GpuShare,
         }
     }
@@ -283,7 +284,7 @@ pub struct Policy {
     #[serde(default = "defaults::mps")]
     pub mps: MpsPolicy,
     #[serde(default)]
-    pub packing: PackingPolicy,
+    pub packing: PackingSection,
     #[serde(default)]
     pub namespaces: Vec<NamespaceRule>,
     /// How GPUs are shared on nodes whose labels do not say (no GPU Feature Discovery, not GKE),

@@ -10,8 +10,8 @@ use common::{run_err, run_ok};
 use std::sync::Arc;
 
 use gpu_share::packing::PackingPolicy;
+use gpu_share::packing::TYPICAL_COVERAGE;
 use gpu_share::packing::frag::TargetWorkload;
-use gpu_share::packing::score::TYPICAL_COVERAGE;
 use gpu_share::simulate::partition::Choice;
 use gpu_share::simulate::replay::{self, Trace, WorkloadSource};
 use gpu_share::simulate::{default_policies, driver};

@@ -10,21 +10,28 @@
 //!   and a future node agent); on [`Sharing::PerGpu`] nodes (the simulator's trace cluster) it is
 //!   enforced, as in the FGD paper.
 
+mod baselines;
 mod candidates;
 mod demand;
 mod fit;
 pub mod frag;
 pub mod score;
 mod usage;
+mod workload;
 
 use crate::inventory::GpuNode;
 
+pub use baselines::{
+    MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, best_fit_score, dot_product_score,
+    gpu_clustering_score, gpu_packing_score,
+};
 pub use candidates::*;
 pub use demand::*;
 pub use fit::*;
 pub use frag::FragMemo;
-pub use score::{OnlineWorkload, PackingPolicy, Scorer, Workload};
+pub use score::{PackingPolicy, Scorer};
 pub use usage::*;
+pub use workload::{OnlineWorkload, TYPICAL_COVERAGE, Workload};
 
 /// Fits, then picks the placement the scorer likes best, reading (and keeping) the node's
 /// fragmentation before the placement in `memo`: the node's own, kept between decisions, or a

@@ -1,12 +1,14 @@
 //! PURE: packing policies. A score is "higher is better" for placing a demand on a node with a
 //! given placement; the extender scales scores to 0..=10, the simulator takes the best node.
 
-use std::collections::{HashMap, VecDeque};
-
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+use super::baselines::{
+    best_fit_gpu, best_fit_score, dot_product_score, gpu_clustering_score, gpu_packing_score,
+    random_gpu,
+};
 use super::candidates::{candidates, for_each_candidate};
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
 use super::frag::{FragMemo, Measure, Shape, TargetWorkload};
@@ -97,94 +99,6 @@ impl From<crate::policy::PackingPolicyName> for PackingPolicy {
         }
     }
 }
-
-/// The most recent demands (a window, most recent last): the extender's fragmentation gauge
-/// measures against the most common of them.
-#[derive(Debug, Clone)]
-pub struct Workload {
-    capacity: usize,
-    window: VecDeque<Demand>,
-    counts: HashMap<Demand, u32>,
-}
-
-impl Workload {
-    pub fn new(capacity: usize) -> Self {
-        Workload {
-            capacity: capacity.max(1),
-            window: VecDeque::new(),
-            counts: HashMap::new(),
-        }
-    }
-
-    /// Records one decision's demand.
-    pub fn observe(&mut self, demand: &Demand) {
-        if self.window.len() == self.capacity
-            && let Some(old) = self.window.pop_front()
-            && let Some(c) = self.counts.get_mut(&old)
-        {
-            *c -= 1;
-            if *c == 0 {
-                self.counts.remove(&old);
-            }
-        }
-        self.window.push_back(demand.clone());
-        *self.counts.entry(demand.clone()).or_default() += 1;
-    }
-
-    /// The most common demand (ties: the most recent of them).
-    pub fn most_common(&self) -> Option<&Demand> {
-        let best = self.counts.values().copied().max()?;
-        self.window
-            .iter()
-            .rev()
-            .find(|d| self.counts.get(*d) == Some(&best))
-    }
-}
-
-/// The workload seen so far, as `gpu-share` learns it online: every demand observed counts
-/// (it never knows the pods still to come). [`OnlineWorkload::observe`] hands out a new target
-/// workload now and then (after 1, 2, 4, ... observations, then every 1,024), so scores that
-/// depend on it stay stable between refreshes and can be cached.
-#[derive(Debug, Clone, Default)]
-pub struct OnlineWorkload {
-    index: HashMap<Shape, usize>,
-    counts: Vec<(Shape, u64)>,
-    total: u64,
-}
-
-/// The share of the demands the typical shapes cover (as in the FGD paper).
-pub const TYPICAL_COVERAGE: f64 = 0.95;
-
-impl OnlineWorkload {
-    /// Counts one demand; returns the refreshed target workload when one is due.
-    pub fn observe(&mut self, demand: &Demand) -> Option<TargetWorkload> {
-        let shape = Shape::of(demand)?;
-        self.total += 1;
-        match self.index.get(&shape) {
-            Some(i) => self.counts[*i].1 += 1,
-            None => {
-                self.index.insert(shape.clone(), self.counts.len());
-                self.counts.push((shape, 1));
-            }
-        }
-        let t = self.total;
-        let due = (t >= 1 && t.is_power_of_two()) || (t > 1024 && t.is_multiple_of(1024));
-        due.then(|| self.target())
-    }
-
-    /// The target workload from everything observed so far.
-    pub fn target(&self) -> TargetWorkload {
-        TargetWorkload::from_counts(self.counts.clone(), self.total, TYPICAL_COVERAGE)
-    }
-
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-}
-
-/// The largest node of the FGD trace, the normaliser of the `dotprod` and `bestfit` scores.
-pub const MAX_SPEC_CPU_MILLI: f64 = 128_000.0;
-pub const MAX_SPEC_GPU_MILLI: f64 = 8_000.0;
 
 /// A packing policy, ready to score.
 #[derive(Debug, Clone)]
@@ -358,16 +272,6 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// Free share of each GPU (thousandths).
-fn gpu_left(usage: &Usage) -> impl Iterator<Item = u32> + '_ {
-    usage.gpu_milli.iter().map(|m| GPU_MILLI.saturating_sub(*m))
-}
-
-fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
-    node.cpu_milli
-        .map_or(0, |c| c.saturating_sub(usage.cpu_milli))
-}
-
 /// The score of one placement under `fgd` (the paper's measure) and `gpu-share`
 /// ([`Measure::CpuCapped`]): how much the node's fragmentation grows, squashed by a sigmoid into
 /// 100 integer steps as FGD does (near-equal nodes tie, and the caller's stable tie-break packs
@@ -385,154 +289,6 @@ pub fn frag_step_score(
 ) -> f64 {
     let growth = w.frag_after(measure, node, usage, p) - before;
     (sigmoid(-growth / 1000.0) * 100.0).trunc()
-}
-
-/// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
-/// demands have one candidate.
-fn best_fit_gpu(usage: &Usage, cands: Vec<Placement>) -> Option<Placement> {
-    let load = |p: &Placement| {
-        p.gpus
-            .first()
-            .and_then(|(i, _)| usage.gpu_milli.get(*i as usize))
-            .copied()
-            .unwrap_or(0)
-    };
-    cands.into_iter().fold(None, |best, p| match best {
-        Some(b) if load(&b) >= load(&p) => Some(b),
-        _ => Some(p),
-    })
-}
-
-/// A random GPU among all those with room (uniform over GPUs, not over distinct loads), drawn
-/// from a hash of the seed and the node's state.
-fn random_gpu(
-    seed: u64,
-    node: &GpuNode,
-    usage: &Usage,
-    demand: &Demand,
-    cands: &[Placement],
-) -> Placement {
-    let first = cands[0].clone();
-    let milli = match &demand.gpu {
-        GpuDemand::Timeslice { milli, .. } if node.sharing == Sharing::PerGpu => *milli,
-        _ => return first,
-    };
-    let eligible: Vec<u32> = usage
-        .gpu_milli
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| **m + milli <= GPU_MILLI)
-        .map(|(i, _)| i as u32)
-        .collect();
-    if eligible.is_empty() {
-        return first;
-    }
-    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
-    for b in node.name.bytes() {
-        h = splitmix(h ^ u64::from(b));
-    }
-    h = splitmix(h ^ u64::from(usage.pods) ^ (usage.cpu_milli << 20));
-    let g = eligible[(h % eligible.len() as u64) as usize];
-    Placement {
-        gpus: vec![(g, milli)],
-        ..first
-    }
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// `dotprod`: 100 x (1 - (free . request) / 2), the vectors (CPU, GPU) normalised by the
-/// largest node; truncated to an integer.
-pub fn dot_product_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, count) = demand.gpu.per_gpu();
-    let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
-    let node_v = [
-        cpu_left(node, usage) as f64 / MAX_SPEC_CPU_MILLI,
-        free_gpu as f64 / MAX_SPEC_GPU_MILLI,
-    ];
-    let pod_v = [
-        demand.cpu_milli as f64 / MAX_SPEC_CPU_MILLI,
-        f64::from(milli) * f64::from(count) / MAX_SPEC_GPU_MILLI,
-    ];
-    let dot = node_v[0] * pod_v[0] + node_v[1] * pod_v[1];
-    (100.0 * (1.0 - dot / 2.0)).trunc()
-}
-
-/// `bestfit`: 100 x (1 - 0.5 (CPU left after)/128 vCPU - 0.5 (GPU left after)/8 GPUs),
-/// truncated to an integer.
-pub fn best_fit_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, count) = demand.gpu.per_gpu();
-    let free_gpu: u64 = gpu_left(usage).map(u64::from).sum();
-    let cpu_after = cpu_left(node, usage) as f64 - demand.cpu_milli as f64;
-    let gpu_after = free_gpu as f64 - f64::from(milli) * f64::from(count);
-    let waste = cpu_after / MAX_SPEC_CPU_MILLI * 0.5 + gpu_after / MAX_SPEC_GPU_MILLI * 0.5;
-    ((1.0 - waste) * 100.0).trunc()
-}
-
-/// `gpu-clustering`: 75-100 when the node runs only pods of the same GPU request kind, 50-75
-/// when it runs that kind among others, 25-50 when it runs no GPU pod, 0-25 otherwise; inside a
-/// band, fuller nodes first. CPU-only pods score 0 everywhere.
-pub fn gpu_clustering_score(usage: &Usage, demand: &Demand) -> f64 {
-    let Some(tag) = demand.gpu.tag() else {
-        return 0.0;
-    };
-    let left: i64 = gpu_left(usage).map(i64::from).sum();
-    let base = 25 * (8000 - left) / 8000;
-    let band = if usage.tags.get(&tag).is_some_and(|n| *n > 0) {
-        if usage.tags.len() == 1 { 75 } else { 50 }
-    } else if usage.tags.is_empty() {
-        25
-    } else {
-        0
-    };
-    (base + band) as f64
-}
-
-/// `gpu-packing`: a pod that fits on already shared GPUs scores 50-100 (the less free share on
-/// them the better), one that needs free GPUs of a used node 33-50, an empty node 0-33.
-/// CPU-only pods score 0 everywhere.
-pub fn gpu_packing_score(node: &GpuNode, usage: &Usage, demand: &Demand) -> f64 {
-    let (milli, mut need) = demand.gpu.per_gpu();
-    if milli == 0 {
-        return 0.0;
-    }
-    let left: Vec<u32> = gpu_left(usage).collect();
-    let fully_free = left.iter().filter(|l| **l == GPU_MILLI).count() as i64;
-    if fully_free == i64::from(node.gpus) {
-        return (33 - fully_free).max(fully_free) as f64;
-    }
-    let mut order: Vec<usize> = (0..left.len()).collect();
-    order.sort_by_key(|i| left[*i]);
-    let mut free_used = 0i64;
-    let mut chosen = Vec::new();
-    for i in order {
-        if need == 0 {
-            break;
-        }
-        if milli <= left[i] {
-            need -= 1;
-            chosen.push(i);
-            if left[i] == GPU_MILLI {
-                free_used += 1;
-            }
-        }
-    }
-    if need != 0 {
-        return 0.0;
-    }
-    if free_used > 0 {
-        return (50 - free_used).max(33) as f64;
-    }
-    let ratio: i64 = chosen
-        .iter()
-        .map(|i| i64::from(left[*i]) * 100 / 1000)
-        .sum();
-    (100 - ratio / 10).max(50) as f64
 }
 
 /// How full the pool the demand draws on is after the placement, 0..=1.
@@ -598,7 +354,7 @@ fn replica_waste(node: &GpuNode, demand: &Demand) -> f64 {
 mod tests {
     use super::*;
     use crate::packing::frag::CPU_CAPPED_WEIGHT;
-    use crate::packing::{apply, place};
+    use crate::packing::{OnlineWorkload, Workload, apply, place};
 
     #[test]
     fn frag_after_reads_every_gpu_of_a_large_node() {

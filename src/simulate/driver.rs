@@ -14,8 +14,8 @@ use super::trace::{self, TracePod};
 use crate::cli::SimulateArgs;
 use crate::inventory::GpuNode;
 use crate::mig::MigTable;
+use crate::packing::TYPICAL_COVERAGE;
 use crate::packing::frag::TargetWorkload;
-use crate::packing::score::TYPICAL_COVERAGE;
 use crate::packing::{GPU_MILLI, PackingPolicy};
 
 /// The loaded inputs.
