@@ -5,12 +5,27 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// Why a file's text is not the objects asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("not YAML or JSON: {0}")]
+    Syntax(#[source] Box<serde_saphyr::Error>),
+    /// `what` names the object: its `metadata.name`, quoted, or its position.
+    #[error("{what} is not a {kind}: {source}")]
+    NotA {
+        what: String,
+        kind: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The objects in `text`: streams, arrays and `items` lists flattened; empty documents dropped.
-pub fn objects(text: &str) -> Result<Vec<Value>, String> {
+pub fn objects(text: &str) -> Result<Vec<Value>, DocumentError> {
     let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
         Ok(v) => vec![v],
         Err(_) => serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options(text.len()))
-            .map_err(|e| format!("not YAML or JSON: {e}"))?,
+            .map_err(|e| DocumentError::Syntax(Box::new(e)))?,
     };
     let mut out = Vec::new();
     for d in docs {
@@ -47,7 +62,7 @@ fn yaml_options(len: usize) -> serde_saphyr::Options {
 
 /// The objects in `text` as `T`; an object that is not one is named (by `metadata.name`, else
 /// its position) in the error, with `kind`.
-pub fn typed<T: DeserializeOwned>(text: &str, kind: &str) -> Result<Vec<T>, String> {
+pub fn typed<T: DeserializeOwned>(text: &str, kind: &'static str) -> Result<Vec<T>, DocumentError> {
     objects(text)?
         .into_iter()
         .enumerate()
@@ -56,7 +71,7 @@ pub fn typed<T: DeserializeOwned>(text: &str, kind: &str) -> Result<Vec<T>, Stri
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .map_or_else(|| format!("item {i}"), |n| format!("{n:?}"));
-            serde_json::from_value(v).map_err(|e| format!("{what} is not a {kind}: {e}"))
+            serde_json::from_value(v).map_err(|source| DocumentError::NotA { what, kind, source })
         })
         .collect()
 }
@@ -115,11 +130,14 @@ mod tests {
         assert_eq!(names, ["a", "b", "c"]);
         let json = r#"[{"metadata": {"name": "x"}}, {"metadata": {"name": "y"}}]"#;
         assert_eq!(typed::<Node>(json, "Node").unwrap().len(), 2);
-        let e = typed::<Node>("- metadata: {name: bad}\n  spec: 3\n", "Node").unwrap_err();
+        let e = typed::<Node>("- metadata: {name: bad}\n  spec: 3\n", "Node")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("\"bad\" is not a Node"), "{e}");
         assert!(
             objects("{unclosed")
                 .unwrap_err()
+                .to_string()
                 .contains("not YAML or JSON")
         );
     }

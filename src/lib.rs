@@ -43,16 +43,38 @@ pub enum Error {
     Tls { flag: &'static str, reason: String },
     #[error("policy file {path}: {reason}")]
     Policy { path: String, reason: String },
-    #[error("{0}")]
-    Config(String),
+    #[error("{flag} is required (or run with --dev)")]
+    MissingFlag { flag: &'static str },
+    #[error("--dev: {what}: {source}")]
+    DevFiles {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--dev: {0}")]
+    DevCertificate(#[source] certs::CertError),
+    #[error("--nodes {}: {source}", .path.display())]
+    ReadNodes {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--nodes {}: {source}", .path.display())]
+    Nodes {
+        path: std::path::PathBuf,
+        #[source]
+        source: documents::DocumentError,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+    #[error(
+        "no Kubernetes configuration found ({0}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
+    )]
+    NoCluster(#[source] kube::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

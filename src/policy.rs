@@ -16,6 +16,12 @@ use crate::request::{ClassKind, GpuClass, GpuRequest};
 /// The embedded default policy.
 pub const DEFAULT_POLICY_YAML: &str = include_str!("../policies/default.yaml");
 
+/// A rule of the policy file's fields that a value breaks, in words naming the field path
+/// (`nodeModes[0]: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
 #[derive(Debug, Error)]
 pub enum PolicyError {
     #[error("{0}")]
@@ -37,23 +43,23 @@ impl ResourceName {
 }
 
 impl TryFrom<String> for ResourceName {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = Violation;
+    fn try_from(s: String) -> Result<Self, Violation> {
         let Some((domain, name)) = s.split_once('/') else {
-            return Err(format!(
+            return Err(Violation(format!(
                 "resource name {s:?} must look like <domain>/<name>, e.g. nvidia.com/gpu"
-            ));
+            )));
         };
         let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
         if domain.is_empty() || !domain.chars().all(ok_char) || domain.ends_with("kubernetes.io") {
-            return Err(format!(
+            return Err(Violation(format!(
                 "resource name {s:?}: {domain:?} is not an extended-resource domain"
-            ));
+            )));
         }
         if name.is_empty() || name.len() > 63 || !name.chars().all(ok_char) {
-            return Err(format!(
+            return Err(Violation(format!(
                 "resource name {s:?}: the part after / must be 1-63 characters of [A-Za-z0-9._-]"
-            ));
+            )));
         }
         Ok(ResourceName(s))
     }
@@ -427,7 +433,7 @@ impl Policy {
             serde_saphyr::from_str(text).map_err(|e| PolicyError::Yaml(name(e.to_string())))?;
         policy
             .validate()
-            .map_err(|e| PolicyError::Invalid(locate(text, &e)))?;
+            .map_err(|e| PolicyError::Invalid(locate(text, &e.0)))?;
         let present = |path: &str| {
             let mut v = &value;
             for key in path.split('.') {
@@ -477,133 +483,135 @@ impl Policy {
     }
 
     /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Violation> {
         for (i, m) in self.node_modes.iter().enumerate() {
             match (m.sharing, m.replicas, &m.mig_profile) {
                 (Some(_), _, Some(_)) | (None, _, None) => {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "nodeModes[{i}]: give either sharing (none, time-slicing, mps) or migProfile"
-                    ));
+                    )));
                 }
                 (Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps), r, None)
                     if !r.is_some_and(|r| {
                         (2..=crate::nvidia::MAX_REPLICAS_PER_GPU).contains(&r)
                     }) =>
                 {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "nodeModes[{i}].replicas must be 2-{} for time-slicing and mps",
                         crate::nvidia::MAX_REPLICAS_PER_GPU
-                    ));
+                    )));
                 }
                 (Some(DeclaredSharing::None), Some(_), _) | (None, Some(_), Some(_)) => {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "nodeModes[{i}].replicas applies to time-slicing and mps only"
-                    ));
+                    )));
                 }
                 (None, None, Some(p))
                     if crate::request::parse_class(&format!("mig-{p}")).is_err() =>
                 {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "nodeModes[{i}].migProfile: {p:?} is not a profile name like 1g.10gb"
-                    ));
+                    )));
                 }
                 _ => {}
             }
             if m.selector.match_labels.is_empty() && m.selector.match_expressions.is_empty() {
-                return Err(format!(
+                return Err(Violation(format!(
                     "nodeModes[{i}].selector must name at least one label"
-                ));
+                )));
             }
         }
         for (i, rule) in self.namespaces.iter().enumerate() {
             if let Some(max) = rule.max_gpus_per_pod
                 && !(max.is_finite() && max > 0.0)
             {
-                return Err(format!(
+                return Err(Violation(format!(
                     "namespaces[{i}].maxGpusPerPod must be a number above 0, got {max}"
-                ));
+                )));
             }
             if let Some(sel) = &rule.selector {
                 for (j, e) in sel.match_expressions.iter().enumerate() {
                     let needs_values =
                         matches!(e.operator, SelectorOperator::In | SelectorOperator::NotIn);
                     if needs_values == e.values.is_empty() {
-                        return Err(format!(
+                        return Err(Violation(format!(
                             "namespaces[{i}].selector.matchExpressions[{j}]: operator {:?} {} values",
                             e.operator,
                             if needs_values { "needs" } else { "takes no" }
-                        ));
+                        )));
                     }
                 }
             }
         }
         for (i, t) in self.tolerations.iter().enumerate() {
             if t.key.is_empty() {
-                return Err(format!("tolerations[{i}].key must not be empty"));
+                return Err(Violation(format!("tolerations[{i}].key must not be empty")));
             }
             if t.operator == TolerationOperator::Exists && t.value.is_some() {
-                return Err(format!("tolerations[{i}]: operator Exists takes no value"));
+                return Err(Violation(format!(
+                    "tolerations[{i}]: operator Exists takes no value"
+                )));
             }
         }
         let table = MigTable::default();
         let mut seen = std::collections::BTreeSet::new();
         for (i, m) in self.mig.models.iter().enumerate() {
             if !seen.insert(m.model.clone()) {
-                return Err(format!(
+                return Err(Violation(format!(
                     "mig.models[{i}]: model {} is listed twice",
                     m.model
-                ));
+                )));
             }
             if m.memory_slices == 0 || m.compute_slices == 0 || m.profiles.is_empty() {
-                return Err(format!(
+                return Err(Violation(format!(
                     "mig.models[{i}] ({}): memorySlices, computeSlices and profiles must be set",
                     m.model
-                ));
+                )));
             }
             for p in &m.profiles {
                 let shaped = crate::request::parse_class(&format!("mig-{}", p.name)).is_ok();
                 if !shaped {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles: {:?} is not a profile name like 1g.10gb",
                         p.name
-                    ));
+                    )));
                 }
                 if p.memory_slices == 0 || p.compute_slices == 0 {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles[{}]: memorySlices and computeSlices must be at least 1",
                         p.name
-                    ));
+                    )));
                 }
                 if p.memory_slices > m.memory_slices || p.compute_slices > m.compute_slices {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles[{}]: slices exceed the GPU's",
                         p.name
-                    ));
+                    )));
                 }
                 if p.max == 0 || p.max > m.memory_slices {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles[{}]: max must be from 1 to the GPU's memorySlices ({}), got {}",
                         p.name, m.memory_slices, p.max
-                    ));
+                    )));
                 }
                 if p.starts.is_empty()
                     || p.starts.iter().any(|s| {
                         u16::from(*s) + u16::from(p.memory_slices) > u16::from(m.memory_slices)
                     })
                 {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles[{}]: starts must be set and stay within the GPU",
                         p.name
-                    ));
+                    )));
                 }
                 if let Some((other, existing)) = table.find(&p.name)
                     && other.model != m.model
                     && existing.compute_slices != p.compute_slices
                 {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "mig.models[{i}].profiles[{}]: the name is already used by {} with other slices",
                         p.name, other.model
-                    ));
+                    )));
                 }
             }
         }
@@ -676,20 +684,6 @@ fn locate(text: &str, message: &str) -> String {
     match line {
         Some(n) if !top.is_empty() => format!("line {}: {message}", n + 1),
         _ => message.to_string(),
-    }
-}
-
-/// A GPU request's size in GPUs, for `maxGpusPerPod`.
-pub fn gpus_of(request: &GpuRequest, table: &MigTable) -> f64 {
-    match &request.class {
-        GpuClass::Mig { profile } => table
-            .find(profile)
-            .map(|(m, p)| {
-                f64::from(p.compute_slices) / f64::from(m.compute_slices) * f64::from(request.count)
-            })
-            .unwrap_or(0.0),
-        GpuClass::Mps { percent } | GpuClass::Timeslice { percent } => f64::from(*percent) / 100.0,
-        GpuClass::Exclusive { count } => f64::from(*count),
     }
 }
 
@@ -918,7 +912,6 @@ mod tests {
     #[test]
     fn resource_names_and_sizes() {
         let p = Policy::default_policy();
-        let t = p.mig_table();
         let mig = GpuRequest::new(GpuClass::Mig {
             profile: "1g.10gb+me".into(),
         });
@@ -930,17 +923,6 @@ mod tests {
             p.resource_for(&GpuRequest::new(GpuClass::Exclusive { count: 2 })),
             ("nvidia.com/gpu".into(), 2)
         );
-        assert!(
-            (gpus_of(
-                &GpuRequest::new(GpuClass::Mig {
-                    profile: "3g.40gb".into()
-                }),
-                &t
-            ) - 3.0 / 7.0)
-                .abs()
-                < 1e-9
-        );
-        assert!((gpus_of(&GpuRequest::new(GpuClass::Mps { percent: 25 }), &t) - 0.25).abs() < 1e-9);
         assert!(ResourceName::try_from("nvidia.com/gpu".to_string()).is_ok());
         assert!(ResourceName::try_from("kubernetes.io/gpu".to_string()).is_err());
         assert!(ResourceName::try_from(format!("nvidia.com/{}", "x".repeat(64))).is_err());

@@ -96,16 +96,98 @@ fn totals(reports: &[NodeReport]) -> String {
     )
 }
 
+/// Why `gpu-share status` could not read the ledger, in words, each cause chained.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("--server {url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error(transparent)]
+    Request(#[from] http::Error),
+    #[error("{url}: no answer within 15s")]
+    Timeout { url: String },
+    /// The connection failed: `message` tells an untrusted certificate and a server that is
+    /// not there apart, with what to do.
+    #[error("{message}")]
+    Connect {
+        message: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{url}: {source}")]
+    Read {
+        url: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{url}/v1/nodes answered {status}: {body}")]
+    Answered {
+        url: String,
+        status: http::StatusCode,
+        body: String,
+    },
+    #[error("{url}/v1/nodes: unexpected body: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("--ca {}: {source}", .path.display())]
+    ReadCa {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--ca {}: {source}", .path.display())]
+    Ca {
+        path: std::path::PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("cannot list nodes and pods: {0}")]
+    List(#[source] kube::Error),
+    #[error("cannot list pending pods: {0}")]
+    ListPending(#[source] kube::Error),
+    #[error(
+        "no Kubernetes configuration found ({0}): set KUBECONFIG, pass --kubeconfig, or use --server URL"
+    )]
+    NoConfig(#[source] kube::Error),
+    #[error("--kubeconfig {}: {source}", .path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot read the kubeconfig (KUBECONFIG or ~/.kube/config): {0}")]
+    DefaultKubeconfig(#[source] kube::config::KubeconfigError),
+    #[error("--context {context}: {source}")]
+    Context {
+        context: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(transparent)]
+    Config(kube::config::KubeconfigError),
+    #[error(transparent)]
+    Client(kube::Error),
+}
+
 /// Reads `/v1/nodes` from a running service (`http://` admin port or `https://` service port).
 pub async fn from_server(
     url: &str,
     ca: Option<&Path>,
     insecure: bool,
-) -> Result<Vec<NodeReport>, String> {
+) -> Result<Vec<NodeReport>, StatusError> {
     let base = url.trim_end_matches('/');
     let uri: http::Uri = format!("{base}/v1/nodes")
         .parse()
-        .map_err(|e| format!("--server {url}: {e}"))?;
+        .map_err(|source| StatusError::Url {
+            url: url.to_string(),
+            source,
+        })?;
     let tls = client_tls(ca, insecure)?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
@@ -114,27 +196,37 @@ pub async fn from_server(
         .build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, Empty<bytes::Bytes>>(connector);
-    let req = http::Request::get(uri)
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
+    let req = http::Request::get(uri).body(Empty::new())?;
     let resp = tokio::time::timeout(std::time::Duration::from_secs(15), client.request(req))
         .await
-        .map_err(|_| format!("{url}: no answer within 15s"))?
-        .map_err(|e| connect_error(url, &e))?;
+        .map_err(|_| StatusError::Timeout {
+            url: url.to_string(),
+        })?
+        .map_err(|source| StatusError::Connect {
+            message: connect_error(url, &source),
+            source,
+        })?;
     let status = resp.status();
     let body = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("{url}: {e}"))?
+        .map_err(|source| StatusError::Read {
+            url: url.to_string(),
+            source,
+        })?
         .to_bytes();
     if !status.is_success() {
-        return Err(format!(
-            "{url}/v1/nodes answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        ));
+        return Err(StatusError::Answered {
+            url: url.to_string(),
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
     }
-    serde_json::from_slice(&body).map_err(|e| format!("{url}/v1/nodes: unexpected body: {e}"))
+    serde_json::from_slice(&body).map_err(|source| StatusError::Body {
+        url: url.to_string(),
+        source,
+    })
 }
 
 /// Why a request to `url` failed, in words: a certificate this client does not trust and a
@@ -183,7 +275,7 @@ fn connect_error(url: &str, e: &(dyn std::error::Error + 'static)) -> String {
     format!("{url}: {}", words.join(": "))
 }
 
-fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig, String> {
+fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig, StatusError> {
     let builder = rustls::ClientConfig::builder();
     if insecure {
         return Ok(builder
@@ -193,12 +285,16 @@ fn client_tls(ca: Option<&Path>, insecure: bool) -> Result<rustls::ClientConfig,
     }
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = ca {
-        let pem = std::fs::read(ca).map_err(|e| format!("--ca {}: {e}", ca.display()))?;
+        let pem = std::fs::read(ca).map_err(|source| StatusError::ReadCa {
+            path: ca.to_path_buf(),
+            source,
+        })?;
         let mut reader = std::io::BufReader::new(&pem[..]);
         for cert in rustls_pemfile_certs(&mut reader) {
-            roots
-                .add(cert)
-                .map_err(|e| format!("--ca {}: {e}", ca.display()))?;
+            roots.add(cert).map_err(|source| StatusError::Ca {
+                path: ca.to_path_buf(),
+                source,
+            })?;
         }
     }
     Ok(builder.with_root_certificates(roots).with_no_client_auth())
@@ -279,15 +375,15 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 pub async fn from_cluster(
     policy: &Policy,
     access: &ClusterAccess,
-) -> Result<(Vec<NodeReport>, Vec<PendingPod>), String> {
+) -> Result<(Vec<NodeReport>, Vec<PendingPod>), StatusError> {
     let client = access.client().await?;
     let listed =
         crate::extender::sync::list_compact(&client, &crate::inventory::Reading::of(policy))
             .await
-            .map_err(|e| format!("cannot list nodes and pods: {e}"))?;
+            .map_err(StatusError::List)?;
     let mut pending = list_pending(&client)
         .await
-        .map_err(|e| format!("cannot list pending pods: {e}"))?;
+        .map_err(StatusError::ListPending)?;
     let mut reports = reports_of(policy, listed);
     if let Some(ns) = &access.namespace {
         pending.retain(|p| &p.namespace == ns);
@@ -308,20 +404,20 @@ pub struct ClusterAccess {
 }
 
 impl ClusterAccess {
-    async fn client(&self) -> Result<kube::Client, String> {
+    async fn client(&self) -> Result<kube::Client, StatusError> {
         if self.kubeconfig.is_none() && self.context.is_none() {
-            return kube::Client::try_default().await.map_err(|e| {
-                format!(
-                    "no Kubernetes configuration found ({e}): set KUBECONFIG, pass --kubeconfig, or use --server URL"
-                )
-            });
+            return kube::Client::try_default()
+                .await
+                .map_err(StatusError::NoConfig);
         }
         let kubeconfig = match &self.kubeconfig {
-            Some(path) => kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?,
-            None => kube::config::Kubeconfig::read().map_err(|e| {
-                format!("cannot read the kubeconfig (KUBECONFIG or ~/.kube/config): {e}")
+            Some(path) => kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                StatusError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                }
             })?,
+            None => kube::config::Kubeconfig::read().map_err(StatusError::DefaultKubeconfig)?,
         };
         let options = kube::config::KubeConfigOptions {
             context: self.context.clone(),
@@ -329,11 +425,14 @@ impl ClusterAccess {
         };
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
-            .map_err(|e| match &self.context {
-                Some(c) => format!("--context {c}: {e}"),
-                None => e.to_string(),
+            .map_err(|source| match &self.context {
+                Some(c) => StatusError::Context {
+                    context: c.clone(),
+                    source,
+                },
+                None => StatusError::Config(source),
             })?;
-        kube::Client::try_from(config).map_err(|e| e.to_string())
+        kube::Client::try_from(config).map_err(StatusError::Client)
     }
 }
 

@@ -297,7 +297,8 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
         &Policy::default_policy(),
         &gpu_share::status::ClusterAccess::default(),
     )
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
     let report = reports
         .iter()
         .find(|r| r.name == node)

@@ -419,3 +419,52 @@ fn the_simulator_shares_the_packing_and_never_calls_the_extender() {
     assert!(simulate.contains("packing"), "{simulate:?}");
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// The `Result<..>` types a text names whose error is a bare `String`.
+fn string_errors(text: &str) -> Vec<String> {
+    let s = text.as_bytes();
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("Result<") {
+        if at > 0 && is_ident(s[at - 1]) {
+            continue;
+        }
+        let start = at + "Result<".len();
+        let (mut depth, mut i, mut last) = (1, start, start);
+        while i < s.len() && depth > 0 {
+            match s[i] {
+                b'<' | b'(' | b'[' => depth += 1,
+                b'>' if i > 0 && s[i - 1] == b'-' => {}
+                b'>' | b')' | b']' => depth -= 1,
+                b',' if depth == 1 => last = i + 1,
+                _ => {}
+            }
+            i += 1;
+        }
+        if last > start && text[last..i - 1].trim() == "String" {
+            found.push(text[at..i].to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn no_result_has_a_bare_string_for_its_error() {
+    assert_eq!(
+        string_errors("fn a() -> Result<Vec<(u8, u8)>, String> {} fn b() -> io::Result<String>"),
+        vec!["Result<Vec<(u8, u8)>, String>"]
+    );
+    assert!(string_errors("Result<BTreeMap<String, String>, Error>").is_empty());
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let text = without_comments(&std::fs::read_to_string(&f).unwrap());
+        for r in string_errors(&text) {
+            found.push(format!("{}: {r}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "errors are typed (thiserror, with their causes as #[source]): {found:#?}"
+    );
+}

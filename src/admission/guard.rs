@@ -41,6 +41,44 @@ impl std::fmt::Display for Change<'_> {
     }
 }
 
+/// An UPDATE that changes gpu-share's annotations as it may not: the keys fixed at admission it
+/// changes, and those only gpu-share writes that someone else changes; said in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateRefused {
+    /// Each key with the change (`gpu-share (the update changes "a" to "b")`).
+    pub fixed: Vec<String>,
+    pub not_writer: Vec<String>,
+    pub username: String,
+    pub writers: Vec<String>,
+}
+
+impl std::fmt::Display for UpdateRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut reasons = Vec::new();
+        if !self.fixed.is_empty() {
+            reasons.push(format!(
+                "gpu-share's request annotations are fixed once a pod is admitted: the webhook set the pod up by them and the scheduler accounts it by them, so changing them would let the pod run as one request and be counted as another. This update touches {}. Delete the pod and create it again with the request you want",
+                self.fixed.join(", ")
+            ));
+        }
+        if !self.not_writer.is_empty() {
+            reasons.push(format!(
+                "only gpu-share itself ({}) writes its gpu-share.io/ annotations after admission, and {:?} is not it. This update touches {}",
+                if self.writers.is_empty() {
+                    "no identity configured".to_string()
+                } else {
+                    self.writers.join(", ")
+                },
+                self.username,
+                self.not_writer.join(", ")
+            ));
+        }
+        f.write_str(&reasons.join(". "))
+    }
+}
+
+impl std::error::Error for UpdateRefused {}
+
 /// Decides an UPDATE of a pod from its annotations before and after and the requester's
 /// username: `Err` with the reasons in words if it changes what it may not.
 pub fn check_update(
@@ -48,7 +86,7 @@ pub fn check_update(
     new: &BTreeMap<String, String>,
     username: &str,
     writers: &[String],
-) -> Result<(), String> {
+) -> Result<(), UpdateRefused> {
     let keys: BTreeSet<&str> = old
         .keys()
         .chain(new.keys())
@@ -71,29 +109,15 @@ pub fn check_update(
             not_writer.push(format!("{key} (the update {change})"));
         }
     }
-    let mut reasons = Vec::new();
-    if !fixed.is_empty() {
-        reasons.push(format!(
-            "gpu-share's request annotations are fixed once a pod is admitted: the webhook set the pod up by them and the scheduler accounts it by them, so changing them would let the pod run as one request and be counted as another. This update touches {}. Delete the pod and create it again with the request you want",
-            fixed.join(", ")
-        ));
+    if fixed.is_empty() && not_writer.is_empty() {
+        return Ok(());
     }
-    if !not_writer.is_empty() {
-        reasons.push(format!(
-            "only gpu-share itself ({}) writes its gpu-share.io/ annotations after admission, and {username:?} is not it. This update touches {}",
-            if writers.is_empty() {
-                "no identity configured".to_string()
-            } else {
-                writers.join(", ")
-            },
-            not_writer.join(", ")
-        ));
-    }
-    if reasons.is_empty() {
-        Ok(())
-    } else {
-        Err(reasons.join(". "))
-    }
+    Err(UpdateRefused {
+        fixed,
+        not_writer,
+        username: username.to_string(),
+        writers: writers.to_vec(),
+    })
 }
 
 #[cfg(test)]
@@ -141,7 +165,8 @@ mod tests {
             };
             for user in [USER, DEFAULT_WRITER] {
                 let e = check_update(&old, &new, user, &writers())
-                    .expect_err(&format!("{user} changing {key} to {new_value:?}"));
+                    .expect_err(&format!("{user} changing {key} to {new_value:?}"))
+                    .to_string();
                 assert!(e.contains("fixed once a pod is admitted"), "{e}");
                 assert!(e.contains(key), "{e}");
                 assert!(e.contains("Delete the pod and create it again"), "{e}");
@@ -153,7 +178,9 @@ mod tests {
     fn adding_a_request_to_a_running_pod_is_refused() {
         let old = map(&[("team", "ml")]);
         let new = map(&[("team", "ml"), ("gpu-share.io/request", "timeslice-1")]);
-        let e = check_update(&old, &new, USER, &writers()).unwrap_err();
+        let e = check_update(&old, &new, USER, &writers())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("adds it as \"timeslice-1\""), "{e}");
     }
 
@@ -172,7 +199,9 @@ mod tests {
                 Ok(()),
                 "{key} by gpu-share"
             );
-            let e = check_update(&old, &new, USER, &writers()).unwrap_err();
+            let e = check_update(&old, &new, USER, &writers())
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("only gpu-share itself"), "{e}");
             assert!(e.contains(DEFAULT_WRITER) && e.contains(USER), "{e}");
             // Changed and removed by a user, too.
@@ -206,7 +235,9 @@ mod tests {
             "timeslice-1".to_string(),
         );
         new.insert("gpu-share.io/gpus".to_string(), "0:10".to_string());
-        let e = check_update(&old, &new, USER, &writers()).unwrap_err();
+        let e = check_update(&old, &new, USER, &writers())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("fixed once") && e.contains("only gpu-share itself"),
             "{e}"

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
 use crate::mig::{MigModel, MigProfile, MigTable};
-use crate::policy::{NamespaceRule, Policy, gpus_of};
+use crate::policy::{NamespaceRule, Policy};
 use crate::request::{self, ANNOTATION_REQUEST, AnnotatedRequest, GpuClass, GpuRequest};
 
 pub use super::steps::RuntimeClassState;
@@ -360,6 +360,20 @@ fn check_namespace_rule(
     Ok(())
 }
 
+/// A GPU request's size in GPUs, for `maxGpusPerPod`.
+pub fn gpus_of(request: &GpuRequest, table: &MigTable) -> f64 {
+    match &request.class {
+        GpuClass::Mig { profile } => table
+            .find(profile)
+            .map(|(m, p)| {
+                f64::from(p.compute_slices) / f64::from(m.compute_slices) * f64::from(request.count)
+            })
+            .unwrap_or(0.0),
+        GpuClass::Mps { percent } | GpuClass::Timeslice { percent } => f64::from(*percent) / 100.0,
+        GpuClass::Exclusive { count } => f64::from(*count),
+    }
+}
+
 /// The container the request goes to: the one `gpu-share/container` names, else the first.
 fn target_container(spec: &PodSpec, named: Option<&str>) -> Result<usize, Denial> {
     match named {
@@ -494,6 +508,19 @@ mod tests {
     use super::*;
     use crate::policy::MigStrategy;
     use serde_json::json;
+
+    #[test]
+    fn a_request_is_sized_in_gpus_for_max_gpus_per_pod() {
+        let t = MigTable::default();
+        let mig = GpuRequest::new(GpuClass::Mig {
+            profile: "3g.40gb".into(),
+        });
+        assert!((gpus_of(&mig, &t) - 3.0 / 7.0).abs() < 1e-9);
+        let mps = GpuRequest::new(GpuClass::Mps { percent: 25 });
+        assert!((gpus_of(&mps, &t) - 0.25).abs() < 1e-9);
+        let two = GpuRequest::new(GpuClass::Exclusive { count: 2 });
+        assert_eq!(gpus_of(&two, &t), 2.0);
+    }
 
     fn pod(annotations: Value, spec: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod",

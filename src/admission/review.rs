@@ -115,30 +115,49 @@ pub struct AdmissionReviewOut {
     pub response: AdmissionResponse,
 }
 
+/// Why a body is not an AdmissionReview: a 400, the body is not well-formed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("body is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("body is not an AdmissionReview (kind {0:?})")]
+    NotAdmissionReview(String),
+    #[error("AdmissionReview apiVersion {0:?} is not admission.k8s.io/v1")]
+    ApiVersion(String),
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    #[error("AdmissionReview request is malformed: {0}")]
+    Malformed(#[source] serde_json::Error),
+}
+
+impl ReviewError {
+    /// The reply's status: the body is not well-formed.
+    pub fn status(&self) -> axum::http::StatusCode {
+        axum::http::StatusCode::BAD_REQUEST
+    }
+}
+
 /// Reads a body as an AdmissionReview. An error here is a 400: the body is not well-formed.
-pub fn parse_review(body: &[u8]) -> Result<AdmissionReviewIn, String> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+pub fn parse_review(body: &[u8]) -> Result<AdmissionReviewIn, ReviewError> {
+    let value: Value = serde_json::from_slice(body).map_err(ReviewError::NotJson)?;
     let kind = value
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
     if kind != KIND {
-        return Err(format!("body is not an AdmissionReview (kind {kind:?})"));
+        return Err(ReviewError::NotAdmissionReview(kind.to_string()));
     }
     let api_version = value
         .get("apiVersion")
         .and_then(Value::as_str)
         .unwrap_or_default();
     if !api_version.starts_with("admission.k8s.io/") {
-        return Err(format!(
-            "AdmissionReview apiVersion {api_version:?} is not admission.k8s.io/v1"
-        ));
+        return Err(ReviewError::ApiVersion(api_version.to_string()));
     }
     if value.get("request").is_none_or(Value::is_null) {
-        return Err("AdmissionReview has no request".to_string());
+        return Err(ReviewError::NoRequest);
     }
-    serde_json::from_value(value).map_err(|e| format!("AdmissionReview request is malformed: {e}"))
+    serde_json::from_value(value).map_err(ReviewError::Malformed)
 }
 
 /// Whether this request is `operation` on a pod itself (no subresource), with its object.
@@ -268,7 +287,7 @@ pub async fn mutate(State(state): State<Context>, body: Bytes) -> Response {
             state
                 .metrics
                 .observe("mutate", "bad_request", started.elapsed());
-            return json_error(axum::http::StatusCode::BAD_REQUEST, &e);
+            return json_error(e.status(), &e.to_string());
         }
     };
     let req = &review.request;
@@ -415,24 +434,29 @@ mod tests {
 
     #[test]
     fn parse_errors_are_in_words() {
-        assert!(parse_review(b"not json").unwrap_err().contains("not JSON"));
+        assert!(
+            parse_review(b"not json")
+                .unwrap_err()
+                .to_string()
+                .contains("not JSON")
+        );
         assert!(
             parse_review(b"{}")
                 .unwrap_err()
+                .to_string()
                 .contains("not an AdmissionReview")
         );
         assert!(
             parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("no request")
         );
-        assert!(parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":5}}"#)
-            .unwrap_err()
-            .contains("malformed"));
-        assert!(
-            parse_review(br#"{"kind":"AdmissionReview","apiVersion":"v1","request":{"uid":"a"}}"#)
-                .is_err()
-        );
+        assert!(parse_review(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":5}}"#).unwrap_err().to_string().contains("malformed"));
+        assert!(matches!(
+            parse_review(br#"{"kind":"AdmissionReview","apiVersion":"v1","request":{"uid":"a"}}"#),
+            Err(ReviewError::ApiVersion(v)) if v == "v1"
+        ));
     }
 
     /// A webhook context whose API server accepts requests and never answers them.

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::Context;
-use super::handlers::{BindPlan, NOT_SYNCED, begin, reserve_for_bind};
+use super::handlers::{BindPlan, NOT_SYNCED, ReserveError, begin, reserve_for_bind};
 use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
 use crate::ledger;
@@ -21,7 +21,10 @@ pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response
         Ok(x) => x,
         Err(r) => return r,
     };
-    let error = bind(&state, ext, &args).await.err().unwrap_or_default();
+    let error = match bind(&state, ext, &args).await {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
+    };
     let outcome = if error.is_empty() { "ok" } else { "error" };
     state.metrics.observe("bind", outcome, start.elapsed());
     if !error.is_empty() {
@@ -30,17 +33,60 @@ pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response
     axum::Json(ExtenderBindingResult { error }).into_response()
 }
 
+/// Why a bind did not happen, in words (sent in the reply's `Error` field).
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{NOT_SYNCED}")]
+    NotSynced,
+    #[error("bind request for {key:?} names no pod or no node")]
+    NoPodOrNode { key: String },
+    #[error("cannot read pod {key} to bind it: no answer within {} s", BIND_READBACK_TIMEOUT.as_secs())]
+    ReadTimeout { key: String },
+    #[error("cannot read pod {key} to bind it: {source}")]
+    Read {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pod {key} has UID {found:?}, not {asked:?}: it was replaced")]
+    Replaced {
+        key: String,
+        found: String,
+        asked: String,
+    },
+    #[error("cannot resolve pod {key} (UID {uid}): it was not seen in filter or prioritize")]
+    Unseen { key: String, uid: String },
+    #[error(transparent)]
+    Reserve(#[from] ReserveError),
+    #[error("binding pod {key} to {node} failed: {source}")]
+    Failed {
+        key: String,
+        node: String,
+        #[source]
+        source: BindCallError,
+    },
+}
+
+/// How a binding call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BindCallError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("no answer within {} s", BIND_API_TIMEOUT.as_secs())]
+    Unanswered,
+}
+
 async fn bind(
     state: &Context,
     ext: &ExtenderState,
     args: &ExtenderBindingArgs,
-) -> Result<(), String> {
+) -> Result<(), BindError> {
     if !ext.is_synced() {
-        return Err(NOT_SYNCED.to_string());
+        return Err(BindError::NotSynced);
     }
     let key = format!("{}/{}", args.pod_namespace, args.pod_name);
     if args.node.is_empty() || args.pod_name.is_empty() {
-        return Err(format!("bind request for {key:?} names no pod or no node"));
+        return Err(BindError::NoPodOrNode { key });
     }
     let pod = match ext.seen_pod(&args.pod_uid) {
         Some(p) => p,
@@ -55,27 +101,25 @@ async fn bind(
                     ),
                 )
                 .await
-                .map_err(|_| {
-                    format!(
-                        "cannot read pod {key} to bind it: no answer within {} s",
-                        BIND_READBACK_TIMEOUT.as_secs()
-                    )
-                })?
-                .map_err(|e| format!("cannot read pod {key} to bind it: {e}"))?;
+                .map_err(|_| BindError::ReadTimeout { key: key.clone() })?
+                .map_err(|source| BindError::Read {
+                    key: key.clone(),
+                    source,
+                })?;
                 if !args.pod_uid.is_empty() && pod.metadata.uid.as_deref() != Some(&args.pod_uid) {
-                    return Err(format!(
-                        "pod {key} has UID {:?}, not {:?}: it was replaced",
-                        pod.metadata.uid.unwrap_or_default(),
-                        args.pod_uid
-                    ));
+                    return Err(BindError::Replaced {
+                        key,
+                        found: pod.metadata.uid.unwrap_or_default(),
+                        asked: args.pod_uid.clone(),
+                    });
                 }
                 Arc::new(ledger::BindPod::of(&pod))
             }
             _ => {
-                return Err(format!(
-                    "cannot resolve pod {key} (UID {}): it was not seen in filter or prioritize",
-                    args.pod_uid
-                ));
+                return Err(BindError::Unseen {
+                    key,
+                    uid: args.pod_uid.clone(),
+                });
             }
         },
     };
@@ -106,11 +150,8 @@ async fn bind(
         .await;
         let failure = match bound {
             Ok(Ok(())) => None,
-            Ok(Err(e)) => Some((BindOutcome::of(&e), e.to_string())),
-            Err(_) => Some((
-                BindOutcome::Unknown,
-                format!("no answer within {} s", BIND_API_TIMEOUT.as_secs()),
-            )),
+            Ok(Err(e)) => Some((BindOutcome::of(&e), BindCallError::Api(e))),
+            Err(_) => Some((BindOutcome::Unknown, BindCallError::Unanswered)),
         };
         if let Some((outcome, why)) = failure {
             // A server error, a lost connection or no answer: the API may have bound the pod
@@ -130,7 +171,11 @@ async fn bind(
                 tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
             } else {
                 binding.abort();
-                return Err(format!("binding pod {key} to {} failed: {why}", args.node));
+                return Err(BindError::Failed {
+                    key,
+                    node: args.node.clone(),
+                    source: why,
+                });
             }
         }
     }
@@ -242,7 +287,7 @@ mod tests {
 
     /// Runs bind while `api` answers the mock's requests; returns bind's result, what the
     /// ledger holds for the pod afterwards, and the paths the API was asked for.
-    async fn bind_with<F, Fut>(api: F) -> (Result<(), String>, Option<String>, Vec<String>)
+    async fn bind_with<F, Fut>(api: F) -> (Result<(), BindError>, Option<String>, Vec<String>)
     where
         F: FnOnce(Handle) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Vec<String>> + Send + 'static,
@@ -264,7 +309,7 @@ mod tests {
             vec![req.uri().path().to_string()]
         })
         .await;
-        assert_eq!(r, Ok(()));
+        assert!(r.is_ok(), "{r:?}");
         assert_eq!(held.as_deref(), Some("n1"));
         assert_eq!(paths, ["/api/v1/namespaces/ml/pods/p/binding"]);
     }
@@ -282,7 +327,7 @@ mod tests {
             paths
         })
         .await;
-        assert!(r.unwrap_err().contains("forbidden"));
+        assert!(r.unwrap_err().to_string().contains("forbidden"));
         assert_eq!(held, None, "nothing was bound: the reservation is released");
         assert_eq!(paths.len(), 1, "a 403 is definite: no read-back: {paths:?}");
     }
@@ -293,7 +338,7 @@ mod tests {
         code: u16,
         message: &'static str,
         node: Option<&'static str>,
-    ) -> (Result<(), String>, Option<String>) {
+    ) -> (Result<(), BindError>, Option<String>) {
         let (r, held, _) = bind_with(move |mut h| async move {
             let (_, send) = h.next_request().await.unwrap();
             send.send_response(respond(code, status(code, message)));
@@ -312,10 +357,11 @@ mod tests {
         // Already bound to this node (an earlier try that took): kept.
         let conflict = "pod p is already assigned to node";
         let (r, held) = answered_then_read_back(409, conflict, Some("n1")).await;
-        assert_eq!((r, held.as_deref()), (Ok(()), Some("n1")));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(held.as_deref(), Some("n1"));
         // Bound elsewhere: released, the conflict in words.
         let (r, held) = answered_then_read_back(409, conflict, Some("n2")).await;
-        assert!(r.unwrap_err().contains("already assigned"));
+        assert!(r.unwrap_err().to_string().contains("already assigned"));
         assert_eq!(held, None);
     }
 
@@ -324,10 +370,11 @@ mod tests {
         // The binding took all the same: the call's error is not the outcome.
         let (r, held) =
             answered_then_read_back(500, "etcdserver: request timed out", Some("n1")).await;
-        assert_eq!((r, held.as_deref()), (Ok(()), Some("n1")));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(held.as_deref(), Some("n1"));
         // It did not: released, the error in words.
         let (r, held) = answered_then_read_back(503, "the server is shutting down", None).await;
-        assert!(r.unwrap_err().contains("shutting down"));
+        assert!(r.unwrap_err().to_string().contains("shutting down"));
         assert_eq!(held, None);
     }
 
@@ -342,7 +389,7 @@ mod tests {
             vec![]
         })
         .await;
-        assert!(r.unwrap_err().contains("no answer within 3 s"));
+        assert!(r.unwrap_err().to_string().contains("no answer within 3 s"));
         assert_eq!(
             held, None,
             "unknown either way: released, the watch records it if it took"
@@ -359,7 +406,7 @@ mod tests {
             vec![]
         })
         .await;
-        assert_eq!(r, Ok(()));
+        assert!(r.is_ok(), "{r:?}");
         assert_eq!(held.as_deref(), Some("n1"));
     }
 }

@@ -76,8 +76,8 @@ pub struct ManagedResource {
 }
 
 impl KubeSchedulerConfiguration {
-    pub fn from_yaml(text: &str) -> Result<Self, String> {
-        serde_saphyr::from_str(text).map_err(|e| e.to_string())
+    pub fn from_yaml(text: &str) -> Result<Self, serde_saphyr::Error> {
+        serde_saphyr::from_str(text)
     }
 
     /// kube-scheduler's own checks, plus gpu-share's: HTTPS needs a CA (otherwise the scheduler

@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
 use super::report::{NodeReport, report};
@@ -35,25 +35,28 @@ pub const NOT_SYNCED: &str = "gpu-share extender is not ready: its node and pod 
 pub const MAX_NODES_PER_REQUEST: usize = 130_000;
 
 /// Why a verb has no answer (filter carries these in its `Error` field instead).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerbError {
     /// The caches have not synced: 503, the service is not ready.
+    #[error("{NOT_SYNCED}")]
     NotSynced,
     /// The request breaks the extender protocol (no Pod, no nodes): 400.
-    BadRequest(String),
+    #[error("{0}")]
+    BadRequest(&'static str),
     /// More nodes than [`MAX_NODES_PER_REQUEST`]: 413.
+    #[error(
+        "the request names {0} nodes; gpu-share takes at most {MAX_NODES_PER_REQUEST} per request"
+    )]
     TooManyNodes(usize),
 }
 
-impl std::fmt::Display for VerbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl VerbError {
+    /// The HTTP status of the reply, and the outcome label of the request metric.
+    pub fn status(&self) -> (StatusCode, &'static str) {
         match self {
-            VerbError::NotSynced => f.write_str(NOT_SYNCED),
-            VerbError::BadRequest(m) => f.write_str(m),
-            VerbError::TooManyNodes(n) => write!(
-                f,
-                "the request names {n} nodes; gpu-share takes at most {MAX_NODES_PER_REQUEST} per request"
-            ),
+            VerbError::NotSynced => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            VerbError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            VerbError::TooManyNodes(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
         }
     }
 }
@@ -74,7 +77,7 @@ impl NodeSet {
             (None, Some(list)) => NodeSet::Full(list.items),
             (None, None) => {
                 return Err(VerbError::BadRequest(
-                    "request has neither Nodes nor NodeNames".to_string(),
+                    "request has neither Nodes nor NodeNames",
                 ));
             }
         };
@@ -123,11 +126,6 @@ fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Resul
             None => Err(Reason::UnknownNode),
         })
         .collect()
-}
-
-/// A pod's demand for scheduling; `Err` is a message for every node.
-fn pod_demand(pod: &Pod) -> Result<Option<Demand>, String> {
-    ledger::demand_of_pod(pod).map_err(|e| e.to_string())
 }
 
 /// Filter: every node that fits, every other node with a reason.
@@ -183,10 +181,10 @@ pub fn filter(
     let mut bad_request: Option<String> = None;
     let (mut failed_count, mut unresolvable_count) = (0, 0);
     match seen.demand.clone() {
-        Err(msg) => {
+        Err(e) => {
             metrics.rejection("bad_request", names.len() as u64);
             unresolvable_count = names.len();
-            bad_request = Some(msg);
+            bad_request = Some(e.to_string());
         }
         Ok(None) => {}
         Ok(Some(demand)) => {
@@ -312,7 +310,7 @@ pub fn prioritize(
         .pod
         .take()
         .map(Arc::new)
-        .ok_or_else(|| VerbError::BadRequest("request has no Pod".into()))?;
+        .ok_or(VerbError::BadRequest("request has no Pod"))?;
     let set = NodeSet::take(&mut args)?;
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
@@ -376,6 +374,19 @@ pub enum BindPlan {
     },
 }
 
+/// Why bind cannot hold a pod on its node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    #[error(transparent)]
+    Demand(#[from] ledger::DemandError),
+    #[error("node {node} can no longer hold pod {key}: {}", .reason.message())]
+    NoLongerFits {
+        node: String,
+        key: String,
+        reason: Reason,
+    },
+}
+
 /// The ledger half of bind: re-check the fit and reserve the holding.
 pub fn reserve_for_bind(
     ext: &ExtenderState,
@@ -383,8 +394,7 @@ pub fn reserve_for_bind(
     policy: &LoadedPolicy,
     pod: &ledger::BindPod,
     node: &str,
-) -> Result<BindPlan, String> {
-    let key = &pod.key;
+) -> Result<BindPlan, ReserveError> {
     let Some(demand) = pod.demand.clone()? else {
         return Ok(BindPlan::Plain);
     };
@@ -393,10 +403,11 @@ pub fn reserve_for_bind(
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
         }),
-        Err(r) => Err(format!(
-            "node {node} can no longer hold pod {key}: {}",
-            r.message()
-        )),
+        Err(reason) => Err(ReserveError::NoLongerFits {
+            node: node.to_string(),
+            key: pod.key.clone(),
+            reason,
+        }),
     }
 }
 
@@ -412,7 +423,7 @@ pub fn preempt(
     let pod = args
         .pod
         .as_ref()
-        .ok_or_else(|| VerbError::BadRequest("request has no Pod".into()))?;
+        .ok_or(VerbError::BadRequest("request has no Pod"))?;
     let mut given: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
     if let Some(m) = &args.node_name_to_meta_victims {
         for (node, v) in m {
@@ -443,7 +454,7 @@ pub fn preempt(
         pods: Some(uids.into_iter().map(|uid| Some(MetaPod { uid })).collect()),
         num_pdb_violations: pdb,
     };
-    let demand = match pod_demand(pod) {
+    let demand = match ledger::demand_of_pod(pod) {
         Ok(d) => d,
         Err(e) => {
             tracing::info!(pod = %ledger::pod_key(pod), error = %e, "preempt: the pod's request cannot be read; no victims");
@@ -526,11 +537,7 @@ fn reply<T: serde::Serialize>(
             axum::Json(r).into_response()
         }
         Err(e) => {
-            let (status, outcome) = match &e {
-                VerbError::NotSynced => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
-                VerbError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-                VerbError::TooManyNodes(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
-            };
+            let (status, outcome) = e.status();
             state.metrics.observe(verb, outcome, start.elapsed());
             json_error(status, &e.to_string())
         }

@@ -969,7 +969,10 @@ mod tests {
                     priority: 0,
                 },
                 key: format!("ml/p{i}"),
-                demand: Err(reason.clone()),
+                demand: Err(crate::ledger::DemandError::BadRequestAnnotation(
+                    format!("ml/p{i}"),
+                    reason.clone(),
+                )),
             };
             assert!(pod.size() as usize > reason.len(), "size counts the reason");
             e.pods.insert(uid, Arc::new(pod));

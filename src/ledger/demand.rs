@@ -295,7 +295,7 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
 pub struct BindPod {
     pub pod: PodRef,
     pub key: String,
-    pub demand: Result<Option<Demand>, String>,
+    pub demand: Result<Option<Demand>, DemandError>,
 }
 
 impl BindPod {
@@ -303,7 +303,7 @@ impl BindPod {
         BindPod {
             pod: pod_ref(pod),
             key: pod_key(pod),
-            demand: demand_of_pod(pod).map_err(|e| e.to_string()),
+            demand: demand_of_pod(pod),
         }
     }
 
@@ -313,7 +313,9 @@ impl BindPod {
         let demand = match &self.demand {
             Ok(Some(d)) => d.models.iter().map(|m| m.len() + 24).sum::<usize>() + 64,
             Ok(None) => 0,
-            Err(e) => e.len(),
+            Err(DemandError::BadRequestAnnotation(a, b) | DemandError::Mixed(a, b)) => {
+                a.len() + b.len() + 96
+            }
         };
         let n = std::mem::size_of::<Self>()
             + p.uid.len()

@@ -58,7 +58,7 @@ mod tests {
         }))
         .unwrap();
         let kept = BindPod::of(&pod);
-        assert_eq!(kept.demand, demand_of_pod(&pod).map_err(|e| e.to_string()));
+        assert_eq!(kept.demand, demand_of_pod(&pod));
         assert!(kept.demand.as_ref().unwrap().is_some());
         assert_eq!(kept.pod, pod_ref(&pod));
         assert_eq!(kept.key, pod_key(&pod));

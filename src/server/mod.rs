@@ -429,11 +429,11 @@ fn certificate_files(args: &ServeArgs) -> Result<(tls::TlsFiles, Option<tempfile
         let cert = args
             .tls_cert
             .clone()
-            .ok_or_else(|| Error::Config("--tls-cert is required (or run with --dev)".into()))?;
+            .ok_or(Error::MissingFlag { flag: "--tls-cert" })?;
         let key = args
             .tls_key
             .clone()
-            .ok_or_else(|| Error::Config("--tls-key is required (or run with --dev)".into()))?;
+            .ok_or(Error::MissingFlag { flag: "--tls-key" })?;
         let files = tls::TlsFiles {
             cert,
             key,
@@ -444,14 +444,20 @@ fn certificate_files(args: &ServeArgs) -> Result<(tls::TlsFiles, Option<tempfile
     let dir = tempfile::Builder::new()
         .prefix("gpu-share-dev-")
         .tempdir()
-        .map_err(|e| Error::Config(format!("--dev: cannot create a temp dir: {e}")))?;
-    let pair = crate::certs::self_signed(&["localhost", "127.0.0.1"])
-        .map_err(|e| Error::Config(format!("--dev: {e}")))?;
+        .map_err(|source| Error::DevFiles {
+            what: "cannot create a temp dir",
+            source,
+        })?;
+    let pair =
+        crate::certs::self_signed(&["localhost", "127.0.0.1"]).map_err(Error::DevCertificate)?;
     let cert = dir.path().join("tls.crt");
     let key = dir.path().join("tls.key");
     std::fs::write(&cert, &pair.cert_pem)
         .and_then(|_| std::fs::write(&key, &pair.key_pem))
-        .map_err(|e| Error::Config(format!("--dev: cannot write the certificate: {e}")))?;
+        .map_err(|source| Error::DevFiles {
+            what: "cannot write the certificate",
+            source,
+        })?;
     tracing::info!(dir = %dir.path().display(), cert = %cert.display(), "--dev: generated a self-signed certificate for localhost and 127.0.0.1");
     let files = tls::TlsFiles {
         cert,
@@ -495,11 +501,9 @@ async fn connect(
         ready.cluster.store(true, Ordering::Release);
         return Ok(None);
     }
-    let client = kube::Client::try_default().await.map_err(|e| {
-        Error::Config(format!(
-            "no Kubernetes configuration found ({e}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
-        ))
-    })?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(Error::NoCluster)?;
     let facts = ClusterFacts::new(client.clone());
     match extender {
         Some(ext) => {

@@ -104,14 +104,19 @@ pub fn spawn_policy_reloader(
 
 /// Reads a NodeList (YAML or JSON; a single Node or a YAML stream of Nodes also works).
 pub fn load_nodes(path: &PathBuf) -> Result<Vec<k8s_openapi::api::core::v1::Node>> {
-    let err = |reason: String| Error::Config(format!("--nodes {}: {reason}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    parse_nodes(&text).map_err(err)
+    let text = std::fs::read_to_string(path).map_err(|source| Error::ReadNodes {
+        path: path.clone(),
+        source,
+    })?;
+    parse_nodes(&text).map_err(|source| Error::Nodes {
+        path: path.clone(),
+        source,
+    })
 }
 
 /// Parses the `--nodes` file contents.
 pub fn parse_nodes(
     text: &str,
-) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, String> {
+) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, crate::documents::DocumentError> {
     crate::documents::typed(text, "Node")
 }

@@ -110,23 +110,24 @@ fn views(report: &Report) -> (View, View, Vec<usize>) {
     (full, zoom, lowest)
 }
 
+/// Why the chart could not be drawn (plotters' error for the SVG backend).
+pub type ChartError = DrawingAreaErrorKind<std::io::Error>;
+
 /// Renders the report's curves (mean over seeds): every policy from 75% arrival on, above, and
 /// the lowest ones zoomed in, below; the legend sits to the right of both.
-pub fn svg(report: &Report) -> Result<String, String> {
+pub fn svg(report: &Report) -> Result<String, ChartError> {
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (960, 900)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let root = root
-            .titled(
-                &format!(
-                    "Unallocated GPU vs arrived workload ({} GPUs, mean of {} seeds; lower is better)",
-                    report.gpus_total,
-                    report.seeds.len()
-                ),
-                ("sans-serif", 20),
-            )
-            .map_err(|e| e.to_string())?;
+        root.fill(&WHITE)?;
+        let root = root.titled(
+            &format!(
+                "Unallocated GPU vs arrived workload ({} GPUs, mean of {} seeds; lower is better)",
+                report.gpus_total,
+                report.seeds.len()
+            ),
+            ("sans-serif", 20),
+        )?;
         let (plots, legend) = root.split_horizontally(780);
         let (top, bottom) = plots.split_vertically(470);
         let (full, zoom, lowest) = views(report);
@@ -146,8 +147,7 @@ pub fn svg(report: &Report) -> Result<String, String> {
                 .margin_right(28)
                 .x_label_area_size(44)
                 .y_label_area_size(56)
-                .build_cartesian_2d(f64::from(view.x.0)..f64::from(view.x.1), view.y.0..view.y.1)
-                .map_err(|e| e.to_string())?;
+                .build_cartesian_2d(f64::from(view.x.0)..f64::from(view.x.1), view.y.0..view.y.1)?;
             chart
                 .configure_mesh()
                 .x_desc("Arrived workload (% of GPU capacity)")
@@ -160,37 +160,30 @@ pub fn svg(report: &Report) -> Result<String, String> {
                         format!("{v:.1}")
                     }
                 })
-                .draw()
-                .map_err(|e| e.to_string())?;
+                .draw()?;
             for &i in shown {
                 let color = COLORS[i % COLORS.len()];
-                chart
-                    .draw_series(LineSeries::new(
-                        points(&report.policies[i], view.x),
-                        color.stroke_width(2),
-                    ))
-                    .map_err(|e| e.to_string())?;
+                chart.draw_series(LineSeries::new(
+                    points(&report.policies[i], view.x),
+                    color.stroke_width(2),
+                ))?;
             }
         }
         // The legend, in its own column right of the plots: it covers no curve.
         for (i, p) in report.policies.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             let y = 60 + 24 * i32::try_from(i).unwrap_or(0);
-            legend
-                .draw(&PathElement::new(
-                    vec![(8, y), (34, y)],
-                    color.stroke_width(3),
-                ))
-                .map_err(|e| e.to_string())?;
-            legend
-                .draw(&Text::new(
-                    p.name.clone(),
-                    (42, y - 7),
-                    ("sans-serif", 14).into_font(),
-                ))
-                .map_err(|e| e.to_string())?;
+            legend.draw(&PathElement::new(
+                vec![(8, y), (34, y)],
+                color.stroke_width(3),
+            ))?;
+            legend.draw(&Text::new(
+                p.name.clone(),
+                (42, y - 7),
+                ("sans-serif", 14).into_font(),
+            ))?;
         }
-        root.present().map_err(|e| e.to_string())?;
+        root.present()?;
     }
     Ok(out)
 }

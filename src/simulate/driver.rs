@@ -1,7 +1,7 @@
 //! The simulator's shell: reads the input files, runs every (policy, seed) replay on a thread
 //! pool with a progress bar on stderr, and writes the outputs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -18,6 +18,49 @@ use crate::packing::TYPICAL_COVERAGE;
 use crate::packing::frag::TargetWorkload;
 use crate::packing::{GPU_MILLI, PackingPolicy};
 
+/// Why a simulation cannot run, in words, each cause chained.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", .path.display())]
+    Trace {
+        path: PathBuf,
+        #[source]
+        source: trace::TraceError,
+    },
+    #[error("{}: {source}", .path.display())]
+    Manifests {
+        path: PathBuf,
+        #[source]
+        source: super::kube::ManifestError,
+    },
+    #[error("{}: the nodes have no GPUs", .path.display())]
+    NoGpus { path: PathBuf },
+    #[error("--tune {0} is out of range (0 to 100)")]
+    Tune(f64),
+    #[error(transparent)]
+    Seeds(#[from] super::SeedsError),
+    #[error(transparent)]
+    Policy(#[from] super::UnknownPolicy),
+    #[error(transparent)]
+    Partition(#[from] partition::ChoiceError),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Chart(#[from] super::chart::ChartError),
+}
+
 /// The loaded inputs.
 pub struct Inputs {
     pub nodes: Vec<GpuNode>,
@@ -26,8 +69,18 @@ pub struct Inputs {
     pub pods: Vec<TracePod>,
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+fn read(path: &Path) -> Result<String, SimulateError> {
+    std::fs::read_to_string(path).map_err(|source| SimulateError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write(path: &Path, text: impl AsRef<[u8]>) -> Result<(), SimulateError> {
+    std::fs::write(path, text).map_err(|source| SimulateError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn is_csv(path: &Path, text: &str) -> bool {
@@ -40,27 +93,37 @@ fn is_csv(path: &Path, text: &str) -> bool {
 }
 
 /// Reads nodes and pods (openb CSV or Kubernetes-shaped).
-pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, String> {
+pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, SimulateError> {
+    let trace_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SimulateError::Trace { path, source }
+    };
+    let manifest_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SimulateError::Manifests { path, source }
+    };
     let ntext = read(nodes)?;
     let ptext = read(pods)?;
     let (nodes_v, physical_gpus) = if is_csv(nodes, &ntext) {
-        let v = trace::parse_nodes_csv(&ntext).map_err(|e| format!("{}: {e}", nodes.display()))?;
+        let v = trace::parse_nodes_csv(&ntext).map_err(trace_error(nodes))?;
         let gpus = v.iter().map(|n| n.gpus).collect();
         (v, gpus)
     } else {
         super::kube::parse_node_list(&ntext)
-            .map_err(|e| format!("{}: {e}", nodes.display()))?
+            .map_err(manifest_error(nodes))?
             .into_iter()
             .map(|c| (c.node, c.physical_gpus))
             .unzip()
     };
     let pods_v = if is_csv(pods, &ptext) {
-        trace::parse_pods_csv(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
+        trace::parse_pods_csv(&ptext).map_err(trace_error(pods))?
     } else {
-        super::kube::parse_pod_list(&ptext).map_err(|e| format!("{}: {e}", pods.display()))?
+        super::kube::parse_pod_list(&ptext).map_err(manifest_error(pods))?
     };
     if nodes_v.iter().map(trace::node_capacity_milli).sum::<u64>() == 0 {
-        return Err(format!("{}: the nodes have no GPUs", nodes.display()));
+        return Err(SimulateError::NoGpus {
+            path: nodes.to_path_buf(),
+        });
     }
     Ok(Inputs {
         nodes: nodes_v,
@@ -230,11 +293,11 @@ pub fn what_if(
 }
 
 /// `gpu-share simulate`: returns the text to print.
-pub fn run(args: &SimulateArgs) -> Result<String, String> {
+pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     let seeds = super::parse_seeds(&args.seeds)?;
     let policies = super::parse_policies(&args.policies)?;
     if !(0.0..=100.0).contains(&args.tune) || args.tune.is_nan() {
-        return Err(format!("--tune {} is out of range (0 to 100)", args.tune));
+        return Err(SimulateError::Tune(args.tune));
     }
     let table = MigTable::default();
     let choices: Vec<Choice> = args
@@ -264,10 +327,8 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
             let text = serde_json::to_string_pretty(&serde_json::json!({
                 "seeds": seeds,
                 "partitions": rows,
-            }))
-            .map_err(|e| e.to_string())?;
-            std::fs::write(path, text + "\n")
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }))?;
+            write(path, text + "\n")?;
         }
         return Ok(partition::table(&rows, &seeds));
     }
@@ -286,13 +347,12 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
     );
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let text = serde_json::to_string_pretty(&report)?;
+        write(path, text + "\n")?;
     }
     if let Some(path) = &args.svg {
         let svg = super::chart::svg(&report)?;
-        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write(path, svg)?;
     }
     Ok(report::table(&report))
 }

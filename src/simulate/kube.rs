@@ -19,8 +19,32 @@ use crate::ledger;
 use crate::packing::{Demand, GpuDemand};
 use crate::{documents, request};
 
+/// Why Kubernetes-shaped input cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error(transparent)]
+    Documents(#[from] documents::DocumentError),
+    #[error("no node with NVIDIA GPUs (GPU Feature Discovery labels or nvidia.com/* allocatable)")]
+    NoGpuNodes,
+    /// `what` names the pod: its name, quoted, or its position.
+    #[error("pod {what}: {source}")]
+    Request {
+        what: String,
+        #[source]
+        source: request::RequestError,
+    },
+    #[error("pod {what}: {source}")]
+    Demand {
+        what: String,
+        #[source]
+        source: ledger::DemandError,
+    },
+    #[error("no pods")]
+    NoPods,
+}
+
 /// Reads the GPU nodes of a NodeList.
-pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
+pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, ManifestError> {
     let mut out = Vec::new();
     for node in documents::typed::<Node>(text, "Node")? {
         // Allocatable CPU and memory come with the inventory.
@@ -33,10 +57,7 @@ pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, String> {
         });
     }
     if out.is_empty() {
-        return Err(
-            "no node with NVIDIA GPUs (GPU Feature Discovery labels or nvidia.com/* allocatable)"
-                .into(),
-        );
+        return Err(ManifestError::NoGpuNodes);
     }
     Ok(out)
 }
@@ -71,7 +92,7 @@ fn allowed_models(pod: &Pod) -> Vec<String> {
 }
 
 /// Reads pod manifests.
-pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
+pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
     let mut out = Vec::new();
     for (i, pod) in documents::typed::<Pod>(text, "Pod")?
         .into_iter()
@@ -83,12 +104,15 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
             .as_ref()
             .map_or_else(|| format!("item {i}"), |n| format!("{n:?}"));
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let gpu = match request::from_annotations(&annotations)
-            .map_err(|e| format!("pod {what}: {e}"))?
-        {
+        let gpu = match request::from_annotations(&annotations).map_err(|source| {
+            ManifestError::Request {
+                what: what.clone(),
+                source,
+            }
+        })? {
             Some(a) => ledger::demand_of_request(&a.request),
             None => ledger::gpu_demand_of_pod(&pod)
-                .map_err(|e| format!("pod {what}: {e}"))?
+                .map_err(|source| ManifestError::Demand { what, source })?
                 .unwrap_or(GpuDemand::None),
         };
         // CPU as kube-scheduler counts it (the extender's demands read the same function).
@@ -115,7 +139,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, String> {
         });
     }
     if out.is_empty() {
-        return Err("no pods".into());
+        return Err(ManifestError::NoPods);
     }
     Ok(out)
 }
@@ -173,6 +197,7 @@ items:
         assert!(
             parse_node_list("items: [{metadata: {name: x}}]")
                 .unwrap_err()
+                .to_string()
                 .contains("no node with NVIDIA GPUs")
         );
     }
@@ -217,6 +242,7 @@ items:
         ));
         assert_eq!(pods[3].demand.gpu, GpuDemand::None);
         let e = parse_pod_list("- metadata: {name: x, annotations: {gpu-share: mps-500}}\n  spec: {containers: [{name: c}]}\n").unwrap_err();
-        assert!(e.contains("pod \"x\""), "{e}");
+        assert!(matches!(e, ManifestError::Request { .. }), "{e}");
+        assert!(e.to_string().contains("pod \"x\""), "{e}");
     }
 }

@@ -25,46 +25,59 @@ pub fn default_policies() -> Vec<PackingPolicy> {
         .collect()
 }
 
+/// Why `--seeds` names no seeds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeedsError {
+    #[error("seed {0:?} is not a non-negative integer")]
+    NotANumber(String),
+    #[error("seed range {0} is empty (A..B needs A <= B)")]
+    EmptyRange(String),
+    #[error("seed range {0} has more than 10,000 seeds")]
+    TooMany(String),
+    #[error("no seeds")]
+    None,
+}
+
+/// A `--policy` name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?}: one of {names}", names = PackingPolicy::ALL.map(PackingPolicy::name).join(", "))]
+pub struct UnknownPolicy(pub String);
+
 /// Parses `--seeds`: `A..B` (inclusive), `A`, or `A,B,C`.
-pub fn parse_seeds(text: &str) -> Result<Vec<u64>, String> {
+pub fn parse_seeds(text: &str) -> Result<Vec<u64>, SeedsError> {
     let text = text.trim();
     let num = |s: &str| {
         s.trim()
             .parse::<u64>()
-            .map_err(|_| format!("seed {:?} is not a non-negative integer", s.trim()))
+            .map_err(|_| SeedsError::NotANumber(s.trim().to_string()))
     };
     let seeds = if let Some((a, b)) = text.split_once("..") {
         let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
         if b < a {
-            return Err(format!("seed range {text} is empty (A..B needs A <= B)"));
+            return Err(SeedsError::EmptyRange(text.to_string()));
         }
         if b - a >= 10_000 {
-            return Err(format!("seed range {text} has more than 10,000 seeds"));
+            return Err(SeedsError::TooMany(text.to_string()));
         }
         (a..=b).collect()
     } else {
         text.split(',').map(num).collect::<Result<Vec<_>, _>>()?
     };
     if seeds.is_empty() {
-        return Err("no seeds".into());
+        return Err(SeedsError::None);
     }
     Ok(seeds)
 }
 
 /// Parses the `--policy` names (default: [`default_policies`]), without duplicates.
-pub fn parse_policies(names: &[String]) -> Result<Vec<PackingPolicy>, String> {
+pub fn parse_policies(names: &[String]) -> Result<Vec<PackingPolicy>, UnknownPolicy> {
     if names.is_empty() {
         return Ok(default_policies());
     }
     let mut out = Vec::new();
     for n in names {
         for n in n.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let p = PackingPolicy::parse(n).ok_or_else(|| {
-                format!(
-                    "unknown policy {n:?}: one of {}",
-                    PackingPolicy::ALL.map(PackingPolicy::name).join(", ")
-                )
-            })?;
+            let p = PackingPolicy::parse(n).ok_or_else(|| UnknownPolicy(n.to_string()))?;
             if !out.contains(&p) {
                 out.push(p);
             }
@@ -82,8 +95,11 @@ mod tests {
         assert_eq!(parse_seeds("42..51").unwrap().len(), 10);
         assert_eq!(parse_seeds("7").unwrap(), vec![7]);
         assert_eq!(parse_seeds("1,3").unwrap(), vec![1, 3]);
-        assert!(parse_seeds("5..4").unwrap_err().contains("empty"));
-        assert!(parse_seeds("x").unwrap_err().contains("not a non-negative"));
+        let e = parse_seeds("5..4").unwrap_err();
+        assert_eq!(e, SeedsError::EmptyRange("5..4".into()));
+        assert!(e.to_string().contains("empty"), "{e}");
+        let e = parse_seeds("x").unwrap_err();
+        assert!(e.to_string().contains("not a non-negative"), "{e}");
         assert_eq!(parse_policies(&[]).unwrap().len(), 7);
         assert_eq!(
             parse_policies(&["fgd".into(), "gpu-share,fgd".into()]).unwrap(),
@@ -92,6 +108,7 @@ mod tests {
         assert!(
             parse_policies(&["fdg".into()])
                 .unwrap_err()
+                .to_string()
                 .contains("unknown policy \"fdg\"")
         );
     }

@@ -28,6 +28,55 @@ use crate::inventory::{
 use crate::mig::{MigModel, MigProfile, MigTable};
 use crate::packing::{Demand, GpuDemand, mig_share_milli};
 
+/// Why a `--partition` value names no choice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChoiceError {
+    #[error("partition {text:?}: replicas per GPU must be a whole number from 2 to {MAX_REPLICAS}")]
+    Replicas { text: String },
+    #[error("partition {text:?}: no GPU model in the MIG table has profile {profile:?}{hint}", hint = did_you_mean(.hints))]
+    UnknownProfile {
+        text: String,
+        profile: String,
+        hints: Vec<String>,
+    },
+    #[error("unknown partition {text:?}: one of {CHOICE_NAMES}")]
+    Unknown { text: String },
+}
+
+fn did_you_mean(hints: &[String]) -> String {
+    if hints.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean all-{}?)", hints.join(", all-"))
+    }
+}
+
+/// Why a demand cannot be expressed under a choice, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestateError {
+    #[error("asks {resource}, which {choice} does not advertise")]
+    Resource { resource: String, choice: Choice },
+    #[error("asks {count} MIG devices {profile}, which {choice} does not offer")]
+    MigDevices {
+        count: u32,
+        profile: String,
+        choice: Choice,
+    },
+    #[error("asks {gpu}, which {choice} cannot express")]
+    Inexpressible { gpu: GpuDemand, choice: Choice },
+    #[error("no GPU in the cluster can take {0}")]
+    NoModel(Choice),
+    #[error("needs {share}{memory} of a GPU, more than any MIG device of {choice} on {model} holds",
+        share = percent(*.milli),
+        memory = .memory_mib.map_or_else(String::new, |m| format!(" and {m} MiB")))]
+    TooLarge {
+        milli: u32,
+        memory_mib: Option<u64>,
+        choice: Choice,
+        model: String,
+    },
+}
+
 /// One partitioning choice for the whole cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
@@ -64,14 +113,14 @@ pub const CHOICE_NAMES: &str = "as-is, exclusive (or all-disabled), timeslice-N,
 
 impl Choice {
     /// Parses a `--partition` value against the MIG table.
-    pub fn parse(text: &str, table: &MigTable) -> Result<Choice, String> {
+    pub fn parse(text: &str, table: &MigTable) -> Result<Choice, ChoiceError> {
         let t = text.trim();
-        let replicas = |n: &str| -> Result<u32, String> {
+        let replicas = |n: &str| -> Result<u32, ChoiceError> {
             match n.parse::<u32>() {
                 Ok(n) if (2..=MAX_REPLICAS).contains(&n) => Ok(n),
-                _ => Err(format!(
-                    "partition {t:?}: replicas per GPU must be a whole number from 2 to {MAX_REPLICAS}"
-                )),
+                _ => Err(ChoiceError::Replicas {
+                    text: t.to_string(),
+                }),
             }
         };
         match t {
@@ -92,17 +141,15 @@ impl Choice {
             if table.find(&profile).is_some() {
                 return Ok(Choice::MigAll(profile));
             }
-            let hint = table.suggestions(&profile);
-            return Err(format!(
-                "partition {t:?}: no GPU model in the MIG table has profile {profile:?}{}",
-                if hint.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (did you mean all-{}?)", hint.join(", all-"))
-                }
-            ));
+            return Err(ChoiceError::UnknownProfile {
+                text: t.to_string(),
+                hints: table.suggestions(&profile),
+                profile,
+            });
         }
-        Err(format!("unknown partition {t:?}: one of {CHOICE_NAMES}"))
+        Err(ChoiceError::Unknown {
+            text: t.to_string(),
+        })
     }
 
     fn is_mig(&self) -> bool {
@@ -295,7 +342,7 @@ impl<'t> Offer<'t> {
     }
 
     /// Restates a demand under the choice; `Err` says in words why it cannot be expressed.
-    pub fn restate(&self, demand: &Demand) -> Result<Demand, String> {
+    pub fn restate(&self, demand: &Demand) -> Result<Demand, RestateError> {
         let with = |gpu: GpuDemand| Demand {
             gpu,
             ..demand.clone()
@@ -315,10 +362,10 @@ impl<'t> Offer<'t> {
             return Ok(with(GpuDemand::Whole { count }));
         }
         if let GpuDemand::Units { resource, .. } = &demand.gpu {
-            return Err(format!(
-                "asks {resource}, which {} does not advertise",
-                self.choice
-            ));
+            return Err(RestateError::Resource {
+                resource: resource.clone(),
+                choice: self.choice.clone(),
+            });
         }
         if let (true, GpuDemand::Mig { profile, count }) = (self.choice.is_mig(), &demand.gpu) {
             // Kept when the config offers the profile on the pod's model.
@@ -331,17 +378,18 @@ impl<'t> Offer<'t> {
                 return Ok(demand.clone());
             }
             if *count > 1 {
-                return Err(format!(
-                    "asks {count} MIG devices {profile}, which {} does not offer",
-                    self.choice
-                ));
+                return Err(RestateError::MigDevices {
+                    count: *count,
+                    profile: profile.clone(),
+                    choice: self.choice.clone(),
+                });
             }
         }
         let Some((milli, memory_mib)) = self.share_of(demand) else {
-            return Err(format!(
-                "asks {}, which {} cannot express",
-                demand.gpu, self.choice
-            ));
+            return Err(RestateError::Inexpressible {
+                gpu: demand.gpu.clone(),
+                choice: self.choice.clone(),
+            });
         };
         match &self.choice {
             Choice::AsIs => Ok(demand.clone()),
@@ -350,7 +398,7 @@ impl<'t> Offer<'t> {
             Choice::Mps(_) => Ok(with(GpuDemand::Mps { milli, memory_mib })),
             Choice::MigAll(_) | Choice::MigBalanced => {
                 let Some(model) = self.model_for(demand) else {
-                    return Err(format!("no GPU in the cluster can take {}", self.choice));
+                    return Err(RestateError::NoModel(self.choice.clone()));
                 };
                 let layout = self.choice.mig_layout(model).unwrap_or_default();
                 let fits = layout.iter().map(|(p, _)| *p).filter(|p| {
@@ -362,13 +410,12 @@ impl<'t> Offer<'t> {
                         profile: p.name.clone(),
                         count: 1,
                     })),
-                    None => Err(format!(
-                        "needs {}{} of a GPU, more than any MIG device of {} on {} holds",
-                        percent(milli),
-                        memory_mib.map_or_else(String::new, |m| format!(" and {m} MiB")),
-                        self.choice,
-                        model.model
-                    )),
+                    None => Err(RestateError::TooLarge {
+                        milli,
+                        memory_mib,
+                        choice: self.choice.clone(),
+                        model: model.model.clone(),
+                    }),
                 }
             }
         }
@@ -607,13 +654,21 @@ mod tests {
             Choice::parse("all-disabled", &t).unwrap(),
             Choice::Exclusive
         );
-        let e = Choice::parse("all-1g.11gb", &t).unwrap_err();
+        let e = Choice::parse("all-1g.11gb", &t).unwrap_err().to_string();
         assert!(e.contains("did you mean all-1g.10gb"), "{e}");
-        assert!(Choice::parse("mps-1", &t).unwrap_err().contains("2 to 48"));
+        let e = Choice::parse("mps-1", &t).unwrap_err();
+        assert_eq!(
+            e,
+            ChoiceError::Replicas {
+                text: "mps-1".into()
+            }
+        );
+        assert!(e.to_string().contains("2 to 48"), "{e}");
         assert!(Choice::parse("mps-x", &t).is_err());
         assert!(
             Choice::parse("halves", &t)
                 .unwrap_err()
+                .to_string()
                 .contains("timeslice-N")
         );
     }
@@ -699,7 +754,7 @@ mod tests {
                 count: 1
             }
         );
-        let e = balanced.restate(&ts50).unwrap_err();
+        let e = balanced.restate(&ts50).unwrap_err().to_string();
         assert!(
             e.contains("needs 50% of a GPU") && e.contains("all-balanced"),
             "{e}"
@@ -754,6 +809,7 @@ mod tests {
             offer(Choice::Exclusive)
                 .restate(&units)
                 .unwrap_err()
+                .to_string()
                 .contains("gpu.shared")
         );
         assert_eq!(offer(Choice::AsIs).restate(&units).unwrap(), units);
