@@ -158,7 +158,21 @@ impl TargetWorkload {
             (&mut sorted_heap, &mut prefix_heap)
         };
         sorted.copy_from_slice(gpu_free);
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        if n <= STACK {
+            // Most first, by insertion: a node has a handful of GPUs (8 on the largest), where
+            // this beats the library's sort and compiles the same wherever this module lands.
+            for i in 1..n {
+                let v = sorted[i];
+                let mut j = i;
+                while j > 0 && sorted[j - 1] < v {
+                    sorted[j] = sorted[j - 1];
+                    j -= 1;
+                }
+                sorted[j] = v;
+            }
+        } else {
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+        }
         for (i, f) in sorted.iter().enumerate() {
             prefix[i + 1] = prefix[i] + u64::from(*f);
         }
