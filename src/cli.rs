@@ -84,6 +84,14 @@ pub struct SimulateArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Replay a variant of the pods (docs/packing.md, "Variants"): pin-one-P or pin-sets-P (P%
+    /// of the GPU pods pinned to the most common GPU model, or to pairs of models), or cpu-xF
+    /// (the CPU-only pods F times over: cpu-x0 none, cpu-x3 three times as many).
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
+    /// The seed the variant's pods are drawn with (the same pods for every replay seed).
+    #[arg(long, default_value_t = 2023)]
+    pub variant_seed: u64,
 }
 
 #[derive(Debug, Clone, Args)]

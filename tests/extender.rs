@@ -617,3 +617,78 @@ async fn a_request_the_limits_contradict_is_accounted_by_the_limits() {
         .unwrap();
     assert_eq!(observed.demand.gpu, held.demand.gpu);
 }
+
+/// A pod pinned to a GPU model by a nodeSelector or a required node affinity on
+/// nvidia.com/gpu.product: filter passes only nodes of that model (a node of another model says
+/// why), and the workload gpu-share's policy learns keeps the pin on the pod's shape, as the
+/// simulator keeps a trace's gpu_spec.
+#[tokio::test]
+async fn a_model_pinned_pod_fits_only_its_model_and_its_shape_keeps_the_pin() {
+    let node = |name: &str, product: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81559",
+                "nvidia.com/gpu.sharing-strategy": "none"}},
+            "status": {"allocatable": {"cpu": "96", "memory": "1024Gi", "pods": "110",
+                                       "nvidia.com/gpu": "8"}}
+        })
+    };
+    let list = json!({"apiVersion": "v1", "kind": "NodeList", "items": [
+        node("a100", "NVIDIA-A100-SXM4-80GB"), node("h100", "NVIDIA-H100-80GB-HBM3")]});
+    let state = AppState::dev(Role::All, Policy::default_policy());
+    let ext = state.extender.clone().unwrap();
+    let nodes = parse_nodes(&serde_json::to_string(&list).unwrap()).unwrap();
+    assert_eq!(ext.learn_nodes(&nodes, &"nvidia.com/gpu".into()), 2);
+    let exclusive = |uid: &str| {
+        let mut p = ts_pod(uid, 25);
+        p["metadata"]["annotations"]["gpu-share.io/request"] = json!("exclusive");
+        p["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+        p
+    };
+    let mut by_selector = exclusive("sel");
+    by_selector["spec"]["nodeSelector"] =
+        json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"});
+    let mut by_affinity = exclusive("aff");
+    by_affinity["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product",
+            "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}});
+    for (pod, fits, other) in [
+        (&by_selector, "h100", "a100"),
+        (&by_affinity, "a100", "h100"),
+    ] {
+        let (status, r) = post(
+            state.clone(),
+            "/scheduler/filter",
+            body(&json!({"Pod": pod, "Nodes": null, "NodeNames": ["a100", "h100"]})),
+        )
+        .await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(names(&r["NodeNames"]), vec![fits], "{r}");
+        assert_eq!(
+            r["FailedAndUnresolvableNodes"][other], "node's GPU model is not one the pod allows",
+            "{r}"
+        );
+    }
+    // The learnt workload: one pinned shape per model, and nothing unpinned.
+    let workload = ext
+        .scorer(gpu_share::packing::PackingPolicy::GpuShare)
+        .workload
+        .expect("a workload after two pods");
+    let mut pins: Vec<Vec<String>> = workload
+        .shapes
+        .iter()
+        .map(|(shape, _)| shape.models.clone())
+        .collect();
+    pins.sort();
+    assert_eq!(
+        pins,
+        vec![
+            vec!["NVIDIA-A100-SXM4-80GB".to_string()],
+            vec!["NVIDIA-H100-80GB-HBM3".to_string()]
+        ]
+    );
+}

@@ -63,8 +63,76 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     };
     Ok(Some(Demand {
         cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
+        models: pod_models(pod),
         ..Demand::gpu(gpu)
     }))
+}
+
+/// The GPU models a pod may run on, as the inventory names a node's model (`GpuNode::product`),
+/// from what it requires of `nvidia.com/gpu.product` (or, on GKE, of
+/// `cloud.google.com/gke-accelerator`): a nodeSelector, and `In` expressions of a required node
+/// affinity. The affinity's terms are alternatives, so it pins the model only when every term
+/// does (then to all of theirs); with both, the pod needs both. Empty: any model.
+pub fn pod_models(pod: &Pod) -> Vec<String> {
+    use inventory::{LABEL_GKE_ACCELERATOR, LABEL_PRODUCT};
+    // The node's product as the inventory reads it: no `-SHARED`, no single-strategy MIG suffix.
+    let model = |v: &str| {
+        let v = v.strip_suffix("-SHARED").unwrap_or(v);
+        v.split_once("-MIG-").map_or(v, |(m, _)| m).to_string()
+    };
+    let is_model_key = |k: &str| k == LABEL_PRODUCT || k == LABEL_GKE_ACCELERATOR;
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let selected: Option<Vec<String>> = spec.node_selector.as_ref().and_then(|s| {
+        let v: Vec<String> = s
+            .iter()
+            .filter(|(k, _)| is_model_key(k))
+            .map(|(_, v)| model(v))
+            .collect();
+        (!v.is_empty()).then_some(v)
+    });
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    // Each term's allowed models (`None`: the term allows any); the affinity's, their union.
+    let mut affinity: Option<Vec<String>> = None;
+    for term in terms {
+        let mut allowed: Option<Vec<String>> = None;
+        for e in term.match_expressions.iter().flatten() {
+            if !is_model_key(&e.key) || e.operator != "In" {
+                continue;
+            }
+            let values: Vec<String> = e.values.iter().flatten().map(|v| model(v)).collect();
+            allowed = Some(match allowed {
+                None => values,
+                Some(prev) => prev.into_iter().filter(|m| values.contains(m)).collect(),
+            });
+        }
+        let Some(allowed) = allowed else {
+            // A term that does not pin the model lets the pod run on any.
+            affinity = None;
+            break;
+        };
+        let union = affinity.get_or_insert_with(Vec::new);
+        for m in allowed {
+            if !union.contains(&m) {
+                union.push(m);
+            }
+        }
+    }
+    match (selected, affinity) {
+        (Some(s), Some(a)) => s.into_iter().filter(|m| a.contains(m)).collect(),
+        (Some(only), None) | (None, Some(only)) => only,
+        (None, None) => Vec::new(),
+    }
 }
 
 /// A pod's CPU request in thousandths, as kube-scheduler counts it: see [`pod_request_milli`].

@@ -24,6 +24,72 @@ mod tests {
     use crate::packing::{Demand, GpuDemand, Reason, Scorer};
     use k8s_openapi::api::core::v1::Pod;
 
+    fn pinned(spec: serde_json::Value) -> Vec<String> {
+        let mut spec = spec;
+        spec["containers"] = serde_json::json!([{"name": "c", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": spec}))
+        .unwrap();
+        let models = pod_models(&pod);
+        assert_eq!(
+            demand_of_pod(&pod).unwrap().unwrap().models,
+            models,
+            "the demand carries them"
+        );
+        models
+    }
+
+    fn term(key: &str, op: &str, values: &[&str]) -> serde_json::Value {
+        serde_json::json!({"matchExpressions": [{"key": key, "operator": op, "values": values}]})
+    }
+
+    fn required(terms: Vec<serde_json::Value>) -> serde_json::Value {
+        serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": terms}}})
+    }
+
+    /// The model a pod is pinned to, as the inventory names nodes' models: from a nodeSelector or
+    /// a required node affinity on nvidia.com/gpu.product (or GKE's accelerator label).
+    #[test]
+    fn a_pods_model_constraint_is_read_from_its_selector_and_required_affinity() {
+        const P: &str = "nvidia.com/gpu.product";
+        assert!(pinned(serde_json::json!({})).is_empty());
+        assert_eq!(
+            pinned(serde_json::json!({"nodeSelector": {P: "NVIDIA-A100-SXM4-80GB-SHARED"}})),
+            ["NVIDIA-A100-SXM4-80GB"]
+        );
+        assert_eq!(
+            pinned(
+                serde_json::json!({"nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-l4"}})
+            ),
+            ["nvidia-l4"]
+        );
+        // Terms are alternatives: the union when every term pins the model.
+        let two = required(vec![
+            term(P, "In", &["Tesla-T4", "NVIDIA-L4"]),
+            term(P, "In", &["NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "Tesla-T4"]),
+        ]);
+        assert_eq!(
+            pinned(serde_json::json!({"affinity": two})),
+            ["Tesla-T4", "NVIDIA-L4", "NVIDIA-A100-SXM4-40GB"]
+        );
+        // A term that does not pin it, or pins it only by NotIn, lets the pod run anywhere.
+        let open = required(vec![
+            term(P, "In", &["Tesla-T4"]),
+            term("nvidia.com/gpu.sharing-strategy", "In", &["mps"]),
+        ]);
+        assert!(pinned(serde_json::json!({"affinity": open})).is_empty());
+        let not_in = required(vec![term(P, "NotIn", &["Tesla-T4"])]);
+        assert!(pinned(serde_json::json!({"affinity": not_in})).is_empty());
+        // With both, the pod needs both.
+        let both = serde_json::json!({
+            "nodeSelector": {P: "Tesla-T4"},
+            "affinity": required(vec![term(P, "In", &["Tesla-T4", "NVIDIA-L4"])]),
+        });
+        assert_eq!(pinned(both), ["Tesla-T4"]);
+    }
+
     /// The slim copy the bind cache keeps reads the same: demand (GPU and CPU), identity and key.
     #[test]
     fn bind_pod_keeps_what_bind_reads() {

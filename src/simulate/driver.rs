@@ -11,6 +11,7 @@ use super::partition::{self, Choice, ChoiceReport, ClusterNode, Prepared};
 use super::replay::{self, Order, RunOutcome, Trace, WorkloadSource};
 use super::report::{self, Report};
 use super::trace::{self, TracePod};
+use super::variant::Variant;
 use crate::cli::SimulateArgs;
 use crate::inventory::GpuNode;
 use crate::mig::MigTable;
@@ -55,6 +56,8 @@ pub enum SimulateError {
     Policy(#[from] super::UnknownPolicy),
     #[error(transparent)]
     Partition(#[from] partition::ChoiceError),
+    #[error(transparent)]
+    Variant(#[from] super::variant::UnknownVariant),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
     #[error(transparent)]
@@ -216,6 +219,7 @@ pub fn simulate(
         gpus_total: capacity / u64::from(GPU_MILLI),
         nodes: inputs.nodes.len(),
         pods: inputs.pods.len(),
+        variant: None,
         tune,
         seeds: seeds.to_vec(),
         policies: policies_out,
@@ -308,7 +312,11 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         .filter(|p| !p.is_empty())
         .map(|p| Choice::parse(p, &table))
         .collect::<Result<_, _>>()?;
-    let inputs = load(&args.nodes, &args.pods)?;
+    let variant = args.variant.as_deref().map(Variant::parse).transpose()?;
+    let mut inputs = load(&args.nodes, &args.pods)?;
+    if let Some(v) = &variant {
+        inputs.pods = v.apply(&inputs.pods, &inputs.nodes, args.variant_seed);
+    }
     if let Some(t) = args.threads {
         // A second call (tests) finds the pool built: keep it.
         let _ = rayon::ThreadPoolBuilder::new()
@@ -339,13 +347,14 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         seeds = seeds.len(),
         "simulating"
     );
-    let report = simulate(
+    let mut report = simulate(
         &inputs,
         &policies,
         &seeds,
         args.tune,
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
     );
+    report.variant = variant.map(|v| format!("{v}, seed {}", args.variant_seed));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         write(path, text + "\n")?;

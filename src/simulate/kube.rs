@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::partition::ClusterNode;
 use super::trace::TracePod;
-use crate::inventory::{self, LABEL_PRODUCT, RESOURCE_GPU};
+use crate::inventory::{self, RESOURCE_GPU};
 use crate::ledger;
 use crate::packing::{Demand, GpuDemand};
 use crate::{documents, request};
@@ -62,35 +62,6 @@ pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, ManifestError> {
     Ok(out)
 }
 
-/// The models a pod's required node affinity allows (`nvidia.com/gpu.product In [...]`).
-fn allowed_models(pod: &Pod) -> Vec<String> {
-    let terms = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.clone())
-        .unwrap_or_default();
-    let mut models = Vec::new();
-    for t in &terms {
-        for e in t.match_expressions.iter().flatten() {
-            if e.key == LABEL_PRODUCT && e.operator == "In" {
-                for v in e.values.iter().flatten() {
-                    let m = v.strip_suffix("-SHARED").unwrap_or(v).to_string();
-                    if !models.contains(&m) {
-                        models.push(m);
-                    }
-                }
-            }
-        }
-    }
-    models
-}
-
 /// Reads pod manifests.
 pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
     let mut out = Vec::new();
@@ -134,7 +105,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
                 cpu_milli: cpu,
                 memory_mib: mem,
                 gpu,
-                models: allowed_models(&pod),
+                models: ledger::pod_models(&pod),
             },
         });
     }

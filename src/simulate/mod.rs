@@ -11,6 +11,7 @@ pub mod partition;
 pub mod replay;
 pub mod report;
 pub mod trace;
+pub mod variant;
 
 pub mod driver;
 

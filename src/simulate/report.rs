@@ -184,6 +184,9 @@ pub struct Report {
     pub gpus_total: u64,
     pub nodes: usize,
     pub pods: usize,
+    /// The workload variant replayed (`--variant`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     pub tune: f64,
     pub seeds: Vec<u64>,
     pub policies: Vec<PolicyReport>,
@@ -201,10 +204,13 @@ pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} nodes, {} GPUs, {} pods, tune {}, seeds {}",
+        "{} nodes, {} GPUs, {} pods{}, tune {}, seeds {}",
         r.nodes,
         r.gpus_total,
         r.pods,
+        r.variant
+            .as_ref()
+            .map_or_else(String::new, |v| format!(" (variant {v})")),
         r.tune,
         seeds_text(&r.seeds)
     );
