@@ -307,7 +307,7 @@ mod tests {
         }
         assert!(
             out.iter()
-                .all(|p| p.name.starts_with("cpu-") == !asks_gpu(&p.demand))
+                .all(|p| p.name.starts_with("cpu-") != asks_gpu(&p.demand))
         );
         // Seeded: the same pods again; another seed, others.
         assert_eq!(
