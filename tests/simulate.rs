@@ -281,6 +281,68 @@ fn cli_explains_bad_input() {
     assert!(e.contains("missing column \"sn\""), "{e}");
     let e = run(&["simulate", "--nodes", "/nonexistent.csv", "--pods", p]);
     assert!(e.contains("cannot read /nonexistent.csv"), "{e}");
+    let e = run(&[
+        "simulate",
+        "--nodes",
+        n,
+        "--pods",
+        p,
+        "--variant",
+        "pin-all",
+    ]);
+    assert!(e.contains("unknown variant \"pin-all\""), "{e}");
+}
+
+/// `--variant` replays a generated variant of the pods, says so in the table's first line and
+/// the JSON, and draws the same pods for the same --variant-seed.
+#[test]
+fn cli_replays_a_variant_and_names_it() {
+    let nodes = fixture("nodes.csv");
+    let pods = fixture("pods.csv");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let (n, p, j) = (
+        nodes.to_str().unwrap(),
+        pods.to_str().unwrap(),
+        json.to_str().unwrap(),
+    );
+    let args = [
+        "simulate",
+        "--nodes",
+        n,
+        "--pods",
+        p,
+        "--policy",
+        "fgd",
+        "--policy",
+        "gpu-share",
+        "--seeds",
+        "1..2",
+        "--variant",
+        "pin-sets-33",
+        "--json",
+        j,
+    ];
+    let table = run_ok(args);
+    assert!(
+        table
+            .lines()
+            .next()
+            .unwrap()
+            .contains("(variant pin-sets-33, seed 2023)"),
+        "{table}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["variant"], "pin-sets-33, seed 2023");
+    assert_eq!(run_ok(args), table, "the same pods again");
+    let plain = run_ok(&args[..11]);
+    assert!(!plain.contains("variant"), "{plain}");
+    assert_ne!(
+        plain.lines().skip(1).collect::<Vec<_>>(),
+        table.lines().skip(1).collect::<Vec<_>>(),
+        "pinning a third of the GPU pods changes the result"
+    );
 }
 
 /// The published numbers (reference/fgd.md section 5: unallocated GPU % at 100% arrival, mean
@@ -333,6 +395,45 @@ fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full
         assert!(
             gs < fgd,
             "at {at}% arrival gpu-share leaves {gs:.2}% unallocated, fgd {fgd:.2}%"
+        );
+    }
+}
+
+/// gpu-share ahead of FGD on a generated model-pinned variant of the full trace (20% of the GPU
+/// pods pinned to pairs of models, `--variant pin-sets-20`), at 100% and 130% arrival, seeds
+/// 42-51. Needs ../shared/data/openb and a release build (CI runs it).
+#[test]
+#[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
+fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
+    use gpu_share::simulate::variant::{DEFAULT_SEED, Variant};
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
+    let mut inputs = driver::load(
+        &data.join("openb_node_list_gpu_node.csv"),
+        &data.join("openb_pod_list_default.csv"),
+    )
+    .expect("the openb trace in ../shared/data/openb");
+    inputs.pods =
+        Variant::parse("pin-sets-20")
+            .unwrap()
+            .apply(&inputs.pods, &inputs.nodes, DEFAULT_SEED);
+    let pinned = inputs
+        .pods
+        .iter()
+        .filter(|p| !p.demand.models.is_empty())
+        .count();
+    assert!(pinned > 1000, "{pinned} pods pinned");
+    let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
+    let seeds: Vec<u64> = (42..=51).collect();
+    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
+    let of = |name: &str| report.policies.iter().find(|p| p.name == name).unwrap();
+    for at in ["100", "130"] {
+        let (gs, fgd) = (
+            of("gpu-share").unallocated_gpu_pct[at],
+            of("fgd").unallocated_gpu_pct[at],
+        );
+        assert!(
+            gs < fgd,
+            "pin-sets-20, at {at}% arrival: gpu-share leaves {gs:.2}% unallocated, fgd {fgd:.2}%"
         );
     }
 }
