@@ -88,10 +88,15 @@ async fn bind(
     if args.node.is_empty() || args.pod_name.is_empty() {
         return Err(BindError::NoPodOrNode { key });
     }
+    // The API to bind through: none in `--dev`, where bind only records.
+    let cluster = match (ext.mode(), &state.cluster) {
+        (Mode::Cluster, Some(c)) => Some(c),
+        _ => None,
+    };
     let pod = match ext.seen_pod(&args.pod_uid) {
         Some(p) => p,
-        None => match (ext.mode(), &state.cluster) {
-            (Mode::Cluster, Some(c)) => {
+        None => match cluster {
+            Some(c) => {
                 let pod = tokio::time::timeout(
                     BIND_READBACK_TIMEOUT,
                     crate::cluster::binder::get_pod(
@@ -115,7 +120,7 @@ async fn bind(
                 }
                 Arc::new(ledger::BindPod::of(&pod))
             }
-            _ => {
+            None => {
                 return Err(BindError::Unseen {
                     key,
                     uid: args.pod_uid.clone(),
@@ -124,10 +129,6 @@ async fn bind(
         },
     };
     let policy = state.policy.current();
-    let cluster = match (ext.mode(), &state.cluster) {
-        (Mode::Cluster, Some(c)) => Some(c),
-        _ => None,
-    };
     // Settled below: committed once the API has the binding, aborted when it failed. (An early
     // return reserved nothing.)
     let mut binding = ext.begin_bind(&args.pod_uid, &args.node, cluster.is_some());
