@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use gpu_share::inventory::{GpuNode, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
-use gpu_share::packing::{self, Demand, GpuDemand, OnlineWorkload, PackingPolicy, Scorer};
+use gpu_share::packing::{self, Demand, GpuDemand, Homes, OnlineWorkload, PackingPolicy, Scorer};
 use proptest::prelude::*;
 
 fn nodes() -> Vec<GpuNode> {
@@ -178,7 +178,8 @@ proptest! {
         for (k, op) in ops.into_iter().enumerate() {
             if let Op::Bind { pod, node, demand } = op {
                 let demand = Demand { cpu_milli: cpus[k] * 1000, ..Demand::gpu(demand) };
-                if let Some(t) = seen.observe(&demand) {
+                if seen.observe(&demand) {
+                    let t = seen.target(&Homes::of(&nodes));
                     scorer = Scorer::with_workload(PackingPolicy::GpuShare, Arc::new(t));
                 }
                 let uid = format!("p{pod}");

@@ -3,6 +3,7 @@
 pub mod bind;
 pub mod config;
 pub mod handlers;
+mod online;
 pub mod report;
 pub mod state;
 pub mod sync;

@@ -13,9 +13,10 @@ use k8s_openapi::api::core::v1::Pod;
 use moka::notification::RemovalCause;
 use tokio::sync::mpsc;
 
+use super::online::warm_memos;
+pub use super::online::{Online, WARM_IN_BACKGROUND_NODES, WORKLOAD_WINDOW};
 use crate::ledger::Ledger;
-use crate::packing::frag::TargetWorkload;
-use crate::packing::{Demand, OnlineWorkload, PackingPolicy, Scorer, Workload};
+use crate::packing::{Demand, Homes, PackingPolicy, Scorer};
 use crate::sync::lock;
 
 /// How long a pod seen in filter/prioritize is remembered for bind.
@@ -32,8 +33,6 @@ pub const WAITING_TTL: Duration = Duration::from_secs(900);
 /// How long a watch change shields a pod or node from a reconcile's older list (longer than
 /// any list takes).
 pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
-/// The window (pods, each counted once) behind the fragmentation gauge.
-pub const WORKLOAD_WINDOW: usize = 1000;
 
 /// A pod rejected for capacity, to be requeued when capacity frees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,58 +76,6 @@ pub enum Mode {
     Dev,
     /// Watches nodes and pods, binds through the API.
     Cluster,
-}
-
-/// The online workload, the target workload last handed out, and the most recent demands
-/// (the fragmentation gauge's window), each pod counted once.
-#[derive(Debug)]
-pub struct Online {
-    pub seen: OnlineWorkload,
-    /// What decisions score against.
-    pub target: Option<Arc<TargetWorkload>>,
-    /// A newer target, waiting for every node's memo to be filled for it.
-    pub pending: Option<Arc<TargetWorkload>>,
-    /// A thread is filling the memos.
-    pub warming: bool,
-    pub recent: Workload,
-}
-
-impl Default for Online {
-    fn default() -> Self {
-        Online {
-            seen: OnlineWorkload::default(),
-            target: None,
-            pending: None,
-            warming: false,
-            recent: Workload::new(WORKLOAD_WINDOW),
-        }
-    }
-}
-
-/// From this many nodes on, a refreshed workload is used once every node's memo is filled for
-/// it in the background.
-pub const WARM_IN_BACKGROUND_NODES: usize = 1000;
-
-/// Fills every node's memo for the pending target, then makes it the target; again while a
-/// newer one arrived meanwhile.
-fn warm_memos(online: &Mutex<Online>, ledger: &Ledger, policy: PackingPolicy) {
-    loop {
-        let Some(t) = lock(online).pending.take() else {
-            lock(online).warming = false;
-            return;
-        };
-        let started = Instant::now();
-        let scorer = Scorer::with_workload(policy, t.clone());
-        let nodes = ledger.for_each_node(|nl| scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo));
-        let mut o = lock(online);
-        o.target = Some(t);
-        if o.pending.is_none() {
-            o.warming = false;
-            drop(o);
-            tracing::debug!(nodes, took = ?started.elapsed(), "scoring against the refreshed workload");
-            return;
-        }
-    }
 }
 
 /// An allocation the extender bound that the API has not shown yet.
@@ -349,13 +296,22 @@ impl ExtenderState {
     /// for the new one; then it takes over. The first target is used at once, and so is every
     /// target on clusters under [`WARM_IN_BACKGROUND_NODES`] nodes, where computing every memo
     /// again costs a decision less than 0.3 ms.
+    ///
+    /// The target weighs each shape by how scarce its homes are among the nodes known when it is
+    /// refreshed ([`Homes`]); the node locks are taken with the workload's lock released.
     pub fn observe_demand(&self, demand: &Demand, policy: PackingPolicy) {
-        let mut o = lock(&self.online);
-        o.recent.observe(demand);
-        let Some(t) = o.seen.observe(demand) else {
-            return;
+        let due = {
+            let mut o = lock(&self.online);
+            o.recent.observe(demand);
+            o.seen.observe(demand)
         };
-        let t = Arc::new(t);
+        if !due {
+            return;
+        }
+        let mut homes = Homes::default();
+        self.ledger.for_each_node(|nl| homes.add(&nl.node));
+        let mut o = lock(&self.online);
+        let t = Arc::new(o.seen.target(&homes));
         if o.target.is_none()
             || !policy.reads_workload()
             || self.ledger.node_count() < WARM_IN_BACKGROUND_NODES
@@ -796,6 +752,46 @@ mod tests {
             }
         });
         assert_eq!(hits, WARM_IN_BACKGROUND_NODES);
+    }
+
+    #[test]
+    fn the_target_weighs_a_shape_by_how_few_known_nodes_can_hold_it() {
+        use crate::inventory::{GpuNode, Sharing};
+        let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(60));
+        for (i, product) in ["NVIDIA-L4"; 10]
+            .into_iter()
+            .chain(["NVIDIA-H100"])
+            .enumerate()
+        {
+            let n = GpuNode::shared(
+                &format!("n{i}"),
+                product,
+                8,
+                23034,
+                Sharing::TimeSlicing { replicas: 4 },
+            );
+            ext.ledger().upsert_node(n);
+        }
+        let d = |models: &[&str]| Demand {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..Demand::gpu(GpuDemand::Timeslice {
+                milli: 250,
+                memory_mib: None,
+            })
+        };
+        for _ in 0..3 {
+            ext.observe_demand(&d(&[]), PackingPolicy::GpuShare);
+        }
+        // The fourth pod refreshes the target; it may only run on the H100 node, 8 of 88 GPUs.
+        ext.observe_demand(&d(&["NVIDIA-H100"]), PackingPolicy::GpuShare);
+        let w = ext.scorer(PackingPolicy::GpuShare).workload.unwrap();
+        assert_eq!(w.shapes.len(), 2);
+        assert_eq!(w.shapes[0].0.models, vec!["NVIDIA-H100".to_string()]);
+        assert!(
+            (w.shapes[0].1 - 11.0 / 14.0).abs() < 1e-12,
+            "{:?}",
+            w.shapes
+        );
     }
 
     #[test]

@@ -99,14 +99,23 @@ impl TargetWorkload {
     }
 
     /// As [`TargetWorkload::typical`], from shape counts.
-    pub fn from_counts(mut counts: Vec<(Shape, u64)>, total: u64, coverage: f64) -> Self {
+    pub fn from_counts(counts: Vec<(Shape, u64)>, total: u64, coverage: f64) -> Self {
         if total == 0 {
             return TargetWorkload::default();
         }
-        // Most frequent first; equal counts: more CPU, larger share, more GPUs first (as the
-        // FGD simulator orders them).
-        counts.sort_by(|a, b| {
-            b.1.cmp(&a.1).then_with(|| {
+        let weights = counts.into_iter().map(|(s, c)| (s, c as f64)).collect();
+        Self::from_weights(weights, total as f64, coverage)
+    }
+
+    /// The heaviest shapes until they cover at least `coverage` (0..=1) of the total weight
+    /// `total`, heaviest first, with popularities renormalised over the kept shapes. Equal
+    /// weights: more CPU, larger share, more GPUs first (as the FGD simulator orders them).
+    pub fn from_weights(mut weights: Vec<(Shape, f64)>, total: f64, coverage: f64) -> Self {
+        if total <= 0.0 {
+            return TargetWorkload::default();
+        }
+        weights.sort_by(|a, b| {
+            b.1.total_cmp(&a.1).then_with(|| {
                 (b.0.cpu_milli, b.0.gpu_milli, b.0.gpus, &b.0.models).cmp(&(
                     a.0.cpu_milli,
                     a.0.gpu_milli,
@@ -115,18 +124,18 @@ impl TargetWorkload {
                 ))
             })
         });
-        let want = coverage.clamp(0.0, 1.0) * total as f64;
-        let mut kept = 0u64;
+        let want = coverage.clamp(0.0, 1.0) * total;
+        let mut kept = 0.0;
         let mut shapes = Vec::new();
-        for (s, c) in counts {
-            if kept as f64 >= want && !shapes.is_empty() {
+        for (s, w) in weights {
+            if kept >= want && !shapes.is_empty() {
                 break;
             }
-            kept += c;
-            shapes.push((s, c as f64));
+            kept += w;
+            shapes.push((s, w));
         }
         for (_, p) in &mut shapes {
-            *p /= kept as f64;
+            *p /= kept;
         }
         TargetWorkload { shapes }
     }

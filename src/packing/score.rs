@@ -354,7 +354,7 @@ fn replica_waste(node: &GpuNode, demand: &Demand) -> f64 {
 mod tests {
     use super::*;
     use crate::packing::frag::CPU_CAPPED_WEIGHT;
-    use crate::packing::{OnlineWorkload, Workload, apply, place};
+    use crate::packing::{Homes, OnlineWorkload, Workload, apply, place};
 
     #[test]
     fn frag_after_reads_every_gpu_of_a_large_node() {
@@ -612,12 +612,12 @@ mod tests {
             } else {
                 share(1000, 250)
             };
-            if o.observe(&d).is_some() {
+            if o.observe(&d) {
                 refreshed.push(i);
             }
         }
         assert_eq!(refreshed, vec![1, 2, 4, 8, 16, 32]);
-        let t = o.target();
+        let t = o.target(&Homes::default());
         assert_eq!(t.shapes[0].0.gpu_milli, 250);
         assert!((t.shapes[0].1 - 0.75).abs() < 1e-9);
         assert_eq!(

@@ -19,7 +19,7 @@ use super::trace::{TracePod, gpu_request_milli};
 use crate::inventory::GpuNode;
 use crate::packing::frag::TargetWorkload;
 use crate::packing::{
-    self, Demand, FragMemo, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
+    self, Demand, FragMemo, Homes, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
 };
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
@@ -181,6 +181,8 @@ pub fn run(
     };
     scorer.seed = seed;
     let mut online = OnlineWorkload::default();
+    // The nodes never change during a replay, so neither does how scarce a shape's homes are.
+    let homes = Homes::of(nodes);
     // `random` draws every time (its scores are all equal and its GPU choice is a draw).
     let random = policy == PackingPolicy::Random;
     let mut shapes = Shapes {
@@ -208,11 +210,11 @@ pub fn run(
         let ask = gpu_request_milli(demand);
         arrived += ask;
         if let WorkloadSource::Online = source
-            && let Some(w) = online.observe(demand)
+            && online.observe(demand)
         {
             scorer = Scorer {
                 seed,
-                ..Scorer::with_workload(policy, Arc::new(w))
+                ..Scorer::with_workload(policy, Arc::new(online.target(&homes)))
             };
             for c in &mut cache {
                 c.clear();

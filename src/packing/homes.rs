@@ -1,0 +1,181 @@
+//! PURE: where each pod shape of a target workload could run, and how scarce those homes are.
+//!
+//! The fragmentation measure weighs a shape by how often it arrives. That undervalues a shape
+//! only a few nodes can ever hold: an 8-GPU, 120-CPU pod that fits only the largest nodes, or a
+//! pod pinned to a GPU model the cluster has little of. A placement that uses such a node's last
+//! room for it costs the cluster far more than its popularity says, because no other node can
+//! take it in. gpu-share's online workload therefore weighs each shape's count by its
+//! *scarcity*: the cluster's GPUs over the GPUs of the nodes that could hold the shape when
+//! empty (1 for a shape every node can hold), capped at [`MAX_SCARCITY`].
+//!
+//! A home is judged in the measure's own terms (see [`super::frag`]): enough CPU, at least as
+//! many GPUs as the shape asks for, and an allowed GPU model. Only nodes the per-GPU measure
+//! models count (nodes without MIG devices).
+
+use super::frag::Shape;
+use crate::inventory::{GpuNode, MigLayout};
+
+/// The largest factor a shape's count is weighted by (a shape only 1% of the GPUs can hold).
+pub const MAX_SCARCITY: f64 = 100.0;
+
+/// The cluster's nodes as the measure sees them: one entry per kind of node (CPU, GPU count and
+/// model), with the GPUs of that kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Homes {
+    kinds: Vec<Kind>,
+    /// GPUs on every counted node.
+    gpus: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Kind {
+    cpu_milli: Option<u64>,
+    gpus_per_node: u32,
+    product: Option<String>,
+    /// GPUs on all nodes of this kind.
+    gpus: u64,
+}
+
+impl Homes {
+    /// The homes `nodes` offer.
+    pub fn of<'a>(nodes: impl IntoIterator<Item = &'a GpuNode>) -> Self {
+        let mut homes = Homes::default();
+        for n in nodes {
+            homes.add(n);
+        }
+        homes
+    }
+
+    /// Counts one more node (nodes with MIG devices or no GPUs are not homes of any shape).
+    pub fn add(&mut self, node: &GpuNode) {
+        if node.gpus == 0 || !matches!(node.mig, MigLayout::None) {
+            return;
+        }
+        let gpus = u64::from(node.gpus);
+        self.gpus += gpus;
+        let same = |k: &&mut Kind| {
+            k.cpu_milli == node.cpu_milli
+                && k.gpus_per_node == node.gpus
+                && k.product == node.product
+        };
+        match self.kinds.iter_mut().find(same) {
+            Some(k) => k.gpus += gpus,
+            None => self.kinds.push(Kind {
+                cpu_milli: node.cpu_milli,
+                gpus_per_node: node.gpus,
+                product: node.product.clone(),
+                gpus,
+            }),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus == 0
+    }
+
+    /// GPUs on the nodes that could hold `shape` when empty.
+    pub fn gpus_for(&self, shape: &Shape) -> u64 {
+        self.kinds
+            .iter()
+            .filter(|k| {
+                k.cpu_milli.is_none_or(|c| c >= shape.cpu_milli)
+                    && k.gpus_per_node >= shape.gpus
+                    && (shape.models.is_empty()
+                        || k.product.as_ref().is_some_and(|p| shape.models.contains(p)))
+            })
+            .map(|k| k.gpus)
+            .sum()
+    }
+
+    /// How scarce `shape`'s homes are: the cluster's GPUs over the GPUs of its homes, 1..=
+    /// [`MAX_SCARCITY`]. 1 for CPU-only shapes, for shapes no node can hold (they weigh on every
+    /// node alike) and when no node is known.
+    pub fn scarcity(&self, shape: &Shape) -> f64 {
+        if shape.gpus == 0 || self.gpus == 0 {
+            return 1.0;
+        }
+        match self.gpus_for(shape) {
+            0 => 1.0,
+            homes => (self.gpus as f64 / homes as f64).clamp(1.0, MAX_SCARCITY),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, product: &str, gpus: u32, cpu: u64) -> GpuNode {
+        let mut n = GpuNode::whole(name, product, gpus, 0);
+        n.cpu_milli = Some(cpu);
+        n
+    }
+
+    fn shape(gpus: u32, cpu: u64, models: &[&str]) -> Shape {
+        Shape {
+            cpu_milli: cpu,
+            gpus,
+            gpu_milli: 1000,
+            models: models.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    /// 90 two-GPU T4 nodes with 104 CPUs (180 GPUs), 9 eight-GPU G2 nodes with 96 CPUs (72),
+    /// one eight-GPU G3 node with 128 CPUs (8): 260 GPUs.
+    fn cluster() -> Homes {
+        let mut nodes = Vec::new();
+        for i in 0..90 {
+            nodes.push(node(&format!("t4-{i}"), "T4", 2, 104_000));
+        }
+        for i in 0..9 {
+            nodes.push(node(&format!("g2-{i}"), "G2", 8, 96_000));
+        }
+        nodes.push(node("g3", "G3", 8, 128_000));
+        Homes::of(&nodes)
+    }
+
+    #[test]
+    fn nodes_of_a_kind_are_counted_together() {
+        let h = cluster();
+        assert_eq!(h.kinds.len(), 3);
+        assert_eq!(h.gpus, 260);
+        assert_eq!(h.gpus_for(&shape(1, 8000, &[])), 260);
+    }
+
+    #[test]
+    fn a_shape_few_nodes_can_hold_weighs_more() {
+        let h = cluster();
+        // Every node holds a 1-GPU, 8-CPU pod.
+        assert_eq!(h.scarcity(&shape(1, 8000, &[])), 1.0);
+        // 8 GPUs and 88 CPUs: the G2 and G3 nodes, 80 of 260 GPUs.
+        assert!((h.scarcity(&shape(8, 88_000, &[])) - 260.0 / 80.0).abs() < 1e-12);
+        // 8 GPUs and 120 CPUs: the G3 node only.
+        assert!((h.scarcity(&shape(8, 120_000, &[])) - 260.0 / 8.0).abs() < 1e-12);
+        // Pinned to G3, any size: the same single node.
+        assert!((h.scarcity(&shape(1, 1000, &["G3"])) - 260.0 / 8.0).abs() < 1e-12);
+        // A set of models counts the homes of each.
+        assert!((h.scarcity(&shape(1, 1000, &["G3", "G2"])) - 260.0 / 80.0).abs() < 1e-12);
+        // More CPU than any node: no home; it weighs as much as everywhere (1).
+        assert_eq!(h.scarcity(&shape(1, 200_000, &[])), 1.0);
+        // CPU-only shapes are not weighted.
+        assert_eq!(h.scarcity(&shape(0, 1000, &[])), 1.0);
+    }
+
+    #[test]
+    fn scarcity_is_capped_and_mig_nodes_are_not_homes() {
+        let mut nodes = vec![node("one", "A10", 1, 8000)];
+        for i in 0..400 {
+            nodes.push(node(&format!("big-{i}"), "G2", 8, 96_000));
+        }
+        let mut mig = node("mig", "A100", 8, 96_000);
+        mig.mig = MigLayout::Single {
+            profile: "1g.10gb".into(),
+        };
+        nodes.push(mig);
+        let h = Homes::of(&nodes);
+        assert_eq!(h.gpus, 3201);
+        assert_eq!(h.scarcity(&shape(1, 1000, &["A10"])), MAX_SCARCITY);
+        assert_eq!(h.scarcity(&shape(1, 1000, &["A100"])), 1.0, "no home");
+        assert_eq!(Homes::default().scarcity(&shape(1, 1000, &[])), 1.0);
+    }
+}
