@@ -72,6 +72,27 @@ def run(binary, variant, seeds, threads):
     return row
 
 
+def budget_lines(path):
+    """The decision budget beside the table: filter and prioritize server-side p99 over the runs
+    of a benches/run.sh JSON (5,000 nodes with a full ledger; the goal is 2 ms each)."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        wire = json.load(f)
+    meta = wire["meta"]
+    parts = []
+    for verb in ("filter", "prioritize"):
+        p99 = sorted(r["server_p99_ms"] for r in wire["rows"]
+                     if r["name"] == verb and r["target"] == "gpu-share")
+        if not p99:
+            return []
+        parts.append(f"{verb} {p99[len(p99) // 2]:.2f} ms ({p99[0]:.2f}-{p99[-1]:.2f})")
+    return ["", f"Decision budget with this policy (`benches/run.sh`, {meta['machine']}): server-side "
+            f"p99 over {meta['nodes']:,} nodes holding {wire['fill']['bound']:,} pods, median of "
+            f"{meta['runs']} runs (range): " + ", ".join(parts) + "; the goal is 2 ms each. "
+            f"From `{os.path.relpath(path, ROOT)}`."]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "gpu-share"))
@@ -79,6 +100,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results", "variants"))
     ap.add_argument("--only", nargs="*", help="just these variants")
+    ap.add_argument("--budget", default=os.path.join(ROOT, "benches", "results", "budget.json"),
+                    help="a benches/run.sh JSON whose filter and prioritize figures go under the "
+                         "table (written by: OUT=benches/results/budget bash benches/run.sh)")
     args = ap.parse_args()
     variants = args.only or SHARED + GENERATED
     rows = []
@@ -103,6 +127,7 @@ def main():
                      f"{a['margin']:+.2f} | {b['gpuShare']:.2f} | {b['reference']:.2f} | "
                      f"{b['margin']:+.2f} |")
     lines += ["", f"gpu-share ahead at both arrival levels on {ahead} of {len(rows)} variants."]
+    lines += budget_lines(args.budget)
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(args.out + ".json", "w") as f:
