@@ -12,28 +12,29 @@
 //! many GPUs as the shape asks for, and an allowed GPU model. Only nodes the per-GPU measure
 //! models count (nodes without MIG devices).
 
+use std::collections::HashMap;
+
 use super::frag::Shape;
 use crate::inventory::{GpuNode, MigLayout};
 
 /// The largest factor a shape's count is weighted by (a shape only 1% of the GPUs can hold).
 pub const MAX_SCARCITY: f64 = 100.0;
 
-/// The cluster's nodes as the measure sees them: one entry per kind of node (CPU, GPU count and
-/// model), with the GPUs of that kind.
+/// The cluster's nodes as the measure sees them: the GPUs of each kind of node (CPU, GPU count
+/// and model). Kinds are keyed, not listed: nodes that differ by a few millicores of allocatable
+/// CPU are kinds of their own, so a cluster can have about as many kinds as nodes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Homes {
-    kinds: Vec<Kind>,
+    kinds: HashMap<Kind, u64>,
     /// GPUs on every counted node.
     gpus: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Kind {
     cpu_milli: Option<u64>,
     gpus_per_node: u32,
     product: Option<String>,
-    /// GPUs on all nodes of this kind.
-    gpus: u64,
 }
 
 impl Homes {
@@ -53,20 +54,12 @@ impl Homes {
         }
         let gpus = u64::from(node.gpus);
         self.gpus += gpus;
-        let same = |k: &&mut Kind| {
-            k.cpu_milli == node.cpu_milli
-                && k.gpus_per_node == node.gpus
-                && k.product == node.product
+        let kind = Kind {
+            cpu_milli: node.cpu_milli,
+            gpus_per_node: node.gpus,
+            product: node.product.clone(),
         };
-        match self.kinds.iter_mut().find(same) {
-            Some(k) => k.gpus += gpus,
-            None => self.kinds.push(Kind {
-                cpu_milli: node.cpu_milli,
-                gpus_per_node: node.gpus,
-                product: node.product.clone(),
-                gpus,
-            }),
-        }
+        *self.kinds.entry(kind).or_default() += gpus;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -77,13 +70,13 @@ impl Homes {
     pub fn gpus_for(&self, shape: &Shape) -> u64 {
         self.kinds
             .iter()
-            .filter(|k| {
+            .filter(|(k, _)| {
                 k.cpu_milli.is_none_or(|c| c >= shape.cpu_milli)
                     && k.gpus_per_node >= shape.gpus
                     && (shape.models.is_empty()
                         || k.product.as_ref().is_some_and(|p| shape.models.contains(p)))
             })
-            .map(|k| k.gpus)
+            .map(|(_, gpus)| gpus)
             .sum()
     }
 
@@ -140,6 +133,19 @@ mod tests {
         assert_eq!(h.kinds.len(), 3);
         assert_eq!(h.gpus, 260);
         assert_eq!(h.gpus_for(&shape(1, 8000, &[])), 260);
+    }
+
+    #[test]
+    fn nodes_that_differ_by_a_few_millicores_are_kinds_of_their_own() {
+        // Allocatable CPU varies from node to node in real clusters.
+        let nodes: Vec<GpuNode> = (0..5000u64)
+            .map(|i| node(&format!("n{i}"), "L4", 8, 60_000 + i))
+            .collect();
+        let h = Homes::of(&nodes);
+        assert_eq!(h.kinds.len(), 5000);
+        // The 1,000 nodes with at least 64,000 millicores: a fifth of the GPUs.
+        assert_eq!(h.gpus_for(&shape(8, 64_000, &[])), 8 * 1000);
+        assert!((h.scarcity(&shape(8, 64_000, &[])) - 5.0).abs() < 1e-12);
     }
 
     #[test]
