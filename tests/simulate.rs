@@ -356,6 +356,31 @@ const PUBLISHED: [(&str, f64); 6] = [
     ("fgd", 4.77),
 ];
 
+/// The full default trace of ../shared/data/openb (the ignored tests below; CI runs them).
+fn full_trace() -> driver::Inputs {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
+    driver::load(
+        &data.join("openb_node_list_gpu_node.csv"),
+        &data.join("openb_pod_list_default.csv"),
+    )
+    .expect("the openb trace in ../shared/data/openb")
+}
+
+/// gpu-share leaves fewer GPUs unallocated than FGD at 100% and at 130% arrival.
+fn assert_gpu_share_ahead_of_fgd(report: &gpu_share::simulate::report::Report, what: &str) {
+    let of = |name: &str| report.policies.iter().find(|p| p.name == name).unwrap();
+    for at in ["100", "130"] {
+        let (gs, fgd) = (
+            of("gpu-share").unallocated_gpu_pct[at],
+            of("fgd").unallocated_gpu_pct[at],
+        );
+        assert!(
+            gs < fgd,
+            "{what}, at {at}% arrival: gpu-share leaves {gs:.2}% unallocated, fgd {fgd:.2}%"
+        );
+    }
+}
+
 /// The six baselines on the full default trace, seeds 42-51, within 0.5 points of the paper;
 /// gpu-share below FGD at 100% and 130% arrival.
 /// Needs ../shared/data/openb beside the checkout and a release build (about 10 s):
@@ -363,12 +388,7 @@ const PUBLISHED: [(&str, f64); 6] = [
 #[test]
 #[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
 fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full_trace() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
-    let inputs = driver::load(
-        &data.join("openb_node_list_gpu_node.csv"),
-        &data.join("openb_pod_list_default.csv"),
-    )
-    .expect("the openb trace in ../shared/data/openb");
+    let inputs = full_trace();
     let policies: Vec<PackingPolicy> = PUBLISHED
         .iter()
         .map(|(n, _)| PackingPolicy::parse(n).unwrap())
@@ -385,18 +405,7 @@ fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full
             "{name}: {ours:.2}% unallocated at 100% arrival, published {published:.2}%"
         );
     }
-    // gpu-share's own policy leaves fewer GPUs unallocated than FGD at 100% and 130% arrival.
-    let of = |name: &str| report.policies.iter().find(|p| p.name == name).unwrap();
-    for at in ["100", "130"] {
-        let (gs, fgd) = (
-            of("gpu-share").unallocated_gpu_pct[at],
-            of("fgd").unallocated_gpu_pct[at],
-        );
-        assert!(
-            gs < fgd,
-            "at {at}% arrival gpu-share leaves {gs:.2}% unallocated, fgd {fgd:.2}%"
-        );
-    }
+    assert_gpu_share_ahead_of_fgd(&report, "default trace");
 }
 
 /// gpu-share ahead of FGD on a generated model-pinned variant of the full trace (20% of the GPU
@@ -406,12 +415,7 @@ fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full
 #[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
 fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
     use gpu_share::simulate::variant::{DEFAULT_SEED, Variant};
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
-    let mut inputs = driver::load(
-        &data.join("openb_node_list_gpu_node.csv"),
-        &data.join("openb_pod_list_default.csv"),
-    )
-    .expect("the openb trace in ../shared/data/openb");
+    let mut inputs = full_trace();
     inputs.pods =
         Variant::parse("pin-sets-20")
             .unwrap()
@@ -425,17 +429,7 @@ fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
     let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
     let seeds: Vec<u64> = (42..=51).collect();
     let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
-    let of = |name: &str| report.policies.iter().find(|p| p.name == name).unwrap();
-    for at in ["100", "130"] {
-        let (gs, fgd) = (
-            of("gpu-share").unallocated_gpu_pct[at],
-            of("fgd").unallocated_gpu_pct[at],
-        );
-        assert!(
-            gs < fgd,
-            "pin-sets-20, at {at}% arrival: gpu-share leaves {gs:.2}% unallocated, fgd {fgd:.2}%"
-        );
-    }
+    assert_gpu_share_ahead_of_fgd(&report, "pin-sets-20");
 }
 
 /// The Kubernetes-shaped input: the extender's example cluster (MIG mixed, time-slicing, MPS,

@@ -100,9 +100,6 @@ impl TargetWorkload {
 
     /// As [`TargetWorkload::typical`], from shape counts.
     pub fn from_counts(counts: Vec<(Shape, u64)>, total: u64, coverage: f64) -> Self {
-        if total == 0 {
-            return TargetWorkload::default();
-        }
         let weights = counts.into_iter().map(|(s, c)| (s, c as f64)).collect();
         Self::from_weights(weights, total as f64, coverage)
     }

@@ -62,12 +62,8 @@ impl Homes {
         *self.kinds.entry(kind).or_default() += gpus;
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.gpus == 0
-    }
-
     /// GPUs on the nodes that could hold `shape` when empty.
-    pub fn gpus_for(&self, shape: &Shape) -> u64 {
+    fn gpus_for(&self, shape: &Shape) -> u64 {
         self.kinds
             .iter()
             .filter(|(k, _)| {
