@@ -358,10 +358,15 @@ const PUBLISHED: [(&str, f64); 6] = [
 
 /// The full default trace of ../shared/data/openb (the ignored tests below; CI runs them).
 fn full_trace() -> driver::Inputs {
+    full_trace_named("default")
+}
+
+/// The full trace `openb_pod_list_{name}.csv` of ../shared/data/openb.
+fn full_trace_named(name: &str) -> driver::Inputs {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
     driver::load(
         &data.join("openb_node_list_gpu_node.csv"),
-        &data.join("openb_pod_list_default.csv"),
+        &data.join(format!("openb_pod_list_{name}.csv")),
     )
     .expect("the openb trace in ../shared/data/openb")
 }
@@ -430,6 +435,25 @@ fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
     let seeds: Vec<u64> = (42..=51).collect();
     let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
     assert_gpu_share_ahead_of_fgd(&report, "pin-sets-20");
+}
+
+/// gpu-share ahead of the project's FGD on a multi-GPU-heavy trace (multigpu30: the trace's
+/// authors' variant with 30% more multi-GPU pods), at 100% and 130% arrival, seeds 42-51.
+/// Needs ../shared/data/openb and a release build (CI runs it).
+#[test]
+#[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
+fn gpu_share_beats_fgd_on_a_multi_gpu_heavy_trace() {
+    let inputs = full_trace_named("multigpu30");
+    let multi = inputs
+        .pods
+        .iter()
+        .filter(|p| p.demand.gpu.per_gpu().1 > 1)
+        .count();
+    assert!(multi > 400, "{multi} multi-GPU pods");
+    let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
+    let seeds: Vec<u64> = (42..=51).collect();
+    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
+    assert_gpu_share_ahead_of_fgd(&report, "multigpu30");
 }
 
 /// The Kubernetes-shaped input: the extender's example cluster (MIG mixed, time-slicing, MPS,

@@ -787,8 +787,10 @@ mod tests {
         let w = ext.scorer(PackingPolicy::GpuShare).workload.unwrap();
         assert_eq!(w.shapes.len(), 2);
         assert_eq!(w.shapes[0].0.models, vec!["NVIDIA-H100".to_string()]);
+        // Weighted 11^0.75 (about 6.0) against the three unpinned ones.
+        let weight = 11f64.powf(crate::packing::SCARCITY_EXPONENT);
         assert!(
-            (w.shapes[0].1 - 11.0 / 14.0).abs() < 1e-12,
+            (w.shapes[0].1 - weight / (weight + 3.0)).abs() < 1e-12,
             "{:?}",
             w.shapes
         );

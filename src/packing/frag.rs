@@ -10,9 +10,10 @@
 //!
 //! gpu-share's own policy scores with a variant, [`Measure::CpuCapped`]: a shape that fits can
 //! use only as many of the GPUs as the node's free CPU has room for copies of it (a node with 8
-//! free GPUs and 20 free CPUs serves two 10-CPU, 1-GPU pods, not eight), blended with the paper's
-//! count ([`CPU_CAPPED_WEIGHT`]). On the paper's trace most pods that fail at full load fail for
-//! CPU on a node whose GPUs are free, which the paper's measure does not see.
+//! free GPUs and 20 free CPUs serves two 10-CPU, 1-GPU pods, not eight): the GPUs it leaves
+//! out are *stranded* ([`Frag::stranded`]) and count as fragments too. On the paper's trace most
+//! pods that fail at full load fail for CPU on a node whose GPUs are free, which the paper's
+//! measure does not see.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -61,14 +62,27 @@ pub enum Measure {
     #[default]
     Fgd,
     /// gpu-share's: as many of those GPUs as copies of the shape fit the node's free CPU (the
-    /// ones with the most free share), weighted [`CPU_CAPPED_WEIGHT`] against the paper's count.
+    /// ones with the most free share). The GPUs the CPU leaves out are [`Frag::stranded`], on
+    /// top of the paper's count.
     CpuCapped,
 }
 
-/// The weight of the CPU-capped count in [`Measure::CpuCapped`] (the rest is the paper's
-/// count). Measured on the paper's trace (default, seeds 42-51, unallocated GPU at 100%
-/// arrival): 0.5 gives 4.47%, 0.75 gives 4.36%, 1.0 gives 4.43% (FGD: 4.76%).
-pub const CPU_CAPPED_WEIGHT: f64 = 0.75;
+/// A node's fragmentation in two parts, thousandths of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Frag {
+    /// The paper's: idle capacity the workload's shapes cannot use.
+    pub fgd: f64,
+    /// Under [`Measure::CpuCapped`], the idle capacity of GPUs a fitting shape has room on but
+    /// no CPU left for (0 under [`Measure::Fgd`]).
+    pub stranded: f64,
+}
+
+impl Frag {
+    /// The fragmentation as one number: a GPU the CPU cannot feed is as idle as one too small.
+    pub fn total(self) -> f64 {
+        self.fgd + self.stranded
+    }
+}
 
 /// Shapes with their popularities (summing to 1), most popular first.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -150,6 +164,17 @@ impl TargetWorkload {
         cpu_free: Option<u64>,
         gpu_free: &[u32],
     ) -> f64 {
+        self.parts_by(measure, product, cpu_free, gpu_free).total()
+    }
+
+    /// As [`TargetWorkload::frag_by`], in its two parts.
+    pub fn parts_by(
+        &self,
+        measure: Measure,
+        product: Option<&str>,
+        cpu_free: Option<u64>,
+        gpu_free: &[u32],
+    ) -> Frag {
         // The free shares, most first, and their prefix sums: the GPUs a shape fits are a
         // prefix, and so are the ones its CPU-capped copies use.
         const STACK: usize = 32;
@@ -184,10 +209,10 @@ impl TargetWorkload {
         }
         let idle = prefix[n];
         if idle == 0 {
-            return 0.0;
+            return Frag::default();
         }
         let product = product.unwrap_or_default();
-        let mut frag = 0.0;
+        let mut frag = Frag::default();
         for (s, p) in &self.shapes {
             let lost = if s.gpus == 0
                 || cpu_free.is_some_and(|c| c < s.cpu_milli)
@@ -214,13 +239,14 @@ impl TargetWorkload {
                             } else {
                                 idle - prefix[usable]
                             };
-                            small as f64 + CPU_CAPPED_WEIGHT * (capped - small) as f64
+                            frag.stranded += p * (capped - small) as f64;
+                            small as f64
                         }
                         _ => small as f64,
                     }
                 }
             };
-            frag += p * lost;
+            frag.fgd += p * lost;
         }
         frag
     }
@@ -232,6 +258,11 @@ impl TargetWorkload {
 
     /// The fragmentation of a node with this usage under `measure`.
     pub fn node_frag_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> f64 {
+        self.node_parts_by(measure, node, usage).total()
+    }
+
+    /// As [`TargetWorkload::node_frag_by`], in its two parts.
+    pub fn node_parts_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> Frag {
         self.frag_with(measure, node, usage, &[], 0)
     }
 
@@ -243,6 +274,17 @@ impl TargetWorkload {
         usage: &Usage,
         p: &Placement,
     ) -> f64 {
+        self.parts_after(measure, node, usage, p).total()
+    }
+
+    /// As [`TargetWorkload::frag_after`], in its two parts.
+    pub fn parts_after(
+        &self,
+        measure: Measure,
+        node: &GpuNode,
+        usage: &Usage,
+        p: &Placement,
+    ) -> Frag {
         self.frag_with(measure, node, usage, &p.gpus, p.cpu_milli)
     }
 
@@ -255,7 +297,7 @@ impl TargetWorkload {
         usage: &Usage,
         gpus: &[(u32, u32)],
         cpu_milli: u64,
-    ) -> f64 {
+    ) -> Frag {
         let n = usage.gpu_milli.len();
         let mut buf = [0u32; 64];
         let mut heap = Vec::new();
@@ -276,7 +318,7 @@ impl TargetWorkload {
         let cpu_free = node
             .cpu_milli
             .map(|c| c.saturating_sub(usage.cpu_milli.saturating_add(cpu_milli)));
-        self.frag_by(measure, node.product.as_deref(), cpu_free, free)
+        self.parts_by(measure, node.product.as_deref(), cpu_free, free)
     }
 }
 
@@ -293,7 +335,7 @@ impl TargetWorkload {
 /// (see `ExtenderState::observe_demand`) while decisions still read the current one's.
 #[derive(Debug, Clone, Default)]
 pub struct FragMemo {
-    slots: [Option<(MemoKey, f64)>; 2],
+    slots: [Option<(MemoKey, Frag)>; 2],
     /// Which slot was written last (the other one is replaced first).
     last: usize,
 }
@@ -328,20 +370,20 @@ impl MemoKey {
 }
 
 impl FragMemo {
-    /// `w.node_frag_by(measure, node, usage)`, from the memo when nothing it reads changed.
+    /// `w.node_parts_by(measure, node, usage)`, from the memo when nothing it reads changed.
     pub fn node_frag(
         &mut self,
         w: &Arc<TargetWorkload>,
         measure: Measure,
         node: &GpuNode,
         usage: &Usage,
-    ) -> f64 {
+    ) -> Frag {
         for (k, v) in self.slots.iter().flatten() {
             if k.matches(w, measure, node, usage) {
                 return *v;
             }
         }
-        let value = w.node_frag_by(measure, node, usage);
+        let value = w.node_parts_by(measure, node, usage);
         let n = usage.gpu_milli.len();
         if n > MEMO_GPUS {
             return value;
@@ -406,13 +448,10 @@ mod tests {
         };
         let free = [1000u32; 8];
         // 20 CPUs feed two 10-CPU pods: the paper's measure loses nothing, the CPU-capped count
-        // loses the other 6 GPUs, weighted.
+        // loses the other 6 GPUs.
         assert_eq!(w.frag_by(Measure::Fgd, None, Some(20_000), &free), 0.0);
         let capped = w.frag_by(Measure::CpuCapped, None, Some(20_000), &free);
-        assert!(
-            (capped - CPU_CAPPED_WEIGHT * 6000.0).abs() < 1e-9,
-            "{capped}"
-        );
+        assert!((capped - 6000.0).abs() < 1e-9, "{capped}");
         // With CPU for all eight, both agree.
         assert_eq!(
             w.frag_by(Measure::CpuCapped, None, Some(80_000), &free),
@@ -428,12 +467,16 @@ mod tests {
         let free = [300, 600, 900, 1000];
         // Paper: only GPU 0's 300 is too small.
         assert_eq!(w.frag_by(Measure::Fgd, None, Some(2000), &free), 300.0);
-        // Two copies use the 1000 and 900 GPUs; 300 + 600 are lost: 300 + w * 600.
+        // Two copies use the 1000 and 900 GPUs; 300 + 600 are lost.
         let capped = w.frag_by(Measure::CpuCapped, None, Some(2000), &free);
-        assert!(
-            (capped - (300.0 + CPU_CAPPED_WEIGHT * 600.0)).abs() < 1e-9,
-            "{capped}"
-        );
+        assert!((capped - 900.0).abs() < 1e-9, "{capped}");
+        // In parts: the paper's 300, and 600 stranded for want of CPU.
+        let parts = w.parts_by(Measure::CpuCapped, None, Some(2000), &free);
+        assert_eq!((parts.fgd, parts.stranded), (300.0, 600.0));
+        assert_eq!(parts.total(), capped);
+        // The paper's measure strands nothing.
+        let parts = w.parts_by(Measure::Fgd, None, Some(2000), &free);
+        assert_eq!((parts.fgd, parts.stranded), (300.0, 0.0));
         // Never below the paper's measure.
         for cpu in [0, 500, 1000, 1500, 2500, 4000] {
             let f = w.frag_by(Measure::Fgd, None, Some(cpu), &free);
@@ -456,7 +499,7 @@ mod tests {
             let mut memo = FragMemo::default();
             let mut last = None;
             let mut check = |w: &Arc<TargetWorkload>, n: &GpuNode, u: &Usage| {
-                let want = w.node_frag_by(m, n, u);
+                let want = w.node_parts_by(m, n, u);
                 assert_ne!(last, Some(want), "{m:?}: the step must change the value");
                 last = Some(want);
                 assert_eq!(memo.node_frag(w, m, n, u), want, "{m:?} {u:?}");

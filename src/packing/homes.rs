@@ -6,7 +6,8 @@
 //! room for it costs the cluster far more than its popularity says, because no other node can
 //! take it in. gpu-share's online workload therefore weighs each shape's count by its
 //! *scarcity*: the cluster's GPUs over the GPUs of the nodes that could hold the shape when
-//! empty (1 for a shape every node can hold), capped at [`MAX_SCARCITY`].
+//! empty, capped at [`MAX_SCARCITY`] and raised to [`SCARCITY_EXPONENT`]. A shape whose homes
+//! hold more than half the GPUs is not weighted ([`SCARCE_BELOW`]).
 //!
 //! A home is judged in the measure's own terms (see [`super::frag`]): enough CPU, at least as
 //! many GPUs as the shape asks for, and an allowed GPU model. Only nodes the per-GPU measure
@@ -17,8 +18,21 @@ use std::collections::HashMap;
 use super::frag::Shape;
 use crate::inventory::{GpuNode, MigLayout};
 
-/// The largest factor a shape's count is weighted by (a shape only 1% of the GPUs can hold).
+/// The largest ratio of the cluster's GPUs to a shape's homes' that counts (a shape only 1% of
+/// the GPUs can hold).
 pub const MAX_SCARCITY: f64 = 100.0;
+
+/// A shape is scarce when its homes hold at most this fraction's inverse of the GPUs (half).
+/// Shapes most nodes can hold, such as the 8-GPU pods asking 64 or 88 CPUs that four in five of
+/// the trace's GPUs can take, need no protecting: weighting them too (1.2 times) cost 0.08
+/// points on multigpu40 and 0.87 on pin-sets-33 (docs/packing.md).
+pub const SCARCE_BELOW: f64 = 2.0;
+
+/// The weight grows slower than the scarcity: a shape only 5% of the GPUs can hold (the 8-GPU,
+/// 120-CPU pods on the trace's G3 nodes) weighs 9.4 times its count, not 20. Fully weighted,
+/// gpu-share kept every G3 node for those pods, refusing none where FGD refuses a few, and
+/// refused more of everything else.
+pub const SCARCITY_EXPONENT: f64 = 0.75;
 
 /// The cluster's nodes as the measure sees them: the GPUs of each kind of node (CPU, GPU count
 /// and model). Kinds are keyed, not listed: nodes that differ by a few millicores of allocatable
@@ -76,16 +90,24 @@ impl Homes {
             .sum()
     }
 
-    /// How scarce `shape`'s homes are: the cluster's GPUs over the GPUs of its homes, 1..=
-    /// [`MAX_SCARCITY`]. 1 for CPU-only shapes, for shapes no node can hold (they weigh on every
-    /// node alike) and when no node is known.
+    /// The factor `shape`'s count is weighted by: the cluster's GPUs over the GPUs of its homes
+    /// (at most [`MAX_SCARCITY`]), raised to [`SCARCITY_EXPONENT`], when its homes hold at most
+    /// 1 / [`SCARCE_BELOW`] of the GPUs. 1 for shapes more nodes can hold, for CPU-only shapes,
+    /// for shapes no node can hold (they weigh on every node alike) and when no node is known.
     pub fn scarcity(&self, shape: &Shape) -> f64 {
         if shape.gpus == 0 || self.gpus == 0 {
             return 1.0;
         }
         match self.gpus_for(shape) {
             0 => 1.0,
-            homes => (self.gpus as f64 / homes as f64).clamp(1.0, MAX_SCARCITY),
+            homes => {
+                let ratio = self.gpus as f64 / homes as f64;
+                if ratio < SCARCE_BELOW {
+                    1.0
+                } else {
+                    ratio.min(MAX_SCARCITY).powf(SCARCITY_EXPONENT)
+                }
+            }
         }
     }
 }
@@ -141,7 +163,7 @@ mod tests {
         assert_eq!(h.kinds.len(), 5000);
         // The 1,000 nodes with at least 64,000 millicores: a fifth of the GPUs.
         assert_eq!(h.gpus_for(&shape(8, 64_000, &[])), 8 * 1000);
-        assert!((h.scarcity(&shape(8, 64_000, &[])) - 5.0).abs() < 1e-12);
+        assert!((h.scarcity(&shape(8, 64_000, &[])) - 5f64.powf(SCARCITY_EXPONENT)).abs() < 1e-12);
     }
 
     #[test]
@@ -149,14 +171,25 @@ mod tests {
         let h = cluster();
         // Every node holds a 1-GPU, 8-CPU pod.
         assert_eq!(h.scarcity(&shape(1, 8000, &[])), 1.0);
+        let weight = |ratio: f64| ratio.powf(SCARCITY_EXPONENT);
         // 8 GPUs and 88 CPUs: the G2 and G3 nodes, 80 of 260 GPUs.
-        assert!((h.scarcity(&shape(8, 88_000, &[])) - 260.0 / 80.0).abs() < 1e-12);
+        assert!((h.scarcity(&shape(8, 88_000, &[])) - weight(260.0 / 80.0)).abs() < 1e-12);
         // 8 GPUs and 120 CPUs: the G3 node only.
-        assert!((h.scarcity(&shape(8, 120_000, &[])) - 260.0 / 8.0).abs() < 1e-12);
+        assert!((h.scarcity(&shape(8, 120_000, &[])) - weight(260.0 / 8.0)).abs() < 1e-12);
+        assert!(h.scarcity(&shape(8, 120_000, &[])) > h.scarcity(&shape(8, 88_000, &[])));
         // Pinned to G3, any size: the same single node.
-        assert!((h.scarcity(&shape(1, 1000, &["G3"])) - 260.0 / 8.0).abs() < 1e-12);
+        assert!((h.scarcity(&shape(1, 1000, &["G3"])) - weight(260.0 / 8.0)).abs() < 1e-12);
         // A set of models counts the homes of each.
-        assert!((h.scarcity(&shape(1, 1000, &["G3", "G2"])) - 260.0 / 80.0).abs() < 1e-12);
+        let pair = h.scarcity(&shape(1, 1000, &["G3", "G2"]));
+        assert!((pair - weight(260.0 / 80.0)).abs() < 1e-12);
+        // 100 CPUs: the T4 and G3 nodes, 188 of 260 GPUs, more than half: not scarce.
+        assert_eq!(h.scarcity(&shape(1, 100_000, &[])), 1.0);
+        // Exactly half is scarce.
+        let mut half = vec![node("a", "T4", 2, 8000), node("b", "T4", 2, 64_000)];
+        let h2 = Homes::of(&half);
+        assert_eq!(h2.scarcity(&shape(1, 64_000, &[])), weight(2.0));
+        half.push(node("c", "T4", 1, 64_000));
+        assert_eq!(Homes::of(&half).scarcity(&shape(1, 64_000, &[])), 1.0);
         // More CPU than any node: no home; it weighs as much as everywhere (1).
         assert_eq!(h.scarcity(&shape(1, 200_000, &[])), 1.0);
         // CPU-only shapes are not weighted.
@@ -176,7 +209,8 @@ mod tests {
         nodes.push(mig);
         let h = Homes::of(&nodes);
         assert_eq!(h.gpus, 3201);
-        assert_eq!(h.scarcity(&shape(1, 1000, &["A10"])), MAX_SCARCITY);
+        let cap = MAX_SCARCITY.powf(SCARCITY_EXPONENT);
+        assert_eq!(h.scarcity(&shape(1, 1000, &["A10"])), cap);
         assert_eq!(h.scarcity(&shape(1, 1000, &["A100"])), 1.0, "no home");
         assert_eq!(Homes::default().scarcity(&shape(1, 1000, &[])), 1.0);
     }

@@ -30,7 +30,7 @@ pub use candidates::*;
 pub use demand::*;
 pub use fit::*;
 pub use frag::FragMemo;
-pub use homes::Homes;
+pub use homes::{Homes, SCARCITY_EXPONENT};
 pub use score::{PackingPolicy, Scorer};
 pub use usage::*;
 pub use workload::{OnlineWorkload, TYPICAL_COVERAGE, Workload};

@@ -153,11 +153,16 @@ mod tests {
         let plain = o.target(&Homes::default());
         assert_eq!(plain.shapes.len(), 1);
         assert_eq!(plain.shapes[0].0.gpus, 1);
-        // Its homes are 8 of 88 GPUs: counted 11 times, 55 against 95.
+        // Its homes are 8 of 88 GPUs: counted 11^0.75 (about 6.0) times, 30 against 95.
         let t = o.target(&homes);
         assert_eq!(t.shapes.len(), 2);
         let large = t.shapes.iter().find(|(s, _)| s.gpus == 8).unwrap();
-        assert!((large.1 - 55.0 / 150.0).abs() < 1e-12, "{}", large.1);
+        let weighted = 5.0 * 11f64.powf(crate::packing::SCARCITY_EXPONENT);
+        assert!(
+            (large.1 - weighted / (weighted + 95.0)).abs() < 1e-12,
+            "{}",
+            large.1
+        );
         assert!((t.shapes.iter().map(|(_, p)| p).sum::<f64>() - 1.0).abs() < 1e-12);
     }
 
