@@ -431,10 +431,7 @@ fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
         .filter(|p| !p.demand.models.is_empty())
         .count();
     assert!(pinned > 1000, "{pinned} pods pinned");
-    let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
-    let seeds: Vec<u64> = (42..=51).collect();
-    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
-    assert_gpu_share_ahead_of_fgd(&report, "pin-sets-20");
+    replay_gpu_share_and_fgd_and_assert_ahead(&inputs, "pin-sets-20");
 }
 
 /// gpu-share ahead of the project's FGD on a multi-GPU-heavy trace (multigpu30: the trace's
@@ -450,10 +447,15 @@ fn gpu_share_beats_fgd_on_a_multi_gpu_heavy_trace() {
         .filter(|p| p.demand.gpu.per_gpu().1 > 1)
         .count();
     assert!(multi > 400, "{multi} multi-GPU pods");
+    replay_gpu_share_and_fgd_and_assert_ahead(&inputs, "multigpu30");
+}
+
+/// FGD and gpu-share over seeds 42-51 at tune 1.3, gpu-share ahead at both arrival levels.
+fn replay_gpu_share_and_fgd_and_assert_ahead(inputs: &driver::Inputs, what: &str) {
     let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
     let seeds: Vec<u64> = (42..=51).collect();
-    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
-    assert_gpu_share_ahead_of_fgd(&report, "multigpu30");
+    let report = driver::simulate(inputs, &policies, &seeds, 1.3, false);
+    assert_gpu_share_ahead_of_fgd(&report, what);
 }
 
 /// The Kubernetes-shaped input: the extender's example cluster (MIG mixed, time-slicing, MPS,

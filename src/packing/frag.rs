@@ -155,19 +155,8 @@ impl TargetWorkload {
         self.shapes.is_empty()
     }
 
-    /// The node's fragmentation under `measure`, thousandths of a GPU, for CPU left `cpu_free`
-    /// and the free share of each GPU.
-    pub fn frag_by(
-        &self,
-        measure: Measure,
-        product: Option<&str>,
-        cpu_free: Option<u64>,
-        gpu_free: &[u32],
-    ) -> f64 {
-        self.parts_by(measure, product, cpu_free, gpu_free).total()
-    }
-
-    /// As [`TargetWorkload::frag_by`], in its two parts.
+    /// The node's fragmentation under `measure`, thousandths of a GPU, in its two parts, for
+    /// CPU left `cpu_free` and the free share of each GPU.
     pub fn parts_by(
         &self,
         measure: Measure,
@@ -253,31 +242,15 @@ impl TargetWorkload {
 
     /// The fragmentation of a node with this usage (per-GPU model; the paper's measure).
     pub fn node_frag(&self, node: &GpuNode, usage: &Usage) -> f64 {
-        self.node_frag_by(Measure::Fgd, node, usage)
+        self.node_parts_by(Measure::Fgd, node, usage).total()
     }
 
-    /// The fragmentation of a node with this usage under `measure`.
-    pub fn node_frag_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> f64 {
-        self.node_parts_by(measure, node, usage).total()
-    }
-
-    /// As [`TargetWorkload::node_frag_by`], in its two parts.
+    /// The fragmentation of a node with this usage under `measure`, in its two parts.
     pub fn node_parts_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> Frag {
         self.frag_with(measure, node, usage, &[], 0)
     }
 
-    /// The fragmentation of the node after a placement, under `measure`.
-    pub fn frag_after(
-        &self,
-        measure: Measure,
-        node: &GpuNode,
-        usage: &Usage,
-        p: &Placement,
-    ) -> f64 {
-        self.parts_after(measure, node, usage, p).total()
-    }
-
-    /// As [`TargetWorkload::frag_after`], in its two parts.
+    /// The fragmentation of the node after a placement, under `measure`, in its two parts.
     pub fn parts_after(
         &self,
         measure: Measure,
@@ -432,13 +405,20 @@ mod tests {
         };
         // GPUs free: 300, 1000. A 500 pod fits GPU 1 only: GPU 0's 300 is lost. A 2-GPU pod
         // cannot run: all 1300 are lost.
-        let f = w.frag_by(Measure::Fgd, None, Some(8000), &[300, 1000]);
+        let f = w
+            .parts_by(Measure::Fgd, None, Some(8000), &[300, 1000])
+            .total();
         assert!((f - (0.5 * 300.0 + 0.5 * 1300.0)).abs() < 1e-9);
         // Without the CPU for either shape, everything idle is fragment.
-        let f = w.frag_by(Measure::Fgd, None, Some(500), &[300, 1000]);
+        let f = w
+            .parts_by(Measure::Fgd, None, Some(500), &[300, 1000])
+            .total();
         assert!((f - 1300.0).abs() < 1e-9);
         // A full node has no fragmentation.
-        assert_eq!(w.frag_by(Measure::Fgd, None, Some(8000), &[0, 0]), 0.0);
+        assert_eq!(
+            w.parts_by(Measure::Fgd, None, Some(8000), &[0, 0]).total(),
+            0.0
+        );
     }
 
     #[test]
@@ -449,16 +429,25 @@ mod tests {
         let free = [1000u32; 8];
         // 20 CPUs feed two 10-CPU pods: the paper's measure loses nothing, the CPU-capped count
         // loses the other 6 GPUs.
-        assert_eq!(w.frag_by(Measure::Fgd, None, Some(20_000), &free), 0.0);
-        let capped = w.frag_by(Measure::CpuCapped, None, Some(20_000), &free);
+        assert_eq!(
+            w.parts_by(Measure::Fgd, None, Some(20_000), &free).total(),
+            0.0
+        );
+        let capped = w
+            .parts_by(Measure::CpuCapped, None, Some(20_000), &free)
+            .total();
         assert!((capped - 6000.0).abs() < 1e-9, "{capped}");
         // With CPU for all eight, both agree.
         assert_eq!(
-            w.frag_by(Measure::CpuCapped, None, Some(80_000), &free),
+            w.parts_by(Measure::CpuCapped, None, Some(80_000), &free)
+                .total(),
             0.0
         );
         // Without CPU accounting (a cluster node whose CPU is not tracked) too.
-        assert_eq!(w.frag_by(Measure::CpuCapped, None, None, &free), 0.0);
+        assert_eq!(
+            w.parts_by(Measure::CpuCapped, None, None, &free).total(),
+            0.0
+        );
 
         // A shared shape: the copies go to the GPUs with the most free share.
         let w = TargetWorkload {
@@ -466,9 +455,14 @@ mod tests {
         };
         let free = [300, 600, 900, 1000];
         // Paper: only GPU 0's 300 is too small.
-        assert_eq!(w.frag_by(Measure::Fgd, None, Some(2000), &free), 300.0);
+        assert_eq!(
+            w.parts_by(Measure::Fgd, None, Some(2000), &free).total(),
+            300.0
+        );
         // Two copies use the 1000 and 900 GPUs; 300 + 600 are lost.
-        let capped = w.frag_by(Measure::CpuCapped, None, Some(2000), &free);
+        let capped = w
+            .parts_by(Measure::CpuCapped, None, Some(2000), &free)
+            .total();
         assert!((capped - 900.0).abs() < 1e-9, "{capped}");
         // In parts: the paper's 300, and 600 stranded for want of CPU.
         let parts = w.parts_by(Measure::CpuCapped, None, Some(2000), &free);
@@ -479,8 +473,10 @@ mod tests {
         assert_eq!((parts.fgd, parts.stranded), (300.0, 0.0));
         // Never below the paper's measure.
         for cpu in [0, 500, 1000, 1500, 2500, 4000] {
-            let f = w.frag_by(Measure::Fgd, None, Some(cpu), &free);
-            let c = w.frag_by(Measure::CpuCapped, None, Some(cpu), &free);
+            let f = w.parts_by(Measure::Fgd, None, Some(cpu), &free).total();
+            let c = w
+                .parts_by(Measure::CpuCapped, None, Some(cpu), &free)
+                .total();
             assert!(c >= f, "cpu {cpu}: {c} < {f}");
         }
     }
@@ -539,8 +535,14 @@ mod tests {
         let w = TargetWorkload {
             shapes: vec![(shape(1000, 0, 0), 0.25), (g, 0.75)],
         };
-        assert!((w.frag_by(Measure::Fgd, Some("T4"), None, &[1000]) - 250.0).abs() < 1e-9);
-        assert!((w.frag_by(Measure::Fgd, Some("V100"), None, &[1000]) - 1000.0).abs() < 1e-9);
+        assert!((w.parts_by(Measure::Fgd, Some("T4"), None, &[1000]).total() - 250.0).abs() < 1e-9);
+        assert!(
+            (w.parts_by(Measure::Fgd, Some("V100"), None, &[1000])
+                .total()
+                - 1000.0)
+                .abs()
+                < 1e-9
+        );
     }
 
     #[test]

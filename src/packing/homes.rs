@@ -22,7 +22,8 @@ use crate::inventory::{GpuNode, MigLayout};
 /// the GPUs can hold).
 pub const MAX_SCARCITY: f64 = 100.0;
 
-/// A shape is scarce when its homes hold at most this fraction's inverse of the GPUs (half).
+/// A shape is scarce when the cluster has at least this many times its homes' GPUs (2: its
+/// homes hold at most half of them).
 /// Shapes most nodes can hold, such as the 8-GPU pods asking 64 or 88 CPUs that four in five of
 /// the trace's GPUs can take, need no protecting: weighting them too (1.2 times) cost 0.08
 /// points on multigpu40 and 0.87 on pin-sets-33 (docs/packing.md).

@@ -391,7 +391,7 @@ mod tests {
         let mut after = u.clone();
         apply(&mut after, &p);
         for m in [Measure::Fgd, Measure::CpuCapped] {
-            assert_eq!(w.frag_after(m, &n, &u, &p), w.node_frag_by(m, &n, &after));
+            assert_eq!(w.parts_after(m, &n, &u, &p), w.node_parts_by(m, &n, &after));
         }
     }
 
