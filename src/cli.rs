@@ -92,6 +92,10 @@ pub struct SimulateArgs {
     /// The seed the variant's pods are drawn with (the same pods for every replay seed).
     #[arg(long, default_value_t = 2023)]
     pub variant_seed: u64,
+    /// Also report, per policy, the GPU refused to each pod shape by 100% and 130% arrival,
+    /// when the first refusal came and the fit reason (which pods fail, for lack of what).
+    #[arg(long)]
+    pub refusals: bool,
 }
 
 #[derive(Debug, Clone, Args)]

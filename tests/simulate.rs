@@ -101,9 +101,49 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
 }
 
 #[test]
+fn refusals_account_for_the_unallocated_gpus_and_name_their_shapes() {
+    let inputs = driver::load(&fixture("nodes.csv"), &fixture("pods.csv")).unwrap();
+    let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
+    let report = driver::simulate(&inputs, &policies, &[3, 4, 5], 1.3, false, true);
+    for p in &report.policies {
+        assert!(!p.refusals.is_empty(), "{}: the fixture overflows", p.name);
+        // Every refused pod is in the table: all but, at most, the last draw of a seed (it may
+        // overshoot 130%) arrived by 130%.
+        let by130: f64 = p.refusals.iter().map(|r| r.pods["130"]).sum();
+        assert!(
+            by130 <= p.pods_failed + 1e-6 && p.pods_failed - by130 <= 1.0 + 1e-6,
+            "{}: {by130} refusals by 130%, {} failed",
+            p.name,
+            p.pods_failed
+        );
+        // At 100% arrival the GPU refused is the GPU left unallocated (the curve's 100% bucket
+        // spans half a point either side: at most one 8-GPU pod of the fixture's 314 GPUs).
+        let refused: f64 = p.refusals.iter().map(|r| r.refused_gpu_pct["100"]).sum();
+        let unalloc = p.unallocated_gpu_pct["100"];
+        assert!(
+            (refused - unalloc).abs() <= 800.0 / 314.0,
+            "{}: refused {refused}% by 100%, unallocated {unalloc}%",
+            p.name
+        );
+        for r in &p.refusals {
+            assert!(r.earliest_refused_at_pct <= r.first_refused_at_pct, "{r:?}");
+            assert!(!r.why.is_empty() && r.shape.contains("CPU"), "{r:?}");
+        }
+        for w in p.refusals.windows(2) {
+            assert!(w[0].refused_gpu_pct["100"] >= w[1].refused_gpu_pct["100"]);
+        }
+    }
+    let text = gpu_share::simulate::report::table(&report);
+    assert!(
+        text.contains("\ngpu-share:\n") && text.contains("\nfgd:\n"),
+        "{text}"
+    );
+}
+
+#[test]
 fn report_curves_are_monotone_and_the_table_has_every_policy() {
     let inputs = driver::load(&fixture("nodes.csv"), &fixture("pods.csv")).unwrap();
-    let report = driver::simulate(&inputs, &default_policies(), &[3, 4, 5], 1.3, false);
+    let report = driver::simulate(&inputs, &default_policies(), &[3, 4, 5], 1.3, false, false);
     assert_eq!(report.gpus_total, 314);
     assert_eq!(report.policies.len(), 7);
     for p in &report.policies {
@@ -187,6 +227,9 @@ fn cli_writes_the_table_json_and_svg() {
     let first = &v["policies"][0]["curve"][0];
     assert_eq!(first["arrived_pct"], 0);
     assert!(first["frag_ratio_pct"].is_number());
+    // Without --refusals, no refusal table.
+    assert!(v["policies"][0].get("refusals").is_none());
+    assert!(!table.contains("refused:"), "{table}");
     // Units and the direction of every column.
     assert!(table.contains("Lower is better"), "{table}");
     for header in [
@@ -400,7 +443,7 @@ fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full
         .chain([PackingPolicy::GpuShare])
         .collect();
     let seeds: Vec<u64> = (42..=51).collect();
-    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false);
+    let report = driver::simulate(&inputs, &policies, &seeds, 1.3, false, false);
     assert_eq!(report.gpus_total, 6212);
     for (name, published) in PUBLISHED {
         let p = report.policies.iter().find(|p| p.name == name).unwrap();
@@ -454,7 +497,7 @@ fn gpu_share_beats_fgd_on_a_multi_gpu_heavy_trace() {
 fn replay_gpu_share_and_fgd_and_assert_ahead(inputs: &driver::Inputs, what: &str) {
     let policies = [PackingPolicy::Fgd, PackingPolicy::GpuShare];
     let seeds: Vec<u64> = (42..=51).collect();
-    let report = driver::simulate(inputs, &policies, &seeds, 1.3, false);
+    let report = driver::simulate(inputs, &policies, &seeds, 1.3, false, false);
     assert_gpu_share_ahead_of_fgd(&report, what);
 }
 
@@ -630,4 +673,45 @@ fn cli_partition_prints_the_what_if_table_and_json() {
         os("all-1g.11gb"),
     ]);
     assert!(e.contains("did you mean all-1g.10gb"), "{e}");
+}
+
+#[test]
+fn cli_reports_refusals_by_pod_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let os = |p: &'static str| std::ffi::OsStr::new(p);
+    let (nodes, pods) = (fixture("nodes.csv"), fixture("pods.csv"));
+    let table = run_ok([
+        os("simulate"),
+        os("--nodes"),
+        nodes.as_os_str(),
+        os("--pods"),
+        pods.as_os_str(),
+        os("--seeds"),
+        os("7..8"),
+        os("--policy"),
+        os("gpu-share"),
+        os("--refusals"),
+        os("--json"),
+        json.as_os_str(),
+    ]);
+    assert!(
+        table.contains("refused:") && table.contains("\ngpu-share:\n"),
+        "{table}"
+    );
+    assert!(
+        table.contains("pod shape") && table.contains("earliest"),
+        "{table}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = v["policies"][0]["refusals"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        assert!(r["shape"].as_str().unwrap().contains("CPU"), "{r}");
+        assert!(r["refusedGpuPct"]["100"].is_number() && r["pods"]["130"].is_number());
+        assert!(
+            r["firstRefusedAtPct"].is_number() && r["why"].is_string(),
+            "{r}"
+        );
+    }
 }

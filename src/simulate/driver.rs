@@ -135,13 +135,15 @@ pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, SimulateError> {
     })
 }
 
-/// Runs every (policy, seed) replay and aggregates the report.
+/// Runs every (policy, seed) replay and aggregates the report; with `refusals`, each policy's
+/// report also says which pods it refused, when and why (a fit check per node per refusal).
 pub fn simulate(
     inputs: &Inputs,
     policies: &[PackingPolicy],
     seeds: &[u64],
     tune: f64,
     show_progress: bool,
+    refusals: bool,
 ) -> Report {
     let capacity: u64 = inputs
         .nodes
@@ -187,7 +189,7 @@ pub fn simulate(
                     nodes: &inputs.nodes,
                     pods: &inputs.pods,
                     metric: &metric,
-                    explain: false,
+                    explain: refusals,
                 },
                 &orders[si],
                 policy,
@@ -213,7 +215,13 @@ pub fn simulate(
     let policies_out = policies
         .iter()
         .zip(&groups)
-        .map(|(p, runs)| report::policy_report(p.name(), runs))
+        .map(|(p, runs)| {
+            let mut r = report::policy_report(p.name(), runs);
+            if refusals {
+                r.refusals = super::refusals::refusals(&inputs.pods, runs);
+            }
+            r
+        })
         .collect();
     Report {
         gpus_total: capacity / u64::from(GPU_MILLI),
@@ -353,6 +361,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         &seeds,
         args.tune,
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        args.refusals,
     );
     report.variant = variant.map(|v| format!("{v}, seed {}", args.variant_seed));
     if let Some(path) = &args.json {

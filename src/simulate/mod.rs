@@ -8,6 +8,7 @@
 pub mod chart;
 pub mod kube;
 pub mod partition;
+pub mod refusals;
 pub mod replay;
 pub mod report;
 pub mod trace;
@@ -16,6 +17,9 @@ pub mod variant;
 pub mod driver;
 
 use crate::packing::PackingPolicy;
+
+/// The arrival points (% of the GPU capacity) the reports give figures at.
+pub const REPORT_AT: [u32; 2] = [100, 130];
 
 /// The policies replayed when none is named: the FGD paper's six and gpu-share's own (every
 /// policy but `binpack` and `spread`).

@@ -502,13 +502,13 @@ pub fn choice_report(prep: &Prepared, policy: &str, runs: &[RunOutcome]) -> Choi
         *unplaced.entry(why.clone()).or_default() += 1.0;
     }
     for r in runs {
-        for (pod, reason) in &r.unplaced {
+        for u in &r.unplaced {
             let asked = prep
                 .pods
-                .get(*pod)
+                .get(u.pod)
                 .map_or_else(String::new, |p| p.demand.gpu.to_string());
             *unplaced
-                .entry(format!("{asked}: {}", reason.message()))
+                .entry(format!("{asked}: {}", u.reason.message()))
                 .or_default() += 1.0 / n;
         }
     }

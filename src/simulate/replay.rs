@@ -92,8 +92,19 @@ pub struct RunOutcome {
     pub samples: Vec<Sample>,
     pub placed: usize,
     pub failed: usize,
-    /// With [`Trace::explain`]: each pod that fit nowhere (its index in the trace) and why.
-    pub unplaced: Vec<(usize, Reason)>,
+    /// With [`Trace::explain`]: each pod that fit nowhere, in arrival order.
+    pub unplaced: Vec<Unplaced>,
+}
+
+/// A pod that fit nowhere, recorded with [`Trace::explain`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unplaced {
+    /// Its index in the trace.
+    pub pod: usize,
+    /// GPU asked for by every pod that arrived up to and including this one, thousandths.
+    pub arrived_milli: u64,
+    /// Why it fit no node.
+    pub reason: Reason,
 }
 
 /// How a policy's workload estimate is obtained.
@@ -277,7 +288,11 @@ pub fn run(
         } else {
             failed += 1;
             if explain {
-                unplaced.push((pi, why_nowhere(nodes, &usages, demand)));
+                unplaced.push(Unplaced {
+                    pod: pi,
+                    arrived_milli: arrived,
+                    reason: why_nowhere(nodes, &usages, demand),
+                });
             }
         }
         samples.push(Sample {
@@ -389,9 +404,14 @@ mod tests {
             || {},
         );
         assert_eq!((out.placed, out.failed), (1, 2));
+        let got: Vec<(usize, u64, Reason)> = out
+            .unplaced
+            .into_iter()
+            .map(|u| (u.pod, u.arrived_milli, u.reason))
+            .collect();
         assert_eq!(
-            out.unplaced,
-            vec![(1, Reason::NoFreeGpus), (2, Reason::TooFewGpus)]
+            got,
+            vec![(1, 2000, Reason::NoFreeGpus), (2, 4000, Reason::TooFewGpus)]
         );
     }
 }

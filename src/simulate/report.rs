@@ -115,10 +115,12 @@ pub struct PolicyReport {
     pub pods_placed: f64,
     pub pods_failed: f64,
     pub curve: Vec<CurvePoint>,
+    /// With `--refusals`: the GPU refused per pod shape (see [`super::refusals`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<super::refusals::Refusal>,
 }
 
-/// The arrival points the table and the JSON maps report.
-pub const REPORT_AT: [u32; 2] = [100, 130];
+pub use super::REPORT_AT;
 
 /// Aggregates one policy's runs (one per seed).
 pub fn policy_report(name: &str, runs: &[RunOutcome]) -> PolicyReport {
@@ -175,6 +177,7 @@ pub fn policy_report(name: &str, runs: &[RunOutcome]) -> PolicyReport {
         pods_placed: runs.iter().map(|r| r.placed as f64).sum::<f64>() / n,
         pods_failed: runs.iter().map(|r| r.failed as f64).sum::<f64>() / n,
         curve: points,
+        refusals: Vec::new(),
     }
 }
 
@@ -259,6 +262,12 @@ pub fn table(r: &Report) -> String {
             placed_of_asked(p.pods_placed, p.pods_placed + p.pods_failed),
         );
     }
+    let refusals: Vec<(&str, &[super::refusals::Refusal])> = r
+        .policies
+        .iter()
+        .map(|p| (p.name.as_str(), p.refusals.as_slice()))
+        .collect();
+    out.push_str(&super::refusals::table(&refusals));
     out
 }
 
