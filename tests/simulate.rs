@@ -189,20 +189,24 @@ fn report_curves_are_monotone_and_the_table_has_every_policy() {
     assert!(un("random") > un("bestfit") && un("bestfit") > un("fgd"));
 }
 
+/// `gpu-share simulate` on the fixture trace with seeds 7 and 8, then `extra`; its stdout.
+fn simulate_fixture_seeds_7_8<'a>(extra: impl IntoIterator<Item = &'a std::ffi::OsStr>) -> String {
+    let (nodes, pods) = (fixture("nodes.csv"), fixture("pods.csv"));
+    let mut args: Vec<std::ffi::OsString> = ["simulate", "--nodes"].map(Into::into).to_vec();
+    args.push(nodes.into_os_string());
+    args.push("--pods".into());
+    args.push(pods.into_os_string());
+    args.extend(["--seeds", "7..8"].map(Into::into));
+    args.extend(extra.into_iter().map(Into::into));
+    run_ok(args)
+}
+
 #[test]
 fn cli_writes_the_table_json_and_svg() {
     let dir = tempfile::tempdir().unwrap();
     let (json, svg) = (dir.path().join("r.json"), dir.path().join("r.svg"));
     let os = |p: &'static str| std::ffi::OsStr::new(p);
-    let (nodes, pods) = (fixture("nodes.csv"), fixture("pods.csv"));
-    let table = run_ok([
-        os("simulate"),
-        os("--nodes"),
-        nodes.as_os_str(),
-        os("--pods"),
-        pods.as_os_str(),
-        os("--seeds"),
-        os("7..8"),
+    let table = simulate_fixture_seeds_7_8([
         os("--policy"),
         os("fgd"),
         os("--policy"),
@@ -680,15 +684,7 @@ fn cli_reports_refusals_by_pod_shape() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let os = |p: &'static str| std::ffi::OsStr::new(p);
-    let (nodes, pods) = (fixture("nodes.csv"), fixture("pods.csv"));
-    let table = run_ok([
-        os("simulate"),
-        os("--nodes"),
-        nodes.as_os_str(),
-        os("--pods"),
-        pods.as_os_str(),
-        os("--seeds"),
-        os("7..8"),
+    let table = simulate_fixture_seeds_7_8([
         os("--policy"),
         os("gpu-share"),
         os("--refusals"),

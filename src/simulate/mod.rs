@@ -21,6 +21,21 @@ use crate::packing::PackingPolicy;
 /// The arrival points (% of the GPU capacity) the reports give figures at.
 pub const REPORT_AT: [u32; 2] = [100, 130];
 
+/// The median of `v` (NaN when empty).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
 /// The policies replayed when none is named: the FGD paper's six and gpu-share's own (every
 /// policy but `binpack` and `spread`).
 pub fn default_policies() -> Vec<PackingPolicy> {

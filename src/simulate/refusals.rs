@@ -7,14 +7,14 @@
 //! refused from 60% arrival on, while the cluster still has room, reads differently from one
 //! refused in the last percent).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::REPORT_AT;
 use super::replay::RunOutcome;
 use super::trace::{TracePod, gpu_request_milli};
+use super::{REPORT_AT, median};
 use crate::packing::{Demand, Reason};
 
 /// The GPU one policy refused to one pod shape, over seeds.
@@ -57,18 +57,18 @@ pub fn shape_label(d: &Demand) -> String {
 pub fn refusals(pods: &[TracePod], runs: &[RunOutcome]) -> Vec<Refusal> {
     #[derive(Default)]
     struct Acc {
-        gpu: [u64; 2],
-        pods: [u64; 2],
+        /// Per arrival point of [`REPORT_AT`]: % of the GPUs and pods, summed over the runs.
+        gpu_pct: [f64; REPORT_AT.len()],
+        pods: [u64; REPORT_AT.len()],
+        /// The arrival % of the first refusal in each run that refused this shape.
         first: Vec<f64>,
         why: HashMap<Reason, u32>,
     }
     let n = runs.len().max(1) as f64;
     let mut by: BTreeMap<String, Acc> = BTreeMap::new();
-    let mut capacity = 0.0;
     for run in runs {
         let cap = run.capacity_milli.max(1);
-        capacity += cap as f64 / n;
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen = HashSet::new();
         for u in &run.unplaced {
             let Some(pod) = pods.get(u.pod) else { continue };
             let label = shape_label(&pod.demand);
@@ -76,27 +76,19 @@ pub fn refusals(pods: &[TracePod], runs: &[RunOutcome]) -> Vec<Refusal> {
             let ask = gpu_request_milli(&pod.demand);
             for (i, at) in REPORT_AT.iter().enumerate() {
                 if u.arrived_milli * 100 <= cap * u64::from(*at) {
-                    acc.gpu[i] += ask;
+                    acc.gpu_pct[i] += 100.0 * ask as f64 / cap as f64;
                     acc.pods[i] += 1;
                 }
             }
-            if !seen.contains(&label) {
+            if seen.insert(label) {
                 acc.first.push(100.0 * u.arrived_milli as f64 / cap as f64);
-                seen.push(label);
             }
             *acc.why.entry(u.reason.clone()).or_default() += 1;
         }
     }
-    let mut out: Vec<Refusal> = by
+    let mut rows: Vec<(Acc, Refusal)> = by
         .into_iter()
         .map(|(shape, acc)| {
-            let mut first = acc.first;
-            first.sort_by(f64::total_cmp);
-            let median = match first.len() {
-                0 => f64::NAN,
-                l if l % 2 == 1 => first[l / 2],
-                l => (first[l / 2 - 1] + first[l / 2]) / 2.0,
-            };
             let why = acc
                 .why
                 .iter()
@@ -104,34 +96,41 @@ pub fn refusals(pods: &[TracePod], runs: &[RunOutcome]) -> Vec<Refusal> {
                 .map(|(r, _)| r.message())
                 .unwrap_or_default();
             let round = |x: f64, k: f64| (x * k).round() / k;
-            let mut refused_gpu_pct = BTreeMap::new();
-            let mut pods = BTreeMap::new();
-            for (i, at) in REPORT_AT.iter().enumerate() {
-                let pct = 100.0 * acc.gpu[i] as f64 / n / capacity.max(1.0);
-                refused_gpu_pct.insert(at.to_string(), round(pct, 1000.0));
-                pods.insert(at.to_string(), round(acc.pods[i] as f64 / n, 10.0));
-            }
-            Refusal {
+            let at = |v: &[f64]| -> BTreeMap<String, f64> {
+                REPORT_AT
+                    .iter()
+                    .zip(v)
+                    .map(|(a, x)| (a.to_string(), *x))
+                    .collect()
+            };
+            let gpu: Vec<f64> = acc.gpu_pct.iter().map(|x| round(x / n, 1000.0)).collect();
+            let count: Vec<f64> = acc
+                .pods
+                .iter()
+                .map(|c| round(*c as f64 / n, 10.0))
+                .collect();
+            let earliest = acc.first.iter().copied().fold(f64::INFINITY, f64::min);
+            let refusal = Refusal {
                 shape,
-                refused_gpu_pct,
-                pods,
-                first_refused_at_pct: round(median, 10.0),
-                earliest_refused_at_pct: round(first.first().copied().unwrap_or(f64::NAN), 10.0),
+                refused_gpu_pct: at(&gpu),
+                pods: at(&count),
+                first_refused_at_pct: round(median(&acc.first), 10.0),
+                earliest_refused_at_pct: round(earliest, 10.0),
                 why,
-            }
+            };
+            (acc, refusal)
         })
         .collect();
-    let key = |r: &Refusal| -> (f64, f64) {
-        let at = |k: u32| r.refused_gpu_pct.get(&k.to_string()).copied();
-        (at(100).unwrap_or(0.0), at(130).unwrap_or(0.0))
-    };
-    out.sort_by(|a, b| {
-        let (ka, kb) = (key(a), key(b));
-        kb.0.total_cmp(&ka.0)
-            .then(kb.1.total_cmp(&ka.1))
-            .then_with(|| a.shape.cmp(&b.shape))
+    // Most GPU refused by the first arrival point, then the next; BTreeMap order breaks ties.
+    rows.sort_by(|(a, _), (b, _)| {
+        b.gpu_pct
+            .iter()
+            .zip(&a.gpu_pct)
+            .fold(std::cmp::Ordering::Equal, |o, (x, y)| {
+                o.then(x.total_cmp(y))
+            })
     });
-    out
+    rows.into_iter().map(|(_, r)| r).collect()
 }
 
 /// How many shapes the text table lists per policy (the JSON has them all).

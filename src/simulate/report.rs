@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::median;
 use super::replay::RunOutcome;
 
 /// One bucket of one run.
@@ -70,20 +71,6 @@ fn mean(v: &[f64]) -> f64 {
         return f64::NAN;
     }
     v.iter().sum::<f64>() / v.len() as f64
-}
-
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
 }
 
 fn round2(x: f64) -> f64 {
