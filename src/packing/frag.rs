@@ -18,10 +18,10 @@
 //!
 //! The CPU is weighed against the mix, not shape by shape: a node with 96 CPUs for 8 GPUs feeds
 //! them all when pods ask 16 and 8 CPUs per GPU half and half, though copies of the 16-CPU
-//! shape alone would strand two. Counted shape by shape, a node looked best for a CPU-hungry pod
-//! when its CPU could feed copies of every shape, which drew those pods to the few nodes with the
-//! most CPU per GPU, the only homes of the largest pods; measured against the mix, gpu-share
-//! leaves 0.2 to 0.9 points fewer GPUs unallocated on every trace and variant (docs/packing.md).
+//! shape alone would strand two. Counted shape by shape, a node was charged whenever one popular
+//! shape could not fill it alone; against the mix, gpu-share is ahead of FGD on every trace and
+//! variant of the benchmark, where shape by shape it trailed on the multi-GPU-heavy ones
+//! (docs/packing.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -176,8 +176,8 @@ mod tests {
                 .unwrap()
                 .1
         };
-        // Without the scarcity weighting, the CPU-rich G3 looks as good a place as G2 (its
-        // spare CPU strands none of its GPUs) ...
+        // Without the scarcity weighting, the CPU-rich G3 looks as good a place as G2 (the CPU
+        // of either feeds its GPUs) ...
         let plain = o.target(&Homes::default());
         assert!(score(plain.clone(), &g3) >= score(plain, &g2));
         // ... with it, taking G3's first GPU costs the 8-GPU, 120-CPU shape its only home.
