@@ -481,6 +481,29 @@ fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
     replay_gpu_share_and_fgd_and_assert_ahead(&inputs, "pin-sets-20");
 }
 
+/// gpu-share ahead of FGD on a generated CPU-only-heavy variant of the full trace (three times
+/// the CPU-only pods, `--variant cpu-x3`), at 100% and 130% arrival, seeds 42-51: the variant
+/// where charging only a growth of the stranded GPUs, not crediting their use, trails FGD.
+/// Needs ../shared/data/openb and a release build (CI runs it).
+#[test]
+#[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
+fn gpu_share_beats_fgd_on_a_cpu_only_heavy_variant_of_the_full_trace() {
+    use gpu_share::simulate::variant::{DEFAULT_SEED, Variant};
+    let mut inputs = full_trace();
+    let cpu_only = |pods: &[gpu_share::simulate::trace::TracePod]| {
+        pods.iter()
+            .filter(|p| p.demand.gpu.per_gpu().1 == 0)
+            .count()
+    };
+    let before = cpu_only(&inputs.pods);
+    inputs.pods =
+        Variant::parse("cpu-x3")
+            .unwrap()
+            .apply(&inputs.pods, &inputs.nodes, DEFAULT_SEED);
+    assert_eq!(cpu_only(&inputs.pods), 3 * before);
+    replay_gpu_share_and_fgd_and_assert_ahead(&inputs, "cpu-x3");
+}
+
 /// gpu-share ahead of FGD on a multi-GPU-heavy trace (multigpu40: the trace's authors' variant
 /// whose multi-GPU pods ask 40% of the GPUs, the one where FGD led longest), at 100% and 130%
 /// arrival, seeds 42-51, and at 100% below the published FGD figure (3.1%) too.
