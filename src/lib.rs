@@ -28,6 +28,7 @@ pub mod simulate;
 pub mod status;
 pub mod sync;
 pub mod telemetry;
+pub mod workloads;
 
 /// Errors that stop the service at start, each naming what to fix.
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ use thiserror::Error;
 use crate::mig::{MigModel, MigTable};
 use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
+use crate::workloads::{WorkloadKind, builtin_kinds};
 
 /// The embedded default policy.
 pub const DEFAULT_POLICY_YAML: &str = include_str!("../policies/default.yaml");
@@ -297,6 +298,10 @@ pub struct Policy {
     /// by node label; the first matching rule wins.
     #[serde(default)]
     pub node_modes: Vec<NodeMode>,
+    /// Workload kinds beyond Kubernetes' own controllers whose pod templates the template check
+    /// reads ([`builtin_kinds`] are always read).
+    #[serde(default)]
+    pub workloads: Vec<WorkloadKind>,
 }
 
 /// A declared sharing mode for nodes matching a label selector.
@@ -401,6 +406,7 @@ const FIELDS: &[&str] = &[
     "packing.policy",
     "namespaces",
     "nodeModes",
+    "workloads",
 ];
 
 /// A policy as read from a file: the policy, the fields the file left out (they hold the
@@ -484,6 +490,7 @@ impl Policy {
 
     /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
     fn validate(&self) -> Result<(), Violation> {
+        crate::workloads::validate(&self.workloads).map_err(|e| Violation(e.to_string()))?;
         for (i, m) in self.node_modes.iter().enumerate() {
             match (m.sharing, m.replicas, &m.mig_profile) {
                 (Some(_), _, Some(_)) | (None, _, None) => {
@@ -624,6 +631,14 @@ impl Policy {
     }
 
     /// The first namespace rule that applies, with its index.
+    /// Every workload kind whose templates the template check reads: Kubernetes' own
+    /// controllers, then the policy's.
+    pub fn workload_kinds(&self) -> Vec<WorkloadKind> {
+        let mut kinds = builtin_kinds();
+        kinds.extend(self.workloads.iter().cloned());
+        kinds
+    }
+
     pub fn rule_for(
         &self,
         namespace: &str,

@@ -27,7 +27,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, wait_for};
+use common::cluster::{Check, Cluster, ensure, failed_scheduling, point, wait_for};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
@@ -36,12 +36,6 @@ use serde_json::{Value, json};
 const SCHEDULER: &str = "gpu-share-scheduler";
 const REQUEST: &str = "gpu-share.io/request";
 const GPUS: &str = "gpu-share.io/gpus";
-
-type Check = Result<(), String>;
-
-fn ensure(cond: bool, msg: impl Into<String>) -> Check {
-    if cond { Ok(()) } else { Err(msg.into()) }
-}
 
 fn pod(name: &str, annotations: Value, spec: Value) -> Value {
     let mut p = json!({
@@ -140,35 +134,6 @@ fn affinity(p: &Value) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Runs one numbered point, printing its outcome; a failure is collected, not fatal, so one run
-/// shows every point.
-async fn point<F: std::future::Future<Output = Check>>(
-    failures: &mut Vec<String>,
-    name: &str,
-    f: F,
-) {
-    // GPU_SHARE_CLUSTER_POINTS="8 6" runs only the points whose names start with those words
-    // (for working on one point; CI runs them all).
-    if let Ok(only) = std::env::var("GPU_SHARE_CLUSTER_POINTS")
-        && !only
-            .split_whitespace()
-            .any(|p| name.starts_with(&format!("{p}.")) || name.starts_with(p))
-    {
-        eprintln!("cluster test: skip {name} (GPU_SHARE_CLUSTER_POINTS={only})");
-        return;
-    }
-    let start = Instant::now();
-    let result = f.await;
-    let took = start.elapsed().as_secs_f64();
-    match result {
-        Ok(()) => eprintln!("cluster test: PASS {name} ({took:.1} s)"),
-        Err(e) => {
-            eprintln!("cluster test: FAIL {name} ({took:.1} s): {e}");
-            failures.push(format!("{name}: {e}"));
-        }
-    }
 }
 
 // ---- the manifests -------------------------------------------------------------------------------
@@ -540,41 +505,6 @@ async fn bound(pods: &Api<Pod>, name: &str, limit: Duration) -> Result<(String, 
             Ok(node.zip(gpus))
         }
     })
-    .await
-}
-
-/// The newest FailedScheduling event of this pod: matched by its UID too, as events outlive
-/// their pods and these tests reuse pod names.
-async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-    let uid = pods
-        .get(name)
-        .await
-        .map_err(|e| format!("get pod {name}: {e}"))?
-        .metadata
-        .uid
-        .ok_or_else(|| format!("pod {name} has no UID"))?;
-    let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
-    wait_for(
-        &format!("a FailedScheduling event for {name}"),
-        Duration::from_secs(60),
-        || {
-            let events = events.clone();
-            let field = format!("involvedObject.name={name},involvedObject.uid={uid}");
-            async move {
-                let list = events
-                    .list(&ListParams::default().fields(&field))
-                    .await
-                    .map_err(|e| format!("list events: {e}"))?;
-                Ok(list
-                    .items
-                    .into_iter()
-                    .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-                    .filter_map(|e| e.message)
-                    .next_back())
-            }
-        },
-    )
     .await
 }
 

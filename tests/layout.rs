@@ -340,8 +340,9 @@ fn no_module_imports_one_that_imports_it_back() {
 }
 
 /// The modules that decide: pure functions over plain data (ARCHITECTURE.md).
-const PURE: [&str; 10] = [
+const PURE: [&str; 12] = [
     "request",
+    "workloads",
     "mig",
     "nvidia",
     "policy",
@@ -351,6 +352,7 @@ const PURE: [&str; 10] = [
     "admission::steps",
     "admission::patch",
     "admission::affinity",
+    "admission::template",
 ];
 
 #[test]

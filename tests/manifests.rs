@@ -218,3 +218,54 @@ fn image_tag_is_the_crate_version() {
         "the Dockerfile's example says {tag}"
     );
 }
+
+/// The template check is sent exactly the kinds gpu-share reads without being told
+/// (`builtin_kinds`), and its matchCondition looks at each kind's template annotations, both the
+/// one that asks for a GPU and the one only the webhook may write.
+#[test]
+fn template_check_covers_the_builtin_kinds_and_their_template_annotations() {
+    use gpu_share::request::{ANNOTATION, ANNOTATION_REQUEST};
+    use gpu_share::workloads::builtin_kinds;
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&read("manifests/base/validatingwebhookconfiguration.yaml"))
+            .unwrap();
+    let vwc = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
+        .expect("a ValidatingWebhookConfiguration");
+    let hooks = vwc["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1);
+    let hook = &hooks[0];
+    assert_eq!(hook["failurePolicy"], "Ignore");
+    let mut sent: Vec<(String, String)> = Vec::new();
+    for rule in hook["rules"].as_array().unwrap() {
+        assert_eq!(rule["apiVersions"], serde_json::json!(["v1"]));
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                sent.push((g.as_str().unwrap().into(), r.as_str().unwrap().into()));
+            }
+        }
+    }
+    sent.sort();
+    let mut known: Vec<(String, String)> = builtin_kinds()
+        .iter()
+        .map(|k| (k.group.clone(), format!("{}s", k.kind.to_lowercase())))
+        .collect();
+    known.sort();
+    assert_eq!(sent, known);
+    let conditions = hook["matchConditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1, "conditions are ANDed: keep one");
+    let expr = conditions[0]["expression"].as_str().unwrap();
+    for kind in builtin_kinds() {
+        for path in &kind.templates {
+            for name in [ANNOTATION, ANNOTATION_REQUEST] {
+                let test = format!("'{name}' in object.{path}.metadata.annotations");
+                assert!(
+                    expr.contains(&test),
+                    "{} not sent when {test}: {expr}",
+                    kind.kind
+                );
+            }
+        }
+    }
+}

@@ -6,6 +6,8 @@ mod patch;
 pub mod plan;
 pub mod review;
 mod steps;
+pub mod template;
+pub mod workloads;
 
 use std::sync::Arc;
 

@@ -370,55 +370,18 @@ async fn decide_within(
     };
     let loaded = state.policy.current();
     let needs = intake.needs(&loaded.policy);
-    let (labels, runtime_class) = match &state.cluster {
-        None => (None, RuntimeClassState::Unknown),
-        Some(cluster) => {
-            let labels = async {
-                if !needs.namespace_labels {
-                    return Ok(None);
-                }
-                match tokio::time::timeout(lookup_timeout, cluster.namespace_labels(namespace))
-                    .await
-                {
-                    Ok(Ok(l)) => Ok(Some(l)),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "the API server did not answer within {} ms",
-                        lookup_timeout.as_millis()
-                    )),
-                }
-            };
-            let runtime_class = async {
-                if !needs.runtime_class {
-                    return RuntimeClassState::Unknown;
-                }
-                let name = &loaded.policy.runtime_class_name;
-                match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
-                    Ok(found) => found.into(),
-                    Err(_) => {
-                        tracing::warn!(
-                            runtime_class = %name,
-                            timeout_ms = lookup_timeout.as_millis() as u64,
-                            "RuntimeClass lookup timed out"
-                        );
-                        RuntimeClassState::Unknown
-                    }
-                }
-            };
-            let (labels, runtime_class) = tokio::join!(labels, runtime_class);
-            match labels {
-                Ok(l) => (l, runtime_class),
-                Err(e) => {
-                    tracing::warn!(error = %e, namespace, "cannot read namespace labels");
-                    return Decision::Deny(Denial {
-                        reason: plan::DenialReason::NamespaceUnavailable,
-                        message: format!(
-                            "gpu-share: cannot read the labels of namespace {namespace}, which the policy needs for this pod ({e}); retry shortly"
-                        ),
-                    });
-                }
-            }
-        }
+    let (labels, runtime_class) = match look_up(
+        state,
+        needs,
+        namespace,
+        &loaded.policy.runtime_class_name,
+        lookup_timeout,
+        "this pod",
+    )
+    .await
+    {
+        Ok(found) => found,
+        Err(denial) => return Decision::Deny(denial),
     };
     let facts = Facts {
         namespace,
@@ -426,6 +389,65 @@ async fn decide_within(
         runtime_class,
     };
     intake.plan(&loaded.policy, &loaded.mig, &facts)
+}
+
+/// The cluster facts a plan needs (`needs`), read from the API within `lookup_timeout` each:
+/// the namespace's labels and whether the policy's RuntimeClass exists. Labels the plan needs
+/// and cannot read deny in words; a RuntimeClass that cannot be checked is `Unknown`.
+pub(super) async fn look_up(
+    state: &Context,
+    needs: plan::Needs,
+    namespace: &str,
+    runtime_class_name: &str,
+    lookup_timeout: Duration,
+    subject: &str,
+) -> Result<(Option<BTreeMap<String, String>>, RuntimeClassState), Denial> {
+    let Some(cluster) = &state.cluster else {
+        return Ok((None, RuntimeClassState::Unknown));
+    };
+    let labels = async {
+        if !needs.namespace_labels {
+            return Ok(None);
+        }
+        match tokio::time::timeout(lookup_timeout, cluster.namespace_labels(namespace)).await {
+            Ok(Ok(l)) => Ok(Some(l)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "the API server did not answer within {} ms",
+                lookup_timeout.as_millis()
+            )),
+        }
+    };
+    let runtime_class = async {
+        if !needs.runtime_class {
+            return RuntimeClassState::Unknown;
+        }
+        let name = runtime_class_name;
+        match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
+            Ok(found) => found.into(),
+            Err(_) => {
+                tracing::warn!(
+                    runtime_class = %name,
+                    timeout_ms = lookup_timeout.as_millis() as u64,
+                    "RuntimeClass lookup timed out"
+                );
+                RuntimeClassState::Unknown
+            }
+        }
+    };
+    let (labels, runtime_class) = tokio::join!(labels, runtime_class);
+    match labels {
+        Ok(l) => Ok((l, runtime_class)),
+        Err(e) => {
+            tracing::warn!(error = %e, namespace, "cannot read namespace labels");
+            Err(Denial {
+                reason: plan::DenialReason::NamespaceUnavailable,
+                message: format!(
+                    "gpu-share: cannot read the labels of namespace {namespace}, which the policy needs for {subject} ({e}); retry shortly"
+                ),
+            })
+        }
+    }
 }
 
 #[cfg(test)]

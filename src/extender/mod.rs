@@ -2,6 +2,7 @@
 
 pub mod bind;
 pub mod config;
+pub mod explain;
 pub mod handlers;
 mod online;
 pub mod report;

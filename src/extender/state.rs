@@ -194,6 +194,8 @@ pub struct ExtenderState {
     /// Pods whose `gpu-share.io/request` their limits contradict (accounted by their limits),
     /// by UID: from filter and the pod watch.
     contradicted: Mutex<std::collections::HashSet<String>>,
+    /// Why pods kube-scheduler refused without asking gpu-share wait (events on them).
+    explainer: super::explain::Explainer,
 }
 
 impl ExtenderState {
@@ -233,7 +235,13 @@ impl ExtenderState {
             non_gpu: Mutex::new(std::collections::HashSet::new()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
+            explainer: super::explain::Explainer::default(),
         }
+    }
+
+    /// Node labels and the pods waiting to be explained ([`super::explain`]).
+    pub fn explainer(&self) -> &super::explain::Explainer {
+        &self.explainer
     }
 
     /// Records whether pod `uid`'s request annotation is contradicted by its limits.
@@ -552,6 +560,7 @@ impl ExtenderState {
             &uid,
             !crate::ledger::is_terminal(pod) && crate::ledger::request_contradiction(pod).is_some(),
         );
+        self.explainer.consider(pod);
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
                 self.ledger.record(&o);

@@ -122,12 +122,20 @@ impl ExtenderState {
                 if let Some(seen) = relist.seen.as_mut() {
                     seen.insert(name.clone());
                 }
-                self.set_node(&name, inventory::read_node(&n, reading));
+                let gpu_node = inventory::read_node(&n, reading);
+                self.explainer().set_labels(
+                    &name,
+                    gpu_node
+                        .is_some()
+                        .then(|| n.metadata.labels.clone().unwrap_or_default()),
+                );
+                self.set_node(&name, gpu_node);
                 false
             }
             Event::Delete(n) => {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
                 self.touch(format!("node/{name}"));
+                self.explainer().set_labels(name, None);
                 self.set_node(name, None);
                 false
             }
@@ -136,6 +144,7 @@ impl ExtenderState {
                     relist.done("nodes", seen.len(), self.ledger().uids_len());
                     for name in self.ledger().node_names() {
                         if !seen.contains(&name) {
+                            self.explainer().set_labels(&name, None);
                             self.set_node(&name, None);
                         }
                     }

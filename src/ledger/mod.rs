@@ -582,6 +582,60 @@ mod tests {
         );
     }
 
+    /// mig-manager turns an A100 x2 from all-1g.10gb into all-3g.40gb while one pod still holds
+    /// a 1g.10gb device: the pod stays held, new 3g.40gb pods take the new devices of the GPU it
+    /// cannot be on, and none the GPU it may still occupy, until it leaves.
+    #[test]
+    fn a_mig_layout_changed_under_a_pod_keeps_its_gpu_taken() {
+        let mixed = |profile: &str, n: u32| GpuNode {
+            gpus: 0,
+            slots: 0,
+            mig: inventory::MigLayout::Mixed {
+                instances: [(profile.to_string(), n)].into(),
+            },
+            labelled_gpus: Some(2),
+            ..GpuNode::whole("m", "NVIDIA-A100-SXM4-80GB", 0, 81920)
+        };
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let mig = |profile: &str| {
+            Demand::gpu(GpuDemand::Mig {
+                profile: profile.into(),
+                count: 1,
+            })
+        };
+        let mut nl = NodeLedger::new(mixed("1g.10gb", 14));
+        nl.reserve(&scorer, pref("old"), mig("1g.10gb")).unwrap();
+        nl.set_node(mixed("3g.40gb", 4));
+        assert_eq!(nl.holdings.len(), 1, "the pod on the old layout is kept");
+        assert_eq!(crate::packing::stale_mig_devices(&nl.node, &nl.usage), 1);
+        let important = |uid: &str| PodRef {
+            priority: 20,
+            ..pref(uid)
+        };
+        nl.reserve(&scorer, important("new1"), mig("3g.40gb"))
+            .unwrap();
+        nl.reserve(&scorer, important("new2"), mig("3g.40gb"))
+            .unwrap();
+        assert_eq!(
+            nl.reserve(&scorer, pref("new3"), mig("3g.40gb")),
+            Err(Reason::MigLayoutChanged)
+        );
+        assert!(Reason::MigLayoutChanged.resolvable());
+        // Preemption sees that the old pod's device is what stands in the way (the new pods
+        // outrank the preemptor).
+        assert_eq!(
+            plan_victims(&nl, &mig("3g.40gb"), 10, &[]),
+            Some(vec!["old".to_string()])
+        );
+        nl.release("old");
+        nl.reserve(&scorer, pref("new3"), mig("3g.40gb")).unwrap();
+        nl.reserve(&scorer, pref("new4"), mig("3g.40gb")).unwrap();
+        assert_eq!(
+            nl.reserve(&scorer, pref("new5"), mig("3g.40gb")),
+            Err(Reason::MigProfileFull)
+        );
+    }
+
     #[test]
     fn set_node_keeps_holdings() {
         let mut nl = NodeLedger::new(GpuNode::whole("n", "H100", 2, 81559));

@@ -194,7 +194,19 @@ pub fn plan_victims(
     let helps = |h: &Holding| -> bool {
         match &demand.gpu {
             GpuDemand::Mig { profile, .. } => {
-                h.placement.mig.as_ref().is_some_and(|(p, _)| p == profile)
+                // A device of the requested profile, or one of a layout the node no longer has
+                // (its GPU is taken until the pod leaves).
+                let stale = |p: &String| match &nl.node.mig {
+                    inventory::MigLayout::Mixed { instances } => {
+                        nl.usage.mig.get(p).copied().unwrap_or(0)
+                            > instances.get(p).copied().unwrap_or(0)
+                    }
+                    _ => false,
+                };
+                h.placement
+                    .mig
+                    .as_ref()
+                    .is_some_and(|(p, _)| p == profile || stale(p))
                     || (matches!(nl.node.mig, inventory::MigLayout::Single { .. })
                         && h.placement.slots > 0)
             }

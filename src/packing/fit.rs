@@ -17,6 +17,8 @@ pub enum Reason {
     NoMig,
     MigProfileAbsent,
     MigProfileFull,
+    /// The node's MIG layout changed while pods still hold devices of the old one.
+    MigLayoutChanged,
     MigSingleOtherProfile,
     NodeIsMig,
     SharingMismatch {
@@ -53,6 +55,9 @@ impl Reason {
             Reason::NoMig => "node has no MIG devices; pod asks MIG".into(),
             Reason::MigProfileAbsent => "node has no MIG devices of the requested profile".into(),
             Reason::MigProfileFull => "no free MIG device of the requested profile".into(),
+            Reason::MigLayoutChanged => {
+                "node's MIG layout changed while pods still hold devices of the old one; their GPUs stay taken until they finish".into()
+            }
             Reason::MigSingleOtherProfile => {
                 "node's GPUs are split into MIG devices of another profile".into()
             }
@@ -82,6 +87,39 @@ impl Reason {
         }
     }
 
+    /// Every sentence [`Reason::message`] can say (a mismatch's is told by its `; pod asks `):
+    /// how a scheduling message is known to carry gpu-share's word.
+    pub fn all_messages() -> impl Iterator<Item = &'static str> {
+        [
+            Reason::NotGpuNode,
+            Reason::UnknownNode,
+            Reason::ModelNotAllowed,
+            Reason::NoMig,
+            Reason::MigProfileAbsent,
+            Reason::MigProfileFull,
+            Reason::MigLayoutChanged,
+            Reason::MigSingleOtherProfile,
+            Reason::NodeIsMig,
+            Reason::MpsReplicaTooSmall,
+            Reason::ReplicaMemoryTooSmall,
+            Reason::GpuMemoryTooSmall,
+            Reason::NoFreeReplica,
+            Reason::BudgetUsedUp,
+            Reason::MemoryBudgetUsedUp,
+            Reason::TooFewGpus,
+            Reason::NoFreeGpus,
+            Reason::NoGpuWithRoom,
+            Reason::ResourceAbsent,
+            Reason::NotEnoughUnits,
+        ]
+        .into_iter()
+        .filter_map(|r| match r.message_static() {
+            std::borrow::Cow::Borrowed(m) => Some(m),
+            std::borrow::Cow::Owned(_) => None,
+        })
+        .chain(["; pod asks "])
+    }
+
     /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
     /// preemption may help); false when the node can never hold the pod
     /// (`FailedAndUnresolvableNodes`).
@@ -89,6 +127,7 @@ impl Reason {
         matches!(
             self,
             Reason::MigProfileFull
+                | Reason::MigLayoutChanged
                 | Reason::NoFreeReplica
                 | Reason::BudgetUsedUp
                 | Reason::MemoryBudgetUsedUp
@@ -109,6 +148,7 @@ impl Reason {
             Reason::NoMig => "no_mig",
             Reason::MigProfileAbsent => "mig_profile_absent",
             Reason::MigProfileFull => "mig_profile_full",
+            Reason::MigLayoutChanged => "mig_layout_changed",
             Reason::MigSingleOtherProfile => "mig_single_other_profile",
             Reason::NodeIsMig => "node_is_mig",
             Reason::SharingMismatch { .. } => "sharing_mismatch",
@@ -167,6 +207,39 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
     fit_gpu(node, usage, &demand.gpu)
 }
 
+/// MIG devices held beyond what a mixed-strategy node now advertises: devices of a layout that
+/// changed under its pods (mig-manager rewrote `nvidia.com/mig.config`, the device plugin
+/// re-registered). Their pods still run on them.
+pub fn stale_mig_devices(node: &GpuNode, usage: &Usage) -> u32 {
+    let MigLayout::Mixed { instances } = &node.mig else {
+        return 0;
+    };
+    usage
+        .mig
+        .iter()
+        .map(|(p, used)| used.saturating_sub(instances.get(p).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// Devices of `profile` in the node's new MIG layout that gpu-share does not offer while old
+/// devices are still held. The device plugin does not say which GPU a device is cut from, so
+/// each old device is taken to occupy a GPU of its own (at most all of them), and each such GPU
+/// is taken to hold its share of the new devices of `profile` (rounded up): never a new device
+/// on a GPU that an old one may still occupy.
+pub fn mig_blocked_by_old_layout(node: &GpuNode, usage: &Usage, profile: &str) -> u32 {
+    let stale = stale_mig_devices(node, usage);
+    let MigLayout::Mixed { instances } = &node.mig else {
+        return 0;
+    };
+    if stale == 0 {
+        return 0;
+    }
+    let total = instances.get(profile).copied().unwrap_or(0);
+    let gpus = node.physical_gpus().max(1);
+    let per_gpu = total.div_ceil(gpus);
+    total.min(per_gpu.saturating_mul(stale.min(gpus)))
+}
+
 pub(super) fn replica_milli(node: &GpuNode) -> u32 {
     GPU_MILLI / node.sharing.replicas()
 }
@@ -193,10 +266,13 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             MigLayout::Mixed { instances } => {
                 let total = instances.get(profile).copied().unwrap_or(0);
                 let used = usage.mig.get(profile).copied().unwrap_or(0);
+                let blocked = mig_blocked_by_old_layout(node, usage, profile);
                 if total < *count {
                     Err(Reason::MigProfileAbsent)
                 } else if total.saturating_sub(used) < *count {
                     Err(Reason::MigProfileFull)
+                } else if total.saturating_sub(used).saturating_sub(blocked) < *count {
+                    Err(Reason::MigLayoutChanged)
                 } else {
                     Ok(())
                 }

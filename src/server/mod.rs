@@ -130,10 +130,19 @@ pub fn router(state: AppState) -> Router {
     };
     let mut r = Router::new();
     if state.role.webhook() {
-        r = r.route(
-            "/mutate",
-            bounded(post(admission::review::mutate), "mutate", MUTATE_BODY_LIMIT),
-        );
+        r = r
+            .route(
+                "/mutate",
+                bounded(post(admission::review::mutate), "mutate", MUTATE_BODY_LIMIT),
+            )
+            .route(
+                "/validate",
+                bounded(
+                    post(admission::workloads::validate),
+                    "validate",
+                    MUTATE_BODY_LIMIT,
+                ),
+            );
     }
     if state.role.extender() {
         r = r
@@ -172,6 +181,7 @@ pub fn router(state: AppState) -> Router {
 fn endpoint_of(path: &str) -> &'static str {
     match path {
         "/mutate" => "mutate",
+        "/validate" => "validate",
         "/scheduler/filter" => "filter",
         "/scheduler/prioritize" => "prioritize",
         "/scheduler/bind" => "bind",
@@ -200,7 +210,7 @@ async fn method_not_allowed(State(state): State<AppState>, method: Method, uri: 
         .metrics
         .observe(endpoint, "method_not_allowed", Duration::ZERO);
     let allowed = match endpoint {
-        "mutate" | "filter" | "prioritize" | "bind" | "preempt" => "POST",
+        "mutate" | "validate" | "filter" | "prioritize" | "bind" | "preempt" => "POST",
         _ => "GET",
     };
     let mut r = json_error(
@@ -521,6 +531,12 @@ async fn connect(
                 store.clone(),
                 metrics.clone(),
                 Duration::from_secs(args.reconcile_seconds.max(1)),
+                shutdown.clone(),
+            );
+            extender::explain::spawn_explainer(
+                client.clone(),
+                ext.clone(),
+                ext.explainer().subscribe(),
                 shutdown.clone(),
             );
             if args.requeue_nudge {

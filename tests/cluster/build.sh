@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the control plane pinned by tests/cluster/go.mod (kube-apiserver, kube-scheduler, kubectl
-# and etcd, from Kubernetes' and etcd's own Go modules) into
+# Builds the control plane pinned by tests/cluster/go.mod (kube-apiserver, kube-scheduler,
+# kube-controller-manager, kubectl and etcd, from Kubernetes' and etcd's own Go modules) into
 #   ${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/cluster-<first 16 hex of sha256(go.sum)>/
 # and prints that directory. It builds only what is missing there, so a changed go.sum (a new
 # release) builds afresh and an unchanged one costs nothing. Each binary is built into a temporary
@@ -36,6 +36,7 @@ build() { # name package
 # One build at a time: the go command already uses every core for one.
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 build kubectl k8s.io/kubernetes/cmd/kubectl
 build etcd go.etcd.io/etcd/server/v3
 echo "$out"

@@ -21,7 +21,7 @@ stop() { # pid-file: SIGTERM to the process it names, if it still runs
   rm -f "$1"
 }
 # The clients of the API first, etcd last; then anything else up.sh or a test started.
-for name in kube-scheduler extender webhook kube-apiserver etcd; do
+for name in kwok kube-scheduler kube-controller-manager extender webhook kube-apiserver etcd; do
   for f in "$dir/pids/$name.pid" "$dir"/pids/"$name"-*.pid; do
     [[ -f $f ]] && stop "$f"
   done

@@ -2,15 +2,22 @@
 # Starts a real Kubernetes control plane on 127.0.0.1 with gpu-share wired in, and returns once
 # everything is ready:
 #   - etcd, kube-apiserver (RBAC, throwaway certificates and service-account keys, every default
-#     admission plugin) and kube-scheduler with the shipped KubeSchedulerConfiguration;
+#     admission plugin), kube-controller-manager (its own client certificate and RBAC identity,
+#     per-controller ServiceAccounts, as kubeadm runs it: namespaces are deleted for real,
+#     Deployments, ReplicaSets, Jobs and StatefulSets create their pods, drained and deleted nodes
+#     lose them) and kube-scheduler with the shipped KubeSchedulerConfiguration;
+#   - KWOK (tools/kwok) in place of the kubelets, with the stages of tests/cluster/kwok.yaml: the
+#     nodes stay Ready with leases, bound pods run, pods annotated
+#     pod-complete.stage.kwok.x-k8s.io/delay (or pod-fail...) finish after that delay, deleted
+#     pods are gone at once. Nothing runs in a container: there is no container runtime, no
+#     device plugin and no GPU;
 #   - the shipped manifests (overlays/self-signed, with certificates from `gpu-share certs`)
-#     applied, Deployments included (without a kubelet they create no pods);
+#     applied, with gpu-share's own Deployments at 0 replicas: the local processes below stand in
+#     for their pods;
 #   - `gpu-share serve --role webhook` and `--role extender` as local processes with the
 #     Deployments' own arguments, each under a TokenRequest token of its own ServiceAccount;
 #   - the GPU and CPU nodes of tests/cluster/nodes.yaml (or $GPU_SHARE_CLUSTER_NODES; "none" for
-#     none), Ready and untainted by the not-ready taint a kubelet's node controller would remove.
-# No kube-controller-manager runs: a namespace's `default` ServiceAccount is created by whoever
-# creates the namespace (the tests do), and deleted namespaces stay Terminating.
+#     none), registered Ready with the allocatable the file gives (KWOK keeps it).
 #
 # Usage: tests/cluster/up.sh DIR      then   export KUBECONFIG=DIR/kubeconfig
 #        tests/cluster/down.sh DIR    stops everything this started, by PID
@@ -50,6 +57,7 @@ fail() {
 # ---- binaries ----------------------------------------------------------------------------------
 bin="$("$here/build.sh")"
 kubectl="$bin/kubectl"
+tools="$("$repo/tools/build.sh")"
 if [[ -z ${GPU_SHARE_BIN:-} ]]; then
   say "cargo build --bin gpu-share"
   (cd "$repo" && cargo build --locked --quiet --bin gpu-share)
@@ -58,10 +66,10 @@ fi
 [[ -x $GPU_SHARE_BIN ]] || fail "GPU_SHARE_BIN=$GPU_SHARE_BIN is not an executable"
 
 # ---- free ports on loopback --------------------------------------------------------------------
-read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin < <(
+read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin kcm_port < <(
   python3 - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(8)]
+socks = [socket.socket() for _ in range(9)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -88,6 +96,9 @@ issue() { # name subject san-or-empty extendedKeyUsage
 issue apiserver "/CN=kube-apiserver" \
   "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
 issue admin "/O=system:masters/CN=gpu-share-test-admin" "" clientAuth
+# kube-controller-manager's identity, as kubeadm gives it: the user system:kube-controller-manager,
+# bound by the built-in ClusterRoleBinding of the same name.
+issue controller-manager "/CN=system:kube-controller-manager" "" clientAuth
 openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
 openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 # gpu-share's own: the CA and serving certificate a user makes with `gpu-share certs`.
@@ -174,6 +185,28 @@ export KUBECONFIG="$dir/kubeconfig"
 wait_for kube-apiserver 120 "$kubectl" get --raw /readyz
 say "kube-apiserver ready"
 
+# ---- kube-controller-manager, as kubeadm runs it --------------------------------------------------
+admin_kubeconfig "$dir/kubeconfigs/controller-manager" \
+  "client-certificate: $pki/controller-manager.crt" "client-key: $pki/controller-manager.key"
+say "kube-controller-manager on 127.0.0.1:$kcm_port"
+launch_env="" launcher kube-controller-manager "$bin/kube-controller-manager" \
+  --kubeconfig "$dir/kubeconfigs/controller-manager" \
+  --authentication-kubeconfig "$dir/kubeconfigs/controller-manager" \
+  --authorization-kubeconfig "$dir/kubeconfigs/controller-manager" \
+  --bind-address 127.0.0.1 --secure-port "$kcm_port" \
+  --client-ca-file "$pki/ca.crt" --root-ca-file "$pki/ca.crt" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --service-account-private-key-file "$pki/sa.key" --use-service-account-credentials=true \
+  --controllers '*,bootstrapsigner,tokencleaner' --cluster-name kubernetes \
+  --leader-elect=true --profiling=false --v 1
+
+# ---- KWOK: the kubelets --------------------------------------------------------------------------
+# Every node is KWOK's. Node and pod addresses are made-up labels (nothing connects to them).
+say "kwok (tests/cluster/kwok.yaml)"
+launch_env="" launcher kwok "$tools/kwok" --kubeconfig "$dir/kubeconfig" --config "$here/kwok.yaml" \
+  --manage-all-nodes=true --node-lease-duration-seconds 40 \
+  --node-ip 127.0.0.1 --cidr 127.128.0.0/12
+
 register_nodes() {
   local nodes="${GPU_SHARE_CLUSTER_NODES:-$here/nodes.yaml}"
   if [[ $nodes != none ]]; then
@@ -210,18 +243,21 @@ cp -r "$repo/manifests" "$dir/manifests"
 mkdir -p "$dir/manifests/overlays/self-signed/certs"
 cp "$dir/gpu-share-certs"/{ca.crt,tls.crt,tls.key} "$dir/manifests/overlays/self-signed/certs/"
 "$kubectl" kustomize "$dir/manifests/overlays/self-signed" >"$dir/rendered.yaml"
-# The one change: the webhook calls the local process by URL, trusting the test CA (the
-# self-signed overlay already set caBundle to it).
-python3 - "$dir/rendered.yaml" "$dir/applied.yaml" "https://127.0.0.1:$webhook_port/mutate" <<'EOF'
+# The changes: the webhooks call the local process by URL, trusting the test CA (the self-signed
+# overlay already set caBundle to it), and gpu-share's Deployments run no pods (the local
+# processes are them; their pods would wait for a scheduler profile of their own).
+python3 - "$dir/rendered.yaml" "$dir/applied.yaml" "https://127.0.0.1:$webhook_port" <<'EOF'
 import sys, yaml
-src, dst, url = sys.argv[1:]
+src, dst, base = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(src)) if d]
 for d in docs:
-    if d["kind"] == "MutatingWebhookConfiguration":
+    if d["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for hook in d["webhooks"]:
             cc = hook["clientConfig"]
-            cc.pop("service", None)
-            cc["url"] = url
+            path = cc.pop("service")["path"]
+            cc["url"] = base + path
+    if d["kind"] == "Deployment" and d["metadata"].get("namespace") == "gpu-share":
+        d["spec"]["replicas"] = 0
 yaml.safe_dump_all(docs, open(dst, "w"), sort_keys=False)
 EOF
 say "kubectl apply (the self-signed overlay)"

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
@@ -38,9 +38,16 @@ fn read_env(dir: &Path) -> Option<BTreeMap<String, String>> {
 
 impl Cluster {
     /// The cluster in `$GPU_SHARE_CLUSTER_DIR` when that names one up.sh started; otherwise a new
-    /// one in a temporary directory, started with this test build's gpu-share binary.
+    /// one in a temporary directory, started with this test build's gpu-share binary and the
+    /// nodes of tests/cluster/nodes.yaml.
     pub async fn start(bin: &str) -> Cluster {
-        let (dir, owned, tmp) = match std::env::var("GPU_SHARE_CLUSTER_DIR") {
+        Cluster::start_with(bin, "GPU_SHARE_CLUSTER_DIR", None).await
+    }
+
+    /// [`Cluster::start`] with the cluster to reuse named by `reuse_var` and the nodes of
+    /// `nodes` (a file of tests/cluster/, or up.sh's default).
+    pub async fn start_with(bin: &str, reuse_var: &str, nodes: Option<&str>) -> Cluster {
+        let (dir, owned, tmp) = match std::env::var(reuse_var) {
             Ok(d) if !d.is_empty() => (PathBuf::from(d), false, None),
             _ => {
                 let tmp = tempfile::Builder::new()
@@ -48,12 +55,17 @@ impl Cluster {
                     .tempdir()
                     .expect("a temporary directory");
                 let dir = tmp.path().to_path_buf();
-                let status = Command::new("bash")
-                    .arg(repo().join("tests/cluster/up.sh"))
+                let mut up = Command::new("bash");
+                up.arg(repo().join("tests/cluster/up.sh"))
                     .arg(&dir)
-                    .env("GPU_SHARE_BIN", bin)
-                    .status()
-                    .expect("run tests/cluster/up.sh");
+                    .env("GPU_SHARE_BIN", bin);
+                if let Some(file) = nodes {
+                    up.env(
+                        "GPU_SHARE_CLUSTER_NODES",
+                        repo().join("tests/cluster").join(file),
+                    );
+                }
+                let status = up.status().expect("run tests/cluster/up.sh");
                 if !status.success() {
                     let _ = Command::new("bash")
                         .arg(repo().join("tests/cluster/down.sh"))
@@ -320,4 +332,75 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The outcome of one named check: `Err` says in words what was seen.
+pub type Check = Result<(), String>;
+
+pub fn ensure(cond: bool, msg: impl Into<String>) -> Check {
+    if cond { Ok(()) } else { Err(msg.into()) }
+}
+
+/// Runs one numbered point, printing its outcome; a failure is collected, not fatal, so one run
+/// shows every point.
+pub async fn point<F: std::future::Future<Output = Check>>(
+    failures: &mut Vec<String>,
+    name: &str,
+    f: F,
+) {
+    // GPU_SHARE_CLUSTER_POINTS="8 6" runs only the points whose names start with those words
+    // (for working on one point; CI runs them all).
+    if let Ok(only) = std::env::var("GPU_SHARE_CLUSTER_POINTS")
+        && !only
+            .split_whitespace()
+            .any(|p| name.starts_with(&format!("{p}.")) || name.starts_with(p))
+    {
+        eprintln!("cluster test: skip {name} (GPU_SHARE_CLUSTER_POINTS={only})");
+        return;
+    }
+    let start = Instant::now();
+    let result = f.await;
+    let took = start.elapsed().as_secs_f64();
+    match result {
+        Ok(()) => eprintln!("cluster test: PASS {name} ({took:.1} s)"),
+        Err(e) => {
+            eprintln!("cluster test: FAIL {name} ({took:.1} s): {e}");
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+}
+
+/// The newest FailedScheduling event of this pod: matched by its UID too, as events outlive
+/// their pods and these tests reuse pod names.
+pub async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let uid = pods
+        .get(name)
+        .await
+        .map_err(|e| format!("get pod {name}: {e}"))?
+        .metadata
+        .uid
+        .ok_or_else(|| format!("pod {name} has no UID"))?;
+    let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
+    wait_for(
+        &format!("a FailedScheduling event for {name}"),
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            let field = format!("involvedObject.name={name},involvedObject.uid={uid}");
+            async move {
+                let list = events
+                    .list(&ListParams::default().fields(&field))
+                    .await
+                    .map_err(|e| format!("list events: {e}"))?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+                    .filter_map(|e| e.message)
+                    .next_back())
+            }
+        },
+    )
+    .await
 }

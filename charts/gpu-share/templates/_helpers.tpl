@@ -20,13 +20,22 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 
 {{/*
 The policy: the values' inline YAML, else the embedded default (files/policy.yaml, a copy of
-policies/default.yaml), whose schedulerName follows .Values.schedulerName.
+policies/default.yaml), whose schedulerName follows .Values.schedulerName and whose workloads
+are templateChecks.extraKinds.
 */}}
 {{- define "gpu-share.policy" -}}
 {{- if .Values.policy -}}
 {{ .Values.policy }}
 {{- else -}}
-{{ .Files.Get "files/policy.yaml" | replace "schedulerName: gpu-share-scheduler" (printf "schedulerName: %s" .Values.schedulerName) }}
+{{- $policy := .Files.Get "files/policy.yaml" | replace "schedulerName: gpu-share-scheduler" (printf "schedulerName: %s" .Values.schedulerName) -}}
+{{- with .Values.templateChecks.extraKinds -}}
+{{- $kinds := list -}}
+{{- range . -}}
+{{- $kinds = append $kinds (dict "group" .group "version" .version "kind" .kind "templates" .templates) -}}
+{{- end -}}
+{{- $policy = replace "\nworkloads: []\n" (printf "\nworkloads:\n%s\n" (toYaml $kinds | indent 2)) $policy -}}
+{{- end -}}
+{{ $policy }}
 {{- end -}}
 {{- end }}
 

@@ -1,0 +1,475 @@
+//! Why a gpu-share pod waits, when kube-scheduler never asked gpu-share.
+//!
+//! kube-scheduler asks the extender only about the nodes its own plugins pass. When every node
+//! fails them (a time-sliced GPU whose replicas are all taken is "Insufficient nvidia.com/gpu"
+//! to NodeResourcesFit), the pod's FailedScheduling event has no word from gpu-share. The pod
+//! watch sees such a pod (Unschedulable, a message without gpu-share's reasons); the explainer
+//! then weighs the pod against the GPU nodes its nodeSelector and required node affinity allow,
+//! with the same fit as filter, and records a Warning event `GpuShareUnschedulable` on the pod
+//! saying, node by node, why none has room. It also marks the pod as waiting, so that a release
+//! of its class nudges it as it nudges pods filter refused. One event per distinct
+//! kube-scheduler message.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodSpec};
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tokio::sync::watch::Receiver;
+
+use super::state::{ExtenderState, Waiting};
+use crate::ledger;
+use crate::packing::{self, Reason};
+use crate::shared::stopped;
+use crate::sync::{lock, read, write};
+
+/// The event's reason.
+pub const EVENT_REASON: &str = "GpuShareUnschedulable";
+/// How many pods may wait for an explanation; beyond it new ones are dropped (a later change of
+/// their condition brings them back).
+const QUEUE: usize = 1024;
+
+/// What the explainer keeps: GPU nodes' labels (to read a pod's node constraints), which
+/// kube-scheduler message each pod was last explained for, and where to send the next one.
+pub struct Explainer {
+    labels: RwLock<HashMap<String, BTreeMap<String, String>>>,
+    explained: moka::sync::Cache<String, String>,
+    queue: Mutex<Option<mpsc::Sender<Arc<Pod>>>>,
+}
+
+impl Default for Explainer {
+    fn default() -> Self {
+        Explainer {
+            labels: RwLock::new(HashMap::new()),
+            explained: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(3600))
+                .build(),
+            queue: Mutex::new(None),
+        }
+    }
+}
+
+impl Explainer {
+    /// A GPU node's labels (`None`: the node is gone or has no GPUs).
+    pub fn set_labels(&self, node: &str, labels: Option<BTreeMap<String, String>>) {
+        let mut l = write(&self.labels);
+        match labels {
+            Some(labels) => {
+                l.insert(node.to_string(), labels);
+            }
+            None => {
+                l.remove(node);
+            }
+        }
+    }
+
+    /// The pods to explain, from now on.
+    pub fn subscribe(&self) -> mpsc::Receiver<Arc<Pod>> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        *lock(&self.queue) = Some(tx);
+        rx
+    }
+
+    /// A pod seen by the watch: queued when kube-scheduler refused it without gpu-share's word
+    /// and this refusal was not explained yet.
+    pub fn consider(&self, pod: &Pod) {
+        let Some(message) = unexplained_refusal(pod) else {
+            return;
+        };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if self.explained.get(&uid).as_deref() == Some(message.as_str()) {
+            return;
+        }
+        let queue = lock(&self.queue);
+        if let Some(tx) = queue.as_ref()
+            && tx.try_send(Arc::new(pod.clone())).is_ok()
+        {
+            self.explained.insert(uid, message);
+        }
+    }
+
+    /// The GPU nodes a pod's nodeSelector and required node affinity allow.
+    pub fn candidates(&self, spec: &PodSpec) -> Vec<String> {
+        let mut names: Vec<String> = read(&self.labels)
+            .iter()
+            .filter(|(name, labels)| selects(spec, name, labels))
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// The kube-scheduler message of a gpu-share pod refused without a word from gpu-share: it
+/// waits for a node, its PodScheduled condition is False for Unschedulable, and the message
+/// gives none of gpu-share's reasons.
+pub fn unexplained_refusal(pod: &Pod) -> Option<String> {
+    let asks = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::request::ANNOTATION_REQUEST));
+    if !asks || !ledger::waits_for_a_node(pod) {
+        return None;
+    }
+    let condition = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    if condition.status != "False" || condition.reason.as_deref() != Some("Unschedulable") {
+        return None;
+    }
+    let message = condition.message.clone().unwrap_or_default();
+    (!Reason::all_messages().any(|m| message.contains(m))).then_some(message)
+}
+
+/// Whether a node (its name and labels) passes a pod's nodeSelector and required node affinity,
+/// as kube-scheduler's NodeAffinity plugin reads them.
+pub fn selects(spec: &PodSpec, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    let selector_ok = spec
+        .node_selector
+        .as_ref()
+        .is_none_or(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    let affinity_ok = required.is_none_or(|r| {
+        r.node_selector_terms.iter().any(|t| {
+            let exprs = t.match_expressions.as_deref().unwrap_or_default();
+            let fields = t.match_fields.as_deref().unwrap_or_default();
+            // An empty term selects nothing.
+            !(exprs.is_empty() && fields.is_empty())
+                && exprs.iter().all(|e| holds(e, labels.get(&e.key)))
+                && fields
+                    .iter()
+                    .all(|e| e.key == "metadata.name" && holds(e, Some(&name.to_string())))
+        })
+    });
+    selector_ok && affinity_ok
+}
+
+fn holds(e: &NodeSelectorRequirement, value: Option<&String>) -> bool {
+    let values = e.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match e.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) = (
+                value.and_then(|v| number(v)),
+                values.first().and_then(|b| number(b)),
+            ) else {
+                return false;
+            };
+            if e.operator == "Gt" {
+                v > bound
+            } else {
+                v < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The event's note: why none of the candidate nodes has room, grouped by reason (most nodes
+/// first) with up to three node names each. `None` when a node fits (the pod waits for
+/// something else than GPUs: kube-scheduler's message says what).
+pub fn explanation(class: &str, verdicts: &[(String, Result<(), Reason>)]) -> Option<String> {
+    if verdicts.is_empty() {
+        return Some(format!(
+            "gpu-share: no GPU node matches this {class} pod's nodeSelector and node affinity"
+        ));
+    }
+    if verdicts.iter().any(|(_, v)| v.is_ok()) {
+        return None;
+    }
+    let mut groups: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (node, v) in verdicts {
+        if let Err(r) = v {
+            groups.entry(r.message()).or_default().push(node);
+        }
+    }
+    let mut groups: Vec<(String, Vec<&str>)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(why, nodes)| {
+            let mut shown = nodes.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+            if nodes.len() > 3 {
+                shown.push_str(&format!(", and {} more", nodes.len() - 3));
+            }
+            format!("{} {why} ({shown})", nodes.len())
+        })
+        .collect();
+    Some(format!(
+        "gpu-share: 0/{} GPU nodes can take this {class} pod: {}",
+        verdicts.len(),
+        parts.join("; ")
+    ))
+}
+
+/// Explains the pods the watch queues, one at a time, as events on them.
+pub fn spawn_explainer(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    mut pods: mpsc::Receiver<Arc<Pod>>,
+    mut shutdown: Receiver<bool>,
+) {
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok());
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "gpu-share-scheduler".into(),
+            instance,
+        },
+    );
+    tokio::spawn(async move {
+        loop {
+            let pod = tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                p = pods.recv() => match p { Some(p) => p, None => return },
+            };
+            explain_one(&recorder, &ext, &pod).await;
+        }
+    });
+}
+
+async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
+    let Ok(Some(demand)) = ledger::demand_of_pod(pod) else {
+        return;
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return;
+    };
+    let names = ext.explainer().candidates(spec);
+    let verdicts: Vec<(String, Result<(), Reason>)> = ext
+        .ledger()
+        .with_nodes_par(&names, |nl| packing::fit(&nl.node, &nl.usage, &demand))
+        .into_iter()
+        .zip(names)
+        .map(|(v, name)| (name, v.unwrap_or(Err(Reason::NotGpuNode))))
+        .collect();
+    let class = demand.gpu.class();
+    let Some(note) = explanation(class, &verdicts) else {
+        return;
+    };
+    let (Some(uid), Some(name), Some(namespace)) = (
+        pod.metadata.uid.clone(),
+        pod.metadata.name.clone(),
+        pod.metadata.namespace.clone(),
+    ) else {
+        return;
+    };
+    if verdicts
+        .iter()
+        .any(|(_, v)| v.as_ref().is_err_and(Reason::resolvable))
+    {
+        ext.mark_waiting(
+            uid.clone(),
+            Waiting {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                class,
+            },
+        );
+    }
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.clone()),
+        namespace: Some(namespace.clone()),
+        uid: Some(uid),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: EVENT_REASON.into(),
+        note: Some(note.clone()),
+        action: "Scheduling".into(),
+        secondary: None,
+    };
+    match recorder.publish(&event, &reference).await {
+        Ok(()) => {
+            tracing::info!(pod = %format!("{namespace}/{name}"), note = %note, "explained a pending pod")
+        }
+        Err(e) => {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot record why a pod waits")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        let mut s = json!({"containers": [{"name": "c"}]});
+        for (k, x) in v.as_object().unwrap() {
+            s[k] = x.clone();
+        }
+        serde_json::from_value(s).unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn node_selectors_and_required_affinity_are_read_as_kube_scheduler_reads_them() {
+        let n = labels(&[
+            ("kubernetes.io/hostname", "a"),
+            ("nvidia.com/gpu.sharing-strategy", "mps"),
+            ("nvidia.com/gpu.count", "4"),
+        ]);
+        assert!(selects(&spec(json!({})), "a", &n));
+        assert!(selects(
+            &spec(json!({"nodeSelector": {"kubernetes.io/hostname": "a"}})),
+            "a",
+            &n
+        ));
+        assert!(!selects(
+            &spec(json!({"nodeSelector": {"kubernetes.io/hostname": "b"}})),
+            "a",
+            &n
+        ));
+        let affinity = |terms: serde_json::Value| {
+            spec(
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}),
+            )
+        };
+        let term = |key: &str, op: &str, values: &[&str]| json!({"matchExpressions": [{"key": key, "operator": op, "values": values}]});
+        assert!(selects(
+            &affinity(json!([term(
+                "nvidia.com/gpu.sharing-strategy",
+                "In",
+                &["mps"]
+            )])),
+            "a",
+            &n
+        ));
+        assert!(!selects(
+            &affinity(json!([term(
+                "nvidia.com/gpu.sharing-strategy",
+                "NotIn",
+                &["mps"]
+            )])),
+            "a",
+            &n
+        ));
+        // Terms are alternatives.
+        assert!(selects(
+            &affinity(json!([
+                term("x", "Exists", &[]),
+                term("nvidia.com/gpu.count", "Gt", &["3"])
+            ])),
+            "a",
+            &n
+        ));
+        assert!(!selects(
+            &affinity(json!([term("nvidia.com/gpu.count", "Lt", &["3"])])),
+            "a",
+            &n
+        ));
+        assert!(selects(
+            &affinity(json!([term("x", "DoesNotExist", &[])])),
+            "a",
+            &n
+        ));
+        assert!(selects(
+            &affinity(
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}])
+            ),
+            "a",
+            &n
+        ));
+        assert!(!selects(
+            &affinity(
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}])
+            ),
+            "a",
+            &n
+        ));
+        assert!(
+            !selects(&affinity(json!([{}])), "a", &n),
+            "an empty term selects nothing"
+        );
+    }
+
+    #[test]
+    fn the_note_groups_nodes_by_reason_and_stays_silent_when_a_node_fits() {
+        let v = |n: &str, r: Result<(), Reason>| (n.to_string(), r);
+        let verdicts = vec![
+            v("ts", Err(Reason::NoFreeReplica)),
+            v("m1", Err(Reason::NoMig)),
+            v("m2", Err(Reason::NoMig)),
+            v("m3", Err(Reason::NoMig)),
+            v("m4", Err(Reason::NoMig)),
+        ];
+        let note = explanation("timeslice", &verdicts).unwrap();
+        assert_eq!(
+            note,
+            "gpu-share: 0/5 GPU nodes can take this timeslice pod: 4 node has no MIG devices; pod asks MIG (m1, m2, m3, and 1 more); 1 no free GPU replica on this node (ts)"
+        );
+        let mut fits = verdicts.clone();
+        fits.push(v("free", Ok(())));
+        assert_eq!(explanation("timeslice", &fits), None);
+        assert!(
+            explanation("mps", &[])
+                .unwrap()
+                .contains("no GPU node matches")
+        );
+    }
+
+    #[test]
+    fn only_refusals_without_gpu_shares_word_are_explained() {
+        let pod = |message: &str, request: bool| -> Pod {
+            let annotations = if request {
+                json!({"gpu-share": "mps-25", "gpu-share.io/request": "mps-25"})
+            } else {
+                json!({})
+            };
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "n", "uid": "u", "annotations": annotations},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]},
+            }))
+            .unwrap()
+        };
+        let kube = "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) didn't match Pod's node affinity/selector.";
+        assert_eq!(unexplained_refusal(&pod(kube, true)).as_deref(), Some(kube));
+        assert_eq!(unexplained_refusal(&pod(kube, false)), None);
+        let ours = "0/5 nodes are available: 1 no free GPU replica on this node, 4 node(s) didn't match Pod's node affinity/selector.";
+        assert_eq!(unexplained_refusal(&pod(ours, true)), None);
+        // Explained once per message.
+        let e = Explainer::default();
+        let mut rx = e.subscribe();
+        e.consider(&pod(kube, true));
+        e.consider(&pod(kube, true));
+        assert!(rx.try_recv().is_ok());
+        assert!(rx.try_recv().is_err());
+        e.consider(&pod("0/5 nodes are available: 5 Insufficient cpu.", true));
+        assert!(rx.try_recv().is_ok());
+    }
+}
