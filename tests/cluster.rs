@@ -1,7 +1,9 @@
-//! gpu-share against a real control plane: kube-apiserver, etcd and kube-scheduler built from
-//! Kubernetes' own Go modules (tests/cluster/go.mod), started by `tests/cluster/up.sh` with the
-//! shipped manifests applied and gpu-share's webhook and extender running as local processes
-//! under the shipped RBAC (see that script).
+//! gpu-share against a real control plane: kube-apiserver, etcd, kube-controller-manager and
+//! kube-scheduler built from Kubernetes' own Go modules (tests/cluster/go.mod), KWOK in place of
+//! the kubelets (pods run and finish), started by `tests/cluster/up.sh` with the shipped
+//! manifests applied and gpu-share's webhook and extender running as local processes under the
+//! shipped RBAC (see that script). Workloads (Deployments, Jobs, StatefulSets) are
+//! tests/workloads.rs's.
 //!
 //! Run: `cargo test --test cluster -- --ignored` (builds the control plane on first use, into
 //! ~/.cache/gpu-share; `GPU_SHARE_CLUSTER_DIR=DIR` reuses a cluster `up.sh DIR` started).
@@ -16,7 +18,8 @@
 //! 2. pods bound by the real kube-scheduler through the extender onto nodes of their class, and
 //!    a pod that fits nowhere Pending with gpu-share's reasons grouped by kube-scheduler;
 //! 3. no overcommit with 220 pods created at once, and at least 90% of the capacity bound;
-//! 4. requeue: a pod waiting for capacity bound within 5 s of a holder's deletion;
+//! 4. requeue: a pod waiting for capacity bound within 5 s of a holder's deletion, or of its
+//!    finishing;
 //! 5. preemption of pods of the preemptor's class only;
 //! 6. an extender killed and restarted rebuilds the same ledger;
 //!    and the RBAC in manifests/ is enough (no 403 in any log), while a ClusterRole without
@@ -1123,13 +1126,14 @@ const TIME_SLICED: [&str; 2] = ["l4-timeslice-4", "gke-l4-ts"];
 const TIME_SLICED_GPUS: usize = 3;
 
 /// One requeue measurement: the time-sliced nodes' budget held by one pod per GPU, one more
-/// waiting;
-/// returns (filter calls per minute for the waiting pod, seconds from a holder's deletion to the
-/// waiting pod's binding, or None if not bound within `limit`).
+/// waiting, then one holder deleted or (`finish`) finished; returns (filter calls per minute for
+/// the waiting pod, seconds from the holder's leaving to the waiting pod's binding, or None if
+/// not bound within `limit`).
 async fn requeue_once(
     c: &Cluster,
     ns: &str,
     limit: Duration,
+    finish: bool,
 ) -> Result<(f64, Option<f64>), String> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
     for i in 0..TIME_SLICED_GPUS {
@@ -1150,16 +1154,32 @@ async fn requeue_once(
     tokio::time::sleep(window).await;
     let per_minute = (filter_calls(c)? - before) * 60.0 / window.as_secs_f64();
 
+    // The holder leaves: deleted, or (on a cluster whose pods run) its work done.
     let start = Instant::now();
-    pods.delete(
-        "hold-0",
-        &kube::api::DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .map_err(|e| format!("delete hold-0: {e}"))?;
+    if finish {
+        let out = c.kubectl(
+            &[
+                "annotate",
+                "-n",
+                ns,
+                "pod",
+                "hold-0",
+                "pod-complete.stage.kwok.x-k8s.io/delay=0s",
+            ],
+            None,
+        );
+        ensure(out.status.success(), "mark hold-0 to finish")?;
+    } else {
+        pods.delete(
+            "hold-0",
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("delete hold-0: {e}"))?;
+    }
     let delay = match bound(&pods, "waiter", limit).await {
         Ok(_) => Some(start.elapsed().as_secs_f64()),
         Err(_) => None,
@@ -1241,7 +1261,9 @@ async fn requeue_runs(
             }
             for run in 0..2 {
                 let nudges = requeue_nudges(c)?;
-                let (per_minute, delay) = requeue_once(c, ns, Duration::from_secs(20)).await?;
+                // Run 0: the holder is deleted; run 1: it finishes (Succeeded), as a Job's does.
+                let (per_minute, delay) =
+                    requeue_once(c, ns, Duration::from_secs(20), run == 1).await?;
                 let nudged = requeue_nudges(c)? - nudges;
                 let case = if extender_only {
                     "rejected by the extender only"
@@ -1250,8 +1272,9 @@ async fn requeue_runs(
                 };
                 let shown = delay.map_or("> 20 s".to_string(), |d| format!("{d:.2} s"));
                 rows.push(format!(
-                    "nudge {:3} | {case:31} | run {run} | bound after {shown:>8} | {per_minute:.1} filter calls/min while waiting | {nudged} nudged",
-                    if nudge { "on" } else { "off" }
+                    "nudge {:3} | {case:31} | holder {:8} | bound after {shown:>8} | {per_minute:.1} filter calls/min while waiting | {nudged} nudged",
+                    if nudge { "on" } else { "off" },
+                    if run == 1 { "finished" } else { "deleted" }
                 ));
                 if nudge && !delay.is_some_and(|d| d <= 5.0) {
                     failures.push(format!("{case}, nudge on: bound after {shown}"));

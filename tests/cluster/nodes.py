@@ -7,20 +7,26 @@ Usage: nodes.py DIR FILE [NAME...]
 
 For each node: create it (the apiserver's TaintNodesByCondition plugin adds the
 node.kubernetes.io/not-ready taint to a new node), write its status with a Ready condition, and
-remove that taint, which kube-controller-manager's node-lifecycle controller would do once the
-kubelet reports Ready. The admin client certificate of DIR/kubeconfig is used. Creates run on a
-pool of threads, so 5,000 nodes take seconds, not minutes.
+remove that taint at once rather than wait for kube-controller-manager's node-lifecycle
+controller. Then wait until kube-controller-manager has written each new node once (its TTL
+annotation, node.alpha.kubernetes.io/ttl, and the beta OS and arch labels), so that the nodes
+no longer change when a test starts: a node update requeues every pod an extender refused. KWOK
+keeps them Ready afterwards. The admin client certificate of DIR/kubeconfig is used. Creates run
+on a pool of threads, so 5,000 nodes take seconds, not minutes.
 """
 import concurrent.futures
 import datetime
 import json
 import ssl
 import sys
+import time
 import urllib.request
 
 import yaml
 
 NOT_READY = "node.kubernetes.io/not-ready"
+TTL = "node.alpha.kubernetes.io/ttl"
+SETTLE_SECONDS = 60
 
 
 def load_nodes(path):
@@ -100,6 +106,16 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         for _ in pool.map(lambda n: register(api, n), nodes):
             pass
+    wanted = {n["metadata"]["name"] for n in nodes}
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while wanted:
+        listed = api.call("GET", "/api/v1/nodes")["items"]
+        wanted -= {n["metadata"]["name"] for n in listed if TTL in (n["metadata"].get("annotations") or {})}
+        if not wanted:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nodes.py: kube-controller-manager did not annotate {sorted(wanted)[:5]} within {SETTLE_SECONDS} s")
+        time.sleep(0.3)
     print(f"nodes.py: registered {len(nodes)} node(s) from {path}", file=sys.stderr)
 
 
