@@ -11,18 +11,20 @@ commands run; a block without one fails the check, so no command goes unchecked:
   <!-- check: fresh -->          on a bare control plane (tests/cluster/up.sh with
                                  GPU_SHARE_CLUSTER_INSTALL=none): the install and uninstall steps
   <!-- check: helm -->           on another bare control plane: the Helm install, upgrade and
-                                 uninstall (helm from tools/build.sh; no --wait: without a kubelet
-                                 nothing becomes ready), and the monitoring values (that cluster
-                                 has prometheus-operator's CRDs and a monitoring namespace)
+                                 uninstall (helm from tools/build.sh; no --wait: gpu-share's own
+                                 pods cannot run here, there is no container runtime), and the
+                                 monitoring values (that cluster has prometheus-operator's CRDs and
+                                 a monitoring namespace)
   <!-- check: skip: REASON -->   not run here, and the reason says where it is checked instead
 
-Within a block, a command whose comment says `needs a kubelet` or `needs cert-manager` (there is
-neither here) is run with `--dry-run=server`: the API server admits it without persisting it,
-through every admission step, gpu-share's webhook included. Such commands run against a second
-control plane with gpu-share installed and running (tests/cluster/up.sh), so the webhook answers
-and the namespace exists, and with cert-manager's CRDs (from its Go module) installed, so its
-objects are validated against them. A read-only command that needs a running pod is reported as
-not run.
+Both control planes run kube-controller-manager and KWOK for the kubelets, so workloads create
+pods and bound pods run; but gpu-share's own pods do nothing (no container runtime), so the
+webhook a user installs never answers there. Within a block, a command whose comment says
+`needs gpu-share running` runs as written against a second control plane with gpu-share
+installed and running as local processes (tests/cluster/up.sh), so the webhook and the extender
+answer and the namespace exists; one whose comment says `needs cert-manager` (not here) runs there
+with `--dry-run=server`: the API server admits it without persisting it, through every admission
+step, against cert-manager's CRDs (from its Go module), installed there.
 
 The commands run in a copy of the repository (only the files git knows; its `target/` is
 target/readme-check, kept between runs) beside a link to ../shared, so nothing they write lands in
@@ -126,35 +128,12 @@ class Cluster:
             raise Failed(f"up.sh {name}: {r.stderr[-2000:]}")
         self.env = dict(l.split("=", 1) for l in open(os.path.join(self.dir, "env")).read().split("\n") if "=" in l)
         self.kubeconfig = self.env["KUBECONFIG"]
-        self.stopped = True
-
-    def finalize_namespaces(self):
-        """Stands in for kube-controller-manager's namespace controller, which up.sh does not run:
-        a namespace being deleted is finalized at once, so `kubectl delete` of a namespace returns
-        as it does on a real cluster (what the namespace held is not garbage-collected here)."""
-        import json
-        import threading
-
-        def loop():
-            while not self.stopped:
-                out = self.kubectl("get", "namespaces", "-o", "json")
-                if out.returncode == 0:
-                    for ns in json.loads(out.stdout)["items"]:
-                        if ns["metadata"].get("deletionTimestamp") and ns.get("spec", {}).get("finalizers"):
-                            ns["spec"]["finalizers"] = []
-                            self.kubectl("replace", "--raw", f"/api/v1/namespaces/{ns['metadata']['name']}/finalize",
-                                         "-f", "-", stdin=json.dumps(ns))
-                time.sleep(0.5)
-
-        self.stopped = False
-        threading.Thread(target=loop, daemon=True).start()
 
     def kubectl(self, *args, stdin=None):
         return subprocess.run([self.env["KUBECTL"], "--kubeconfig", self.kubeconfig, *args], input=stdin,
                               text=True, capture_output=True)
 
     def down(self):
-        self.stopped = True
         subprocess.run(["bash", os.path.join(REPO, "tests/cluster/down.sh"), self.dir], capture_output=True)
 
 
@@ -234,12 +213,10 @@ def main():
             if mode == "fresh":
                 if fresh is None:
                     fresh = Cluster(work, "fresh", install=False)
-                    fresh.finalize_namespaces()
                 env["KUBECONFIG"] = fresh.kubeconfig
             if mode == "helm":
                 if bare_helm is None:
                     bare_helm = Cluster(work, "helm", install=False)
-                    bare_helm.finalize_namespaces()
                     # What the monitoring block needs first: prometheus-operator's CRDs, and
                     # Prometheus's namespace.
                     sys.path.insert(0, os.path.join(REPO, "tests/cluster"))
@@ -270,8 +247,8 @@ def main():
                     script.append(f"echo {shlex.quote(f'README.md:{n}: (started by the check) {cmd}')} >&2")
                     continue
                 prefix = ""
-                if comment.startswith(("needs a kubelet", "needs cert-manager")):
-                    d = dry_run(cmd)
+                if comment.startswith(("needs gpu-share running", "needs cert-manager")):
+                    d = dry_run(cmd) if comment.startswith("needs cert-manager") else cmd
                     if d is None:
                         skipped.append(f"README.md:{n}: not run ({comment}): {cmd}")
                         continue
@@ -282,12 +259,11 @@ def main():
                             raise Failed(f"cert-manager CRDs: {applied.stderr}")
                     words = shlex.split(cmd)
                     if "-n" in words:
-                        ns = words[words.index("-n") + 1]
-                        installed.kubectl("create", "namespace", ns)
-                        installed.kubectl("-n", ns, "create", "serviceaccount", "default")
+                        installed.kubectl("create", "namespace", words[words.index("-n") + 1])
                     prefix = f"KUBECONFIG={shlex.quote(installed.kubeconfig)} "
+                    if d != cmd:
+                        dry += 1
                     cmd = d
-                    dry += 1
                 # The caBundle sits in a single-quoted JSON patch: close the quotes around it.
                 cmd = cmd.replace(CA_PLACEHOLDER, "'\"$(base64 -w0 certs/out/ca.crt)\"'")
                 script.append(f"echo {shlex.quote(f'README.md:{n}: {prefix}{cmd}')} >&2")
