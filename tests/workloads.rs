@@ -627,7 +627,73 @@ async fn mps_statefulset(c: &Cluster) -> Check {
         n["slots"] == "8/8",
         format!("the ledger counts {} MPS replicas", n["slots"]),
     )?;
-    ledger_is_the_api(c, "eight MPS workers").await
+    ledger_is_the_api(c, "eight MPS workers").await?;
+    // Or not, per policy: with mps.hostIPC false (NVIDIA's device-plugin MPS mounts the pipe
+    // itself), the workers created after the policy changed get no hostIPC.
+    kubectl(
+        c,
+        &["scale", "-n", ns, "statefulset/workers", "--replicas=4"],
+        None,
+    )?;
+    wait_pods(c, ns, 4, 0).await?;
+    let path = c.dir.join("policy/policy.yaml");
+    let shipped = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    let without = shipped.replace("  hostIPC: true", "  hostIPC: false");
+    ensure(
+        without != shipped,
+        "the shipped policy has no mps.hostIPC: true to turn off",
+    )?;
+    std::fs::write(&path, &without).map_err(|e| e.to_string())?;
+    let result = async {
+        webhook_injects_host_ipc(c, ns, false).await?;
+        kubectl(c, &["scale", "-n", ns, "statefulset/workers", "--replicas=9"], None)?;
+        wait_pods(c, ns, 8, 1).await?;
+        for (name, p) in pods_of(c, ns).await? {
+            let ordinal: u32 = name.rsplit('-').next().and_then(|o| o.parse().ok()).unwrap_or(0);
+            let ipc = p.spec.as_ref().and_then(|s| s.host_ipc);
+            let want = if ordinal < 4 { Some(true) } else { None };
+            ensure(
+                ipc == want,
+                format!("worker {name}: hostIPC {ipc:?}, expected {want:?} (created after mps.hostIPC: false: {})", ordinal >= 4),
+            )?;
+        }
+        ledger_is_the_api(c, "workers recreated under mps.hostIPC: false").await
+    }
+    .await;
+    std::fs::write(&path, &shipped).map_err(|e| e.to_string())?;
+    webhook_injects_host_ipc(c, ns, true).await?;
+    result
+}
+
+/// Waits until the webhook has reloaded a policy under which an `mps-25` pod gets hostIPC
+/// (`inject`) or not: a pod created with `--dry-run=server` shows what it writes.
+async fn webhook_injects_host_ipc(c: &Cluster, ns: &str, inject: bool) -> Check {
+    let probe = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "policy-probe", "annotations": {"gpu-share": "mps-25"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    wait_for(
+        &format!("the webhook to reload a policy with mps.hostIPC: {inject}"),
+        Duration::from_secs(60),
+        || async {
+            let out = kubectl(
+                c,
+                &[
+                    "create",
+                    "-n",
+                    ns,
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&probe.to_string()),
+            )?;
+            let p: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            Ok((p["spec"]["hostIPC"].as_bool().unwrap_or(false) == inject).then_some(()))
+        },
+    )
+    .await
 }
 
 // ---- 5. exclusive training beside shared pods ----------------------------------------------------

@@ -132,9 +132,9 @@ impl Cluster {
         child.wait_with_output().expect("kubectl's output")
     }
 
-    /// A namespace with the objects kube-controller-manager would add (its `default`
-    /// ServiceAccount; no controller-manager runs here). One left by an earlier run against the
-    /// same cluster is reused, with these labels and without its pods.
+    /// A namespace, with its `default` ServiceAccount (kube-controller-manager adds it too; made
+    /// here so that a pod created at once does not race it). One left by an earlier run against
+    /// the same cluster is reused, with these labels and without its pods.
     pub async fn namespace(&self, name: &str, labels: Value) -> Result<(), String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let ns: Namespace =
@@ -165,9 +165,8 @@ impl Cluster {
         }
     }
 
-    /// Deletes every pod of a namespace at once (grace period 0, as no kubelet confirms) and
-    /// waits until they are gone. Namespaces themselves are never deleted: with no
-    /// kube-controller-manager a deleted namespace stays Terminating and its pods keep their GPUs.
+    /// Deletes every pod of a namespace at once (grace period 0) and waits until they are gone.
+    /// The namespace stays, for the next run against the same cluster.
     pub async fn delete_pods(&self, ns: &str) -> Result<(), String> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
