@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::mig::{MigModel, MigTable};
 use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
-use crate::workloads::{WorkloadKind, builtin_kinds};
+use crate::workloads::WorkloadKind;
 
 /// The embedded default policy.
 pub const DEFAULT_POLICY_YAML: &str = include_str!("../policies/default.yaml");
@@ -631,14 +631,6 @@ impl Policy {
     }
 
     /// The first namespace rule that applies, with its index.
-    /// Every workload kind whose templates the template check reads: Kubernetes' own
-    /// controllers, then the policy's.
-    pub fn workload_kinds(&self) -> Vec<WorkloadKind> {
-        let mut kinds = builtin_kinds();
-        kinds.extend(self.workloads.iter().cloned());
-        kinds
-    }
-
     pub fn rule_for(
         &self,
         namespace: &str,

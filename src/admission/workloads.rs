@@ -81,7 +81,7 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         return Decision::NotRequested;
     };
     let loaded = state.policy.current();
-    let kinds = loaded.policy.workload_kinds();
+    let kinds = crate::workloads::all_kinds(&loaded.policy.workloads);
     let Some(kind) = kind_of(&kinds, &gvk.group, &gvk.kind) else {
         // Sent by a webhook rule the policy does not back: let it through, and say so once per
         // request in the log (the pod webhook still checks its pods).

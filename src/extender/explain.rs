@@ -8,22 +8,17 @@
 //! with the same fit as filter, and records a Warning event `GpuShareUnschedulable` on the pod
 //! saying, node by node, why none has room. It also marks the pod as waiting, so that a release
 //! of its class nudges it as it nudges pods filter refused. One event per distinct
-//! kube-scheduler message.
+//! kube-scheduler message. (The task that writes the events is `sync::spawn_explainer`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodSpec};
-use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
-use tokio::sync::watch::Receiver;
 
-use super::state::{ExtenderState, Waiting};
 use crate::ledger;
-use crate::packing::{self, Reason};
-use crate::shared::stopped;
+use crate::packing::Reason;
 use crate::sync::{lock, read, write};
 
 /// The event's reason.
@@ -222,98 +217,6 @@ pub fn explanation(class: &str, verdicts: &[(String, Result<(), Reason>)]) -> Op
         verdicts.len(),
         parts.join("; ")
     ))
-}
-
-/// Explains the pods the watch queues, one at a time, as events on them.
-pub fn spawn_explainer(
-    client: Client,
-    ext: Arc<ExtenderState>,
-    mut pods: mpsc::Receiver<Arc<Pod>>,
-    mut shutdown: Receiver<bool>,
-) {
-    let instance = std::env::var("POD_NAME")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok());
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: "gpu-share-scheduler".into(),
-            instance,
-        },
-    );
-    tokio::spawn(async move {
-        loop {
-            let pod = tokio::select! {
-                _ = stopped(&mut shutdown) => return,
-                p = pods.recv() => match p { Some(p) => p, None => return },
-            };
-            explain_one(&recorder, &ext, &pod).await;
-        }
-    });
-}
-
-async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
-    let Ok(Some(demand)) = ledger::demand_of_pod(pod) else {
-        return;
-    };
-    let Some(spec) = pod.spec.as_ref() else {
-        return;
-    };
-    let names = ext.explainer().candidates(spec);
-    let verdicts: Vec<(String, Result<(), Reason>)> = ext
-        .ledger()
-        .with_nodes_par(&names, |nl| packing::fit(&nl.node, &nl.usage, &demand))
-        .into_iter()
-        .zip(names)
-        .map(|(v, name)| (name, v.unwrap_or(Err(Reason::NotGpuNode))))
-        .collect();
-    let class = demand.gpu.class();
-    let Some(note) = explanation(class, &verdicts) else {
-        return;
-    };
-    let (Some(uid), Some(name), Some(namespace)) = (
-        pod.metadata.uid.clone(),
-        pod.metadata.name.clone(),
-        pod.metadata.namespace.clone(),
-    ) else {
-        return;
-    };
-    if verdicts
-        .iter()
-        .any(|(_, v)| v.as_ref().is_err_and(Reason::resolvable))
-    {
-        ext.mark_waiting(
-            uid.clone(),
-            Waiting {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                class,
-            },
-        );
-    }
-    let reference = k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(name.clone()),
-        namespace: Some(namespace.clone()),
-        uid: Some(uid),
-        ..Default::default()
-    };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: EVENT_REASON.into(),
-        note: Some(note.clone()),
-        action: "Scheduling".into(),
-        secondary: None,
-    };
-    match recorder.publish(&event, &reference).await {
-        Ok(()) => {
-            tracing::info!(pod = %format!("{namespace}/{name}"), note = %note, "explained a pending pod")
-        }
-        Err(e) => {
-            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot record why a pod waits")
-        }
-    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use crate::inventory;
 use crate::ledger::{self, ObservedPod};
 use crate::metrics::Metrics;
 use crate::shared::{PolicyStore, Readiness, stopped};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 
 /// Tracks a relist (Init .. InitDone) so objects gone during a dropped watch are removed.
 #[derive(Debug, Default)]
@@ -486,6 +487,100 @@ pub fn spawn_maintenance(ext: Arc<ExtenderState>, every: Duration, mut shutdown:
             ext.run_pending();
         }
     });
+}
+
+/// Explains the pods the watch queues ([`super::explain`]), one at a time, as events on them.
+pub fn spawn_explainer(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    mut pods: mpsc::Receiver<Arc<Pod>>,
+    mut shutdown: Receiver<bool>,
+) {
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok());
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "gpu-share-scheduler".into(),
+            instance,
+        },
+    );
+    tokio::spawn(async move {
+        loop {
+            let pod = tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                p = pods.recv() => match p { Some(p) => p, None => return },
+            };
+            explain_one(&recorder, &ext, &pod).await;
+        }
+    });
+}
+
+async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
+    let Ok(Some(demand)) = ledger::demand_of_pod(pod) else {
+        return;
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return;
+    };
+    let names = ext.explainer().candidates(spec);
+    let verdicts: Vec<(String, Result<(), crate::packing::Reason>)> = ext
+        .ledger()
+        .with_nodes_par(&names, |nl| {
+            crate::packing::fit(&nl.node, &nl.usage, &demand)
+        })
+        .into_iter()
+        .zip(names)
+        .map(|(v, name)| (name, v.unwrap_or(Err(crate::packing::Reason::NotGpuNode))))
+        .collect();
+    let class = demand.gpu.class();
+    let Some(note) = super::explain::explanation(class, &verdicts) else {
+        return;
+    };
+    let (Some(uid), Some(name), Some(namespace)) = (
+        pod.metadata.uid.clone(),
+        pod.metadata.name.clone(),
+        pod.metadata.namespace.clone(),
+    ) else {
+        return;
+    };
+    if verdicts
+        .iter()
+        .any(|(_, v)| v.as_ref().is_err_and(crate::packing::Reason::resolvable))
+    {
+        ext.mark_waiting(
+            uid.clone(),
+            Waiting {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                class,
+            },
+        );
+    }
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.clone()),
+        namespace: Some(namespace.clone()),
+        uid: Some(uid),
+        ..Default::default()
+    };
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: super::explain::EVENT_REASON.into(),
+        note: Some(note.clone()),
+        action: "Scheduling".into(),
+        secondary: None,
+    };
+    match recorder.publish(&event, &reference).await {
+        Ok(()) => {
+            tracing::info!(pod = %format!("{namespace}/{name}"), note = %note, "explained a pending pod")
+        }
+        Err(e) => {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot record why a pod waits")
+        }
+    }
 }
 
 #[cfg(test)]

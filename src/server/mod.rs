@@ -533,7 +533,7 @@ async fn connect(
                 Duration::from_secs(args.reconcile_seconds.max(1)),
                 shutdown.clone(),
             );
-            extender::explain::spawn_explainer(
+            extender::sync::spawn_explainer(
                 client.clone(),
                 ext.clone(),
                 ext.explainer().subscribe(),
