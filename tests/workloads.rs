@@ -23,7 +23,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Check, Cluster, ensure, failed_scheduling, point, wait_for};
+use common::cluster::{Check, Cluster, ensure, failed_scheduling, pod_uid, point, wait_for};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -109,6 +109,19 @@ fn phase(p: &Pod) -> &str {
 
 fn node_of(p: &Pod) -> Option<&str> {
     p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// The limits of a pod's first container (where the webhook writes the GPU).
+fn limits_of(p: &Pod) -> BTreeMap<String, String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, q)| (k, q.0))
+        .collect()
 }
 
 fn live(p: &Pod) -> bool {
@@ -350,14 +363,7 @@ async fn why_waiting(c: &Cluster, ns: &str, name: &str) -> Result<String, String
 async fn why_waiting_in(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
     let scheduler = failed_scheduling(c, ns, name).await?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-    let uid = pods
-        .get(name)
-        .await
-        .map_err(|e| format!("get pod {name}: {e}"))?
-        .metadata
-        .uid
-        .unwrap_or_default();
+    let uid = pod_uid(c, ns, name).await?;
     let field = format!("involvedObject.name={name},involvedObject.uid={uid}");
     wait_for(
         &format!("gpu-share's word on why {ns}/{name} waits"),
@@ -504,18 +510,14 @@ async fn mig_deployment(c: &Cluster) -> Check {
     // A controller's pod went through the webhook: generateName, owner, the MIG limit.
     let pods = pods_of(c, ns).await?;
     let p = pods.values().next().ok_or("no pod")?;
-    let limits = p.spec.as_ref().unwrap().containers[0]
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.clone())
-        .unwrap_or_default();
+    let limits = limits_of(p);
     ensure(
         p.metadata.generate_name.is_some()
             && p.metadata
                 .owner_references
                 .as_ref()
                 .is_some_and(|o| o.iter().any(|o| o.kind == "ReplicaSet"))
-            && limits.get("nvidia.com/mig-1g.10gb").map(|q| q.0.as_str()) == Some("1"),
+            && limits.get("nvidia.com/mig-1g.10gb").map(String::as_str) == Some("1"),
         format!("a ReplicaSet's pod was not mutated as a pod: {limits:?}"),
     )?;
     ledger_is_the_api(c, "seven of eight replicas bound").await?;
@@ -607,15 +609,11 @@ async fn mps_statefulset(c: &Cluster) -> Check {
     )?;
     for (name, p) in pods_of(c, ns).await? {
         let spec = p.spec.as_ref().unwrap();
-        let limits = spec.containers[0]
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.clone())
-            .unwrap_or_default();
+        let limits = limits_of(&p);
         // The shipped policy injects hostIPC for MPS (mps.hostIPC: true).
         ensure(
             spec.host_ipc == Some(true)
-                && limits.get("nvidia.com/gpu").map(|q| q.0.as_str()) == Some("1"),
+                && limits.get("nvidia.com/gpu").map(String::as_str) == Some("1"),
             format!(
                 "worker {name}: hostIPC {:?}, limits {limits:?}",
                 spec.host_ipc

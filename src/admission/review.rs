@@ -277,18 +277,28 @@ fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
+/// Reads a body as an AdmissionReview, or answers it: a 400 in words, counted for `endpoint`.
+pub(super) fn read_review(
+    state: &Context,
+    body: &[u8],
+    endpoint: &'static str,
+    started: Instant,
+) -> Result<AdmissionReviewIn, Box<Response>> {
+    parse_review(body).map_err(|e| {
+        tracing::warn!(error = %e, "rejected a malformed admission request");
+        state
+            .metrics
+            .observe(endpoint, "bad_request", started.elapsed());
+        Box::new(json_error(e.status(), &e.to_string()))
+    })
+}
+
 /// `POST /mutate`.
 pub async fn mutate(State(state): State<Context>, body: Bytes) -> Response {
     let started = Instant::now();
-    let review = match parse_review(&body) {
+    let review = match read_review(&state, &body, "mutate", started) {
         Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "rejected a malformed admission request");
-            state
-                .metrics
-                .observe("mutate", "bad_request", started.elapsed());
-            return json_error(e.status(), &e.to_string());
-        }
+        Err(answered) => return *answered,
     };
     let req = &review.request;
     let namespace = req.namespace.clone().unwrap_or_default();

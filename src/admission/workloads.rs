@@ -12,23 +12,16 @@ use tracing::{Instrument, field};
 use super::Context;
 use super::plan::{Decision, Facts, Needs, RuntimeClassState};
 use super::review::{
-    AdmissionRequest, AdmissionReviewIn, LOOKUP_TIMEOUT, look_up, parse_review, respond,
+    AdmissionRequest, AdmissionReviewIn, LOOKUP_TIMEOUT, look_up, read_review, respond,
 };
 use super::template::{Templates, kind_of};
-use crate::shared::json_error;
 
 /// `POST /validate`.
 pub async fn validate(State(state): State<Context>, body: Bytes) -> Response {
     let started = Instant::now();
-    let review = match parse_review(&body) {
+    let review = match read_review(&state, &body, "validate", started) {
         Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "rejected a malformed admission request");
-            state
-                .metrics
-                .observe("validate", "bad_request", started.elapsed());
-            return json_error(e.status(), &e.to_string());
-        }
+        Err(answered) => return *answered,
     };
     let req = &review.request;
     let kind = req

@@ -134,16 +134,8 @@ pub fn selects(spec: &PodSpec, name: &str, labels: &BTreeMap<String, String>) ->
         .node_selector
         .as_ref()
         .is_none_or(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    let affinity_ok = required.is_none_or(|r| {
-        r.node_selector_terms.iter().any(|t| {
+    let affinity_ok = ledger::required_node_terms(spec).is_none_or(|terms| {
+        terms.iter().any(|t| {
             let exprs = t.match_expressions.as_deref().unwrap_or_default();
             let fields = t.match_fields.as_deref().unwrap_or_default();
             // An empty term selects nothing.

@@ -68,6 +68,20 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     }))
 }
 
+/// The terms of a pod's required node affinity (alternatives), if it has one.
+pub fn required_node_terms(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Option<&[k8s_openapi::api::core::v1::NodeSelectorTerm]> {
+    spec.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+}
+
 /// The GPU models a pod may run on, as the inventory names a node's model (`GpuNode::product`),
 /// from what it requires of `nvidia.com/gpu.product` (or, on GKE, of
 /// `cloud.google.com/gke-accelerator`): a nodeSelector, and `In` expressions of a required node
@@ -92,16 +106,7 @@ pub fn pod_models(pod: &Pod) -> Vec<String> {
             .collect();
         (!v.is_empty()).then_some(v)
     });
-    let terms = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.as_slice())
-        .unwrap_or_default();
+    let terms = required_node_terms(spec).unwrap_or_default();
     // Each term's allowed models (`None`: the term allows any); the affinity's, their union.
     let mut affinity: Option<Vec<String>> = None;
     for term in terms {

@@ -369,17 +369,21 @@ pub async fn point<F: std::future::Future<Output = Check>>(
     }
 }
 
-/// The newest FailedScheduling event of this pod: matched by its UID too, as events outlive
-/// their pods and these tests reuse pod names.
-pub async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+/// A pod's UID (events name their pod by it too: they outlive pods, and tests reuse names).
+pub async fn pod_uid(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-    let uid = pods
-        .get(name)
+    pods.get(name)
         .await
         .map_err(|e| format!("get pod {name}: {e}"))?
         .metadata
         .uid
-        .ok_or_else(|| format!("pod {name} has no UID"))?;
+        .ok_or_else(|| format!("pod {name} has no UID"))
+}
+
+/// The newest FailedScheduling event of this pod: matched by its UID too, as events outlive
+/// their pods and these tests reuse pod names.
+pub async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+    let uid = pod_uid(c, ns, name).await?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), ns);
     wait_for(
         &format!("a FailedScheduling event for {name}"),
