@@ -19,12 +19,20 @@ use crate::policy::Policy;
 pub struct LoadedPolicy {
     pub policy: Policy,
     pub mig: MigTable,
+    /// The workload kinds whose templates the template check reads: Kubernetes' own, then the
+    /// policy's.
+    pub workload_kinds: Vec<crate::workloads::WorkloadKind>,
 }
 
 impl LoadedPolicy {
     pub fn new(policy: Policy) -> Self {
         let mig = policy.mig_table();
-        LoadedPolicy { policy, mig }
+        let workload_kinds = crate::workloads::all_kinds(&policy.workloads);
+        LoadedPolicy {
+            policy,
+            mig,
+            workload_kinds,
+        }
     }
 }
 

@@ -94,23 +94,17 @@ pub fn validate(workloads: &[WorkloadKind]) -> Result<(), WorkloadsError> {
             check_template_path(path)
                 .map_err(|e| WorkloadsError(format!("workloads[{i}].templates[{j}]: {e}")))?;
         }
-        let earlier = builtins
-            .iter()
-            .chain(&workloads[..i])
-            .any(|b| b.group == w.group && b.kind == w.kind);
-        if earlier {
+        let same = |b: &WorkloadKind| b.group == w.group && b.kind == w.kind;
+        if builtins.iter().any(same) {
             return Err(WorkloadsError(format!(
-                "workloads[{i}]: {} {:?} is already listed{}",
-                w.kind,
-                w.group,
-                if builtins
-                    .iter()
-                    .any(|b| b.group == w.group && b.kind == w.kind)
-                {
-                    " (gpu-share reads Kubernetes' own controllers without being told)"
-                } else {
-                    ""
-                }
+                "workloads[{i}]: {} {:?} is one of Kubernetes' own controllers, which gpu-share reads without being told",
+                w.kind, w.group
+            )));
+        }
+        if workloads[..i].iter().any(same) {
+            return Err(WorkloadsError(format!(
+                "workloads[{i}]: {} {:?} is already listed",
+                w.kind, w.group
             )));
         }
     }

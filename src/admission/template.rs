@@ -10,7 +10,7 @@
 
 use serde_json::{Value, json};
 
-use super::plan::{Decision, Denial, Facts, Intake, Needs};
+use super::plan::{Decision, Denial, Facts, Intake};
 use crate::mig::MigTable;
 use crate::policy::Policy;
 use crate::workloads::WorkloadKind;
@@ -111,19 +111,12 @@ impl Templates {
         self.read.is_empty()
     }
 
-    /// What the planner will need to know of the cluster for all these templates.
-    pub fn needs(&self, policy: &Policy) -> Needs {
-        let mut needs = Needs {
-            namespace_labels: false,
-            runtime_class: false,
-        };
-        for (_, r) in &self.read {
-            if let Ok(intake) = r {
-                let n = intake.needs(policy);
-                needs.namespace_labels |= n.namespace_labels;
-            }
-        }
-        needs
+    /// Whether planning these templates needs the namespace's labels (the only cluster fact a
+    /// check reads: whether the RuntimeClass exists only changes what the pod webhook writes).
+    pub fn need_namespace_labels(&self, policy: &Policy) -> bool {
+        self.read
+            .iter()
+            .any(|(_, r)| r.as_ref().is_ok_and(|i| i.needs(policy).namespace_labels))
     }
 
     /// The first template the pod webhook would deny, with its path in the message; `None`

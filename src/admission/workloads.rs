@@ -74,8 +74,7 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         return Decision::NotRequested;
     };
     let loaded = state.policy.current();
-    let kinds = crate::workloads::all_kinds(&loaded.policy.workloads);
-    let Some(kind) = kind_of(&kinds, &gvk.group, &gvk.kind) else {
+    let Some(kind) = kind_of(&loaded.workload_kinds, &gvk.group, &gvk.kind) else {
         // Sent by a webhook rule the policy does not back: let it through, and say so once per
         // request in the log (the pod webhook still checks its pods).
         tracing::warn!(
@@ -95,8 +94,8 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
     }
     let namespace = req.namespace.clone().unwrap_or_default();
     let needs = Needs {
+        namespace_labels: templates.need_namespace_labels(&loaded.policy),
         runtime_class: false,
-        ..templates.needs(&loaded.policy)
     };
     let labels = match look_up(
         state,

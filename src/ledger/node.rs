@@ -196,13 +196,7 @@ pub fn plan_victims(
             GpuDemand::Mig { profile, .. } => {
                 // A device of the requested profile, or one of a layout the node no longer has
                 // (its GPU is taken until the pod leaves).
-                let stale = |p: &String| match &nl.node.mig {
-                    inventory::MigLayout::Mixed { instances } => {
-                        nl.usage.mig.get(p).copied().unwrap_or(0)
-                            > instances.get(p).copied().unwrap_or(0)
-                    }
-                    _ => false,
-                };
+                let stale = |p: &String| packing::stale_mig_of(&nl.node, &nl.usage, p) > 0;
                 h.placement
                     .mig
                     .as_ref()

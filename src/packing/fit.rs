@@ -207,18 +207,20 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
     fit_gpu(node, usage, &demand.gpu)
 }
 
-/// MIG devices held beyond what a mixed-strategy node now advertises: devices of a layout that
-/// changed under its pods (mig-manager rewrote `nvidia.com/mig.config`, the device plugin
-/// re-registered). Their pods still run on them.
-pub fn stale_mig_devices(node: &GpuNode, usage: &Usage) -> u32 {
+/// Devices of `profile` held beyond what a mixed-strategy node now advertises: devices of a
+/// layout that changed under its pods (mig-manager rewrote `nvidia.com/mig.config`, the device
+/// plugin re-registered). Their pods still run on them.
+pub fn stale_mig_of(node: &GpuNode, usage: &Usage, profile: &str) -> u32 {
     let MigLayout::Mixed { instances } = &node.mig else {
         return 0;
     };
-    usage
-        .mig
-        .iter()
-        .map(|(p, used)| used.saturating_sub(instances.get(p).copied().unwrap_or(0)))
-        .sum()
+    let used = usage.mig.get(profile).copied().unwrap_or(0);
+    used.saturating_sub(instances.get(profile).copied().unwrap_or(0))
+}
+
+/// [`stale_mig_of`], over every profile held.
+pub fn stale_mig_devices(node: &GpuNode, usage: &Usage) -> u32 {
+    usage.mig.keys().map(|p| stale_mig_of(node, usage, p)).sum()
 }
 
 /// Devices of `profile` in the node's new MIG layout that gpu-share does not offer while old
@@ -227,10 +229,10 @@ pub fn stale_mig_devices(node: &GpuNode, usage: &Usage) -> u32 {
 /// is taken to hold its share of the new devices of `profile` (rounded up): never a new device
 /// on a GPU that an old one may still occupy.
 pub fn mig_blocked_by_old_layout(node: &GpuNode, usage: &Usage, profile: &str) -> u32 {
-    let stale = stale_mig_devices(node, usage);
     let MigLayout::Mixed { instances } = &node.mig else {
         return 0;
     };
+    let stale = stale_mig_devices(node, usage);
     if stale == 0 {
         return 0;
     }
