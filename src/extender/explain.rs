@@ -26,13 +26,20 @@ pub const EVENT_REASON: &str = "GpuShareUnschedulable";
 /// How many pods may wait for an explanation; beyond it new ones are dropped (a later change of
 /// their condition brings them back).
 const QUEUE: usize = 1024;
+/// How often a pod is weighed again when a GPU node seems to have room for it (the ledger may
+/// not have seen the binds kube-scheduler already counted), and how long apart.
+pub const RETRIES: u8 = 3;
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// A pod to explain, and how many times it was weighed already.
+pub type Queued = (Arc<Pod>, u8);
 
 /// What the explainer keeps: GPU nodes' labels (to read a pod's node constraints), which
 /// kube-scheduler message each pod was last explained for, and where to send the next one.
 pub struct Explainer {
     labels: RwLock<HashMap<String, BTreeMap<String, String>>>,
     explained: moka::sync::Cache<String, String>,
-    queue: Mutex<Option<mpsc::Sender<Arc<Pod>>>>,
+    queue: Mutex<Option<mpsc::Sender<Queued>>>,
 }
 
 impl Default for Explainer {
@@ -63,7 +70,7 @@ impl Explainer {
     }
 
     /// The pods to explain, from now on.
-    pub fn subscribe(&self) -> mpsc::Receiver<Arc<Pod>> {
+    pub fn subscribe(&self) -> mpsc::Receiver<Queued> {
         let (tx, rx) = mpsc::channel(QUEUE);
         *lock(&self.queue) = Some(tx);
         rx
@@ -81,12 +88,16 @@ impl Explainer {
         if self.explained.get(&uid).as_deref() == Some(message.as_str()) {
             return;
         }
-        let queue = lock(&self.queue);
-        if let Some(tx) = queue.as_ref()
-            && tx.try_send(Arc::new(pod.clone())).is_ok()
-        {
+        if self.send((Arc::new(pod.clone()), 0)) {
             self.explained.insert(uid, message);
         }
+    }
+
+    /// Queues a pod (again); false when the queue is full or nobody listens.
+    pub fn send(&self, queued: Queued) -> bool {
+        lock(&self.queue)
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(queued).is_ok())
     }
 
     /// The GPU nodes a pod's nodeSelector and required node affinity allow.
@@ -362,7 +373,7 @@ mod tests {
         let mut rx = e.subscribe();
         e.consider(&pod(kube, true));
         e.consider(&pod(kube, true));
-        assert!(rx.try_recv().is_ok());
+        assert_eq!(rx.try_recv().map(|(_, attempt)| attempt), Ok(0));
         assert!(rx.try_recv().is_err());
         e.consider(&pod("0/5 nodes are available: 5 Insufficient cpu.", true));
         assert!(rx.try_recv().is_ok());

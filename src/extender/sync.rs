@@ -493,7 +493,7 @@ pub fn spawn_maintenance(ext: Arc<ExtenderState>, every: Duration, mut shutdown:
 pub fn spawn_explainer(
     client: Client,
     ext: Arc<ExtenderState>,
-    mut pods: mpsc::Receiver<Arc<Pod>>,
+    mut pods: mpsc::Receiver<super::explain::Queued>,
     mut shutdown: Receiver<bool>,
 ) {
     let instance = std::env::var("POD_NAME")
@@ -512,17 +512,28 @@ pub fn spawn_explainer(
                 _ = stopped(&mut shutdown) => return,
                 p = pods.recv() => match p { Some(p) => p, None => return },
             };
-            explain_one(&recorder, &ext, &pod).await;
+            let (pod, attempt) = pod;
+            // A GPU node with room may only mean the ledger has not seen binds kube-scheduler
+            // already counted: weigh the pod again a little later, a few times.
+            if !explain_one(&recorder, &ext, &pod).await && attempt < super::explain::RETRIES {
+                let ext = ext.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(super::explain::RETRY_AFTER).await;
+                    ext.explainer().send((pod, attempt + 1));
+                });
+            }
         }
     });
 }
 
-async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
+/// Weighs one pod and records why it waits; false when a GPU node seems to have room for it
+/// (nothing recorded).
+async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) -> bool {
     let Ok(Some(demand)) = ledger::demand_of_pod(pod) else {
-        return;
+        return true;
     };
     let Some(spec) = pod.spec.as_ref() else {
-        return;
+        return true;
     };
     let names = ext.explainer().candidates(spec);
     let verdicts: Vec<(String, Result<(), crate::packing::Reason>)> = ext
@@ -536,14 +547,14 @@ async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
         .collect();
     let class = demand.gpu.class();
     let Some(note) = super::explain::explanation(class, &verdicts) else {
-        return;
+        return false;
     };
     let (Some(uid), Some(name), Some(namespace)) = (
         pod.metadata.uid.clone(),
         pod.metadata.name.clone(),
         pod.metadata.namespace.clone(),
     ) else {
-        return;
+        return true;
     };
     if verdicts
         .iter()
@@ -581,6 +592,7 @@ async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) {
             tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot record why a pod waits")
         }
     }
+    true
 }
 
 #[cfg(test)]
