@@ -6,9 +6,8 @@
 //! watch sees such a pod (Unschedulable, a message without gpu-share's reasons); the explainer
 //! then weighs the pod against the GPU nodes its nodeSelector and required node affinity allow,
 //! with the same fit as filter, and records a Warning event `GpuShareUnschedulable` on the pod
-//! saying, node by node, why none has room. It also marks the pod as waiting, so that a release
-//! of its class nudges it as it nudges pods filter refused. One event per distinct
-//! kube-scheduler message. (The task that writes the events is `sync::spawn_explainer`.)
+//! saying, node by node, why none has room. The pod is not nudged: kube-scheduler requeues pods
+//! its own plugins refused when capacity frees. One event per distinct kube-scheduler message. (The task that writes the events is `sync::spawn_explainer`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};

@@ -556,19 +556,8 @@ async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) -> boo
     ) else {
         return true;
     };
-    if verdicts
-        .iter()
-        .any(|(_, v)| v.as_ref().is_err_and(crate::packing::Reason::resolvable))
-    {
-        ext.mark_waiting(
-            uid.clone(),
-            Waiting {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                class,
-            },
-        );
-    }
+    // Not marked waiting: kube-scheduler requeues a pod its own plugins refused when capacity
+    // frees (its queueing hints), and a nudge would race a preemption it has already begun.
     let reference = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
