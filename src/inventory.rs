@@ -1,11 +1,13 @@
 //! PURE: a Kubernetes Node (GPU Feature Discovery labels and `status.allocatable`) becomes a
 //! [`GpuNode`]: what the NVIDIA device plugin on it enforces, which is what the extender accounts.
 //!
-//! Labels read (protocols.md 3.4): `nvidia.com/gpu.product` (the `-SHARED` suffix ignored; the
-//! single-strategy `-MIG-<profile>` suffix names the profile), `gpu.count`, `gpu.memory`,
-//! `gpu.replicas`, `gpu.sharing-strategy`, `mig.strategy`, `mig.config`. Capacity comes from
-//! allocatable: `nvidia.com/gpu` (or the policy's shared resource name) and each
-//! `nvidia.com/mig-<profile>`.
+//! Labels read (protocols.md 3.4), as GFD writes them (`tests/fixtures/nvidia/` holds nodes
+//! from GFD's and the device plugin's own code): `nvidia.com/gpu.product` (the `-SHARED` suffix
+//! ignored; the single-strategy `-MIG-<profile>` suffix names the profile, the part before it
+//! the model whose MIG geometry applies), `gpu.count`, `gpu.memory`, `gpu.replicas`,
+//! `gpu.sharing-strategy`, `mig.strategy`, `mig.config`, `mig-<profile>.memory`. Capacity comes
+//! from allocatable: `nvidia.com/gpu`, or for shared GPUs the name the node advertises
+//! (`nvidia.com/gpu.shared` under `renameByDefault`), and each `nvidia.com/mig-<profile>`.
 
 use std::collections::BTreeMap;
 
@@ -66,19 +68,36 @@ pub enum ModeSource {
     Declared,
 }
 
-/// How nodes are read: the resource shared pods ask for, and the modes the policy declares for
-/// nodes whose labels do not say.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// How nodes are read: the resources each class of pod asks for, the modes the policy declares
+/// for nodes whose labels do not say, and the MIG table (the policy's models first).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
-    pub shared: String,
+    /// What timeslice pods ask for (the policy's `resources`).
+    pub timeslice: String,
+    /// What mps pods ask for.
+    pub mps: String,
+    /// Whether MIG pods ask for `nvidia.com/gpu` (the single strategy) rather than
+    /// `nvidia.com/mig-<profile>`.
+    pub mig_single: bool,
     pub declared: Vec<crate::policy::NodeMode>,
+    pub mig: crate::mig::MigTable,
+}
+
+impl Default for Reading {
+    fn default() -> Self {
+        Reading::from(RESOURCE_GPU)
+    }
 }
 
 impl From<&str> for Reading {
+    /// Shared pods of both classes ask for `shared`; the mixed MIG strategy; built-in models.
     fn from(shared: &str) -> Self {
         Reading {
-            shared: shared.to_string(),
+            timeslice: shared.to_string(),
+            mps: shared.to_string(),
+            mig_single: false,
             declared: Vec::new(),
+            mig: crate::mig::MigTable::default(),
         }
     }
 }
@@ -86,21 +105,111 @@ impl From<&str> for Reading {
 impl Reading {
     pub fn of(policy: &crate::policy::Policy) -> Self {
         Reading {
-            shared: policy.resources.shared.to_string(),
+            timeslice: policy.resources.timeslice_resource().to_string(),
+            mps: policy.resources.mps_resource().to_string(),
+            mig_single: policy.mig.strategy == crate::policy::MigStrategy::Single,
             declared: policy.node_modes.clone(),
+            mig: policy.mig_table(),
+        }
+    }
+
+    /// Whether the pods of the node's class ask for a resource the node does not advertise:
+    /// then none of them can use it ([`Unreached`]). A node that advertises nothing (its device
+    /// plugin not registered yet) is not one: there is no name to disagree with.
+    pub fn unreached(&self, node: &GpuNode) -> Option<Unreached> {
+        if node.advertised.is_empty() {
+            return None;
+        }
+        let (class, asks) = match (&node.mig, node.sharing) {
+            (MigLayout::Single { profile, .. }, _) => (
+                "mig",
+                if self.mig_single {
+                    RESOURCE_GPU.to_string()
+                } else {
+                    crate::mig::resource_name(profile)
+                },
+            ),
+            // All MIG, mixed strategy: MIG pods ask per profile unless the policy says single.
+            (MigLayout::Mixed { .. }, _) if node.gpus == 0 => {
+                if !self.mig_single {
+                    return None;
+                }
+                ("mig", RESOURCE_GPU.to_string())
+            }
+            (_, Sharing::TimeSlicing { .. }) => ("timeslice", self.timeslice.clone()),
+            (_, Sharing::Mps { .. }) => ("mps", self.mps.clone()),
+            _ => ("exclusive", RESOURCE_GPU.to_string()),
+        };
+        (!node.advertises(&asks)).then(|| Unreached {
+            class,
+            pods_ask_for: asks,
+            node_advertises: node.advertised.clone(),
+        })
+    }
+}
+
+/// A node no pod of its class can use: they ask for a resource it does not advertise (the
+/// device plugin renamed its shared GPUs, or runs another MIG strategy than the policy's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unreached {
+    /// `timeslice`, `mps`, `mig` or `exclusive`.
+    pub class: &'static str,
+    pub pods_ask_for: String,
+    /// The GPU resources the node advertises, with a unit or more.
+    pub node_advertises: Vec<String>,
+}
+
+impl Unreached {
+    /// In words, for `/v1/nodes`, `gpu-share status` and the log.
+    pub fn sentence(&self) -> String {
+        let advertises = self.node_advertises.join(", ");
+        format!(
+            "no {} pod can use this node: they ask for {}, the node advertises {advertises}; {}",
+            self.class,
+            self.pods_ask_for,
+            self.hint()
+        )
+    }
+
+    /// What would make the node usable.
+    pub fn hint(&self) -> String {
+        match self.class {
+            "mig" => {
+                "set the policy's mig.strategy to the device plugin's (nvidia.com/mig.strategy)"
+                    .to_string()
+            }
+            "exclusive" => format!(
+                "exclusive pods ask for {RESOURCE_GPU}; label the node's sharing mode (GPU Feature Discovery) or declare it in the policy's nodeModes"
+            ),
+            class => {
+                let other = self
+                    .node_advertises
+                    .iter()
+                    .find(|r| !r.starts_with(MIG_RESOURCE_PREFIX))
+                    .map_or(RESOURCE_GPU_SHARED, String::as_str);
+                format!(
+                    "set the policy's resources.{class} to {other} if every {class} node advertises it, or make the device plugin's renameByDefault agree across them"
+                )
+            }
         }
     }
 }
 
 /// [`from_node`], then the policy's declared mode for a node whose labels do not say; warns
-/// once per node when the mode is still a guess. What the extender and `status` use.
+/// once per node when the mode is still a guess, or when no pod of its class can use it
+/// ([`Reading::unreached`], shown in [`GpuNode::unreached`]). What the extender and `status` use.
 pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
-    let g = from_node(node, &reading.shared)?;
+    let g = from_node(node, reading)?;
     let empty = BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-    let g = declare(g, labels, &reading.declared);
+    let mut g = declare(g, labels, &reading.declared, &reading.mig);
+    g.unreached = reading.unreached(&g);
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);
+    }
+    if let Some(u) = &g.unreached {
+        warn_unreached_once(&g.name, u);
     }
     Some(g)
 }
@@ -111,6 +220,7 @@ pub fn declare(
     g: GpuNode,
     labels: &BTreeMap<String, String>,
     modes: &[crate::policy::NodeMode],
+    mig: &crate::mig::MigTable,
 ) -> GpuNode {
     use crate::policy::DeclaredSharing;
     if g.mode_source != ModeSource::Unverified || g.mig != MigLayout::None {
@@ -127,6 +237,7 @@ pub fn declare(
             slots: clamp_mig_devices(&g.name, &g.pool_resource, units),
             mig: MigLayout::Single {
                 profile: profile.clone(),
+                per_gpu: mig.per_gpu(g.product.as_deref(), profile),
             },
             mode_source: ModeSource::Declared,
             ..g
@@ -153,8 +264,13 @@ pub fn declare(
 pub enum MigLayout {
     /// No MIG devices.
     None,
-    /// Single strategy: every unit of `nvidia.com/gpu` is a MIG device of `profile`.
-    Single { profile: String },
+    /// Single strategy: every unit of `nvidia.com/gpu` is a MIG device of `profile`, of which
+    /// one GPU of the node's model holds `per_gpu` ([`crate::mig::MigTable::per_gpu`]).
+    Single {
+        profile: String,
+        #[serde(rename = "devicesPerGpu")]
+        per_gpu: u32,
+    },
     /// Mixed strategy: MIG devices per profile (`nvidia.com/mig-<profile>` allocatable counts,
     /// replicas included when MIG devices are time-sliced).
     Mixed { instances: BTreeMap<String, u32> },
@@ -189,6 +305,16 @@ pub struct GpuNode {
     /// (a MIG layout that leaves slices unused cannot tell them); see [`GpuNode::physical_gpus`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labelled_gpus: Option<u32>,
+    /// Memory of one MIG device per profile, MiB: GFD's `nvidia.com/mig-<profile>.memory`
+    /// (mixed), or `nvidia.com/gpu.memory` on a single-strategy node, where it is the device's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_memory_mib: BTreeMap<String, u64>,
+    /// Every GPU resource the node advertises with a unit or more (`nvidia.com/gpu`,
+    /// `nvidia.com/gpu.shared`, `nvidia.com/mig-*`): what a pod's limits may name here.
+    pub advertised: Vec<String>,
+    /// Set when no pod of the node's class can use it ([`Reading::unreached`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreached: Option<Unreached>,
 }
 
 impl GpuNode {
@@ -207,7 +333,20 @@ impl GpuNode {
             memory_mib: None,
             mode_source: ModeSource::Gfd,
             labelled_gpus: None,
+            mig_memory_mib: BTreeMap::new(),
+            advertised: if gpus > 0 {
+                vec![RESOURCE_GPU.to_string()]
+            } else {
+                Vec::new()
+            },
+            unreached: None,
         }
+    }
+
+    /// Whether the node advertises `resource` with a unit or more: the resource a pod's limits
+    /// name must be one (kube-scheduler's own resource check agrees).
+    pub fn advertises(&self, resource: &str) -> bool {
+        self.advertised.iter().any(|r| r == resource)
     }
 
     /// Physical GPUs: the full GPUs, and the GPUs the MIG devices are cut from (single
@@ -217,9 +356,7 @@ impl GpuNode {
     pub fn physical_gpus(&self) -> u32 {
         let mig = match &self.mig {
             MigLayout::None => 0,
-            MigLayout::Single { profile } => self
-                .slots
-                .div_ceil(crate::mig::mig_profile_per_gpu(profile)),
+            MigLayout::Single { per_gpu, .. } => self.slots.div_ceil((*per_gpu).max(1)),
             MigLayout::Mixed { instances } => {
                 let milli: u64 = instances
                     .iter()
@@ -242,10 +379,11 @@ impl GpuNode {
         gpu_memory_mib: u64,
         sharing: Sharing,
     ) -> Self {
+        let pool = GpuNode::whole(name, product, gpus, gpu_memory_mib);
         GpuNode {
             slots: gpus * sharing.replicas(),
             sharing,
-            ..GpuNode::whole(name, product, gpus, gpu_memory_mib)
+            ..pool
         }
     }
 
@@ -261,7 +399,7 @@ impl GpuNode {
     /// A short description of the node's kind, e.g. `time-slicing x4`, `mig mixed`.
     pub fn kind(&self) -> String {
         match (&self.mig, self.sharing) {
-            (MigLayout::Single { profile }, _) => format!("mig single {profile}"),
+            (MigLayout::Single { profile, .. }, _) => format!("mig single {profile}"),
             (MigLayout::Mixed { .. }, Sharing::None) if self.gpus == 0 => "mig mixed".to_string(),
             (MigLayout::Mixed { .. }, _) => format!("mig mixed + {}", self.sharing_kind()),
             _ => self.sharing_kind(),
@@ -334,10 +472,9 @@ fn label_u64(labels: &BTreeMap<String, String>, key: &str) -> Option<u64> {
     labels.get(key).and_then(|v| v.trim().parse().ok())
 }
 
-/// Builds the inventory of one node. `shared_resource` is the policy's resource for mps and
-/// timeslice pods (`nvidia.com/gpu`, or `nvidia.com/gpu.shared` under `renameByDefault`).
-/// `None`: the node has no NVIDIA GPUs.
-pub fn from_node(node: &Node, shared_resource: &str) -> Option<GpuNode> {
+/// Builds the inventory of one node, read with `reading` (the policy's resource names and MIG
+/// table). `None`: the node has no NVIDIA GPUs.
+pub fn from_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let allocatable: BTreeMap<String, String> = node
@@ -346,7 +483,18 @@ pub fn from_node(node: &Node, shared_resource: &str) -> Option<GpuNode> {
         .and_then(|s| s.allocatable.as_ref())
         .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
         .unwrap_or_default();
-    from_parts(&name, &labels, &allocatable, shared_resource)
+    from_parts(&name, &labels, &allocatable, reading)
+}
+
+/// The resource a node's shared GPUs are advertised as: the first of the name the class's
+/// pods ask for, `nvidia.com/gpu.shared` (`renameByDefault`) and `nvidia.com/gpu` that has a
+/// unit, else the first present (a device plugin that has not registered its devices yet).
+fn shared_pool(class_resource: &str, count: impl Fn(&str) -> Option<u64>) -> Option<(&str, u64)> {
+    let names = [class_resource, RESOURCE_GPU_SHARED, RESOURCE_GPU];
+    names
+        .iter()
+        .find_map(|r| count(r).filter(|n| *n > 0).map(|n| (*r, n)))
+        .or_else(|| names.iter().find_map(|r| count(r).map(|n| (*r, n))))
 }
 
 /// [`from_node`] over plain maps (labels, allocatable quantities).
@@ -354,9 +502,24 @@ pub fn from_parts(
     name: &str,
     labels: &BTreeMap<String, String>,
     allocatable: &BTreeMap<String, String>,
-    shared_resource: &str,
+    reading: &Reading,
 ) -> Option<GpuNode> {
     let count = |r: &str| allocatable.get(r).and_then(|q| quantity_count(q));
+    let advertised: Vec<String> = allocatable
+        .iter()
+        .filter(|(k, v)| k.starts_with("nvidia.com/") && quantity_count(v).is_some_and(|n| n > 0))
+        .map(|(k, _)| k.clone())
+        .collect();
+    // GFD's per-profile memory on a mixed-strategy node: `nvidia.com/mig-<profile>.memory`.
+    let mut mig_memory_mib: BTreeMap<String, u64> = labels
+        .iter()
+        .filter_map(|(k, v)| {
+            let suffix = k
+                .strip_prefix(MIG_RESOURCE_PREFIX)?
+                .strip_suffix(".memory")?;
+            Some((profile_from_resource_suffix(suffix), v.trim().parse().ok()?))
+        })
+        .collect();
     let mig_instances: BTreeMap<String, u32> = allocatable
         .iter()
         .filter_map(|(k, v)| {
@@ -387,11 +550,17 @@ pub fn from_parts(
     let gke =
         !has_gfd && (gke_accelerator.is_some() || gke_sharing.is_some() || gke_partition.is_some());
     let gpu_alloc = count(RESOURCE_GPU);
-    let shared_alloc = count(shared_resource);
+    let any_shared_alloc = [
+        reading.timeslice.as_str(),
+        reading.mps.as_str(),
+        RESOURCE_GPU_SHARED,
+    ]
+    .iter()
+    .any(|r| count(r).is_some());
     if !has_gfd
         && gke_accelerator.is_none()
         && gpu_alloc.is_none()
-        && shared_alloc.is_none()
+        && !any_shared_alloc
         && mig_instances.is_empty()
     {
         return None;
@@ -451,9 +620,10 @@ pub fn from_parts(
         u32::try_from(label_u64(labels, LABEL_COUNT).unwrap_or(0)).unwrap_or(u32::MAX);
 
     // Single strategy: MIG devices advertised as nvidia.com/gpu, product <model>-MIG-<profile>.
+    // GFD writes a `+` of the profile as `.` (`1g.5gb.me`), as the resource names do.
     let single_profile = product.as_deref().and_then(|p| {
         p.split_once("-MIG-")
-            .map(|(model, profile)| (model.to_string(), profile.to_string()))
+            .map(|(model, profile)| (model.to_string(), profile_from_resource_suffix(profile)))
     });
     // GKE's MIG partitions are advertised one nvidia.com/gpu each, as NVIDIA's single strategy.
     let gke_mig = if gke { gke_partition.clone() } else { None };
@@ -484,6 +654,11 @@ pub fn from_parts(
                 RESOURCE_GPU,
                 u32::try_from(gpu_alloc.unwrap_or(u64::from(label_count))).unwrap_or(u32::MAX),
             );
+            // Here GFD's gpu.memory is one MIG device's, not the GPU's.
+            if let Some(m) = label_memory {
+                mig_memory_mib.insert(profile.clone(), m);
+            }
+            let per_gpu = reading.mig.per_gpu(product.as_deref(), &profile);
             return Some(GpuNode {
                 name: name.to_string(),
                 product,
@@ -492,11 +667,14 @@ pub fn from_parts(
                 sharing: Sharing::None,
                 slots,
                 pool_resource: RESOURCE_GPU.to_string(),
-                mig: MigLayout::Single { profile },
+                mig: MigLayout::Single { profile, per_gpu },
                 cpu_milli,
                 memory_mib,
                 mode_source,
                 labelled_gpus: None,
+                mig_memory_mib,
+                advertised,
+                unreached: None,
             });
         }
     }
@@ -504,11 +682,13 @@ pub fn from_parts(
     let (pool_resource, slots) = match sharing {
         Sharing::None | Sharing::PerGpu => (RESOURCE_GPU.to_string(), gpu_alloc.unwrap_or(0)),
         Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
-            if shared_alloc.is_some() {
-                (shared_resource.to_string(), shared_alloc.unwrap_or(0))
+            let class = if matches!(sharing, Sharing::Mps { .. }) {
+                &reading.mps
             } else {
-                (RESOURCE_GPU.to_string(), gpu_alloc.unwrap_or(0))
-            }
+                &reading.timeslice
+            };
+            shared_pool(class, count)
+                .map_or((RESOURCE_GPU.to_string(), 0), |(r, n)| (r.to_string(), n))
         }
     };
     let slots = u32::try_from(slots).unwrap_or(u32::MAX);
@@ -536,6 +716,9 @@ pub fn from_parts(
         memory_mib,
         mode_source,
         labelled_gpus,
+        mig_memory_mib,
+        advertised,
+        unreached: None,
     })
 }
 
@@ -551,6 +734,24 @@ fn warn_unverified_once(node: &str) {
         tracing::warn!(
             node,
             "no GPU Feature Discovery or GKE labels say how this node's GPUs are shared, and no nodeModes rule of the policy matches it: gpu-share takes each nvidia.com/gpu as a whole, unshared GPU (exclusive pods only); if the device plugin shares them (time-slicing, MPS, MIG single), install GPU Feature Discovery (the GPU Operator does) or declare the mode in the policy's nodeModes, or gpu-share may overcommit them"
+        );
+    }
+}
+
+/// Warns once per node (per process) that no pod of its class can use it.
+fn warn_unreached_once(node: &str, unreached: &Unreached) {
+    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    let mut warned = crate::sync::lock(&WARNED);
+    if warned
+        .get_or_insert_with(Default::default)
+        .insert(node.to_string())
+    {
+        tracing::warn!(
+            node,
+            resource = unreached.pods_ask_for,
+            "{}",
+            unreached.sentence()
         );
     }
 }
@@ -644,7 +845,8 @@ mod tests {
             (mig.mig.clone(), mig.gpus, mig.slots),
             (
                 MigLayout::Single {
-                    profile: "1g.10gb".into()
+                    profile: "1g.10gb".into(),
+                    per_gpu: 7
                 },
                 0,
                 56
@@ -684,7 +886,7 @@ mod tests {
                 (LABEL_GKE_CLIENTS, "4"),
             ]),
             &gpu("8"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!(ts.sharing, Sharing::TimeSlicing { replicas: 4 });
@@ -700,7 +902,7 @@ mod tests {
                 (LABEL_GKE_CLIENTS, "3"),
             ]),
             &gpu("24"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!(mps.sharing, Sharing::Mps { replicas: 3 });
@@ -713,13 +915,14 @@ mod tests {
                 (LABEL_GKE_PARTITION, "1g.5gb"),
             ]),
             &gpu("14"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!(
             mig.mig,
             MigLayout::Single {
-                profile: "1g.5gb".into()
+                profile: "1g.5gb".into(),
+                per_gpu: 7
             }
         );
         assert_eq!((mig.gpus, mig.slots), (0, 14));
@@ -729,7 +932,7 @@ mod tests {
             "gke-plain",
             &map(&[(LABEL_GKE_ACCELERATOR, "nvidia-l4")]),
             &gpu("2"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!((plain.sharing, plain.gpus), (Sharing::None, 2));
@@ -742,7 +945,7 @@ mod tests {
                 ("eks.amazonaws.com/nodegroup", "gpu"),
             ]),
             &gpu("4"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!((eks.sharing, eks.gpus, eks.slots), (Sharing::None, 4, 4));
@@ -757,7 +960,7 @@ mod tests {
                 (LABEL_MIG_STRATEGY, "mixed"),
             ]),
             &map(&[("nvidia.com/gpu", "0"), ("nvidia.com/mig-1g.5gb", "56")]),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!(aks.mode_source, ModeSource::Gfd);
@@ -772,7 +975,7 @@ mod tests {
                 (LABEL_PRODUCT, "NVIDIA-L4"),
             ]),
             &gpu("2"),
-            RESOURCE_GPU,
+            &Reading::from(RESOURCE_GPU),
         )
         .unwrap();
         assert_eq!(
@@ -780,7 +983,15 @@ mod tests {
             (Sharing::None, ModeSource::Gfd)
         );
         // No NVIDIA resource and no GPU label: not a GPU node.
-        assert!(from_parts("cpu", &map(&[]), &map(&[("cpu", "8")]), RESOURCE_GPU).is_none());
+        assert!(
+            from_parts(
+                "cpu",
+                &map(&[]),
+                &map(&[("cpu", "8")]),
+                &Reading::from(RESOURCE_GPU)
+            )
+            .is_none()
+        );
     }
 
     #[test]
@@ -805,14 +1016,14 @@ mod tests {
     fn absurd_nodes_are_clamped() {
         // 4e9 whole GPUs: Usage::empty would allocate a slot per GPU.
         let alloc = map(&[("nvidia.com/gpu", "4000000000")]);
-        let n = from_parts("huge", &map(&[]), &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts("huge", &map(&[]), &alloc, &Reading::from("nvidia.com/gpu")).unwrap();
         assert_eq!((n.gpus, n.slots), (MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE));
         assert_eq!(crate::packing::Usage::empty(&n).gpu_milli.len(), 64);
         let n = from_parts(
             "huge",
             &map(&[]),
             &map(&[("nvidia.com/gpu", "65")]),
-            "nvidia.com/gpu",
+            &Reading::from("nvidia.com/gpu"),
         )
         .unwrap();
         assert_eq!(n.gpus, MAX_GPUS_PER_NODE);
@@ -820,7 +1031,7 @@ mod tests {
             "ok",
             &map(&[]),
             &map(&[("nvidia.com/gpu", "64")]),
-            "nvidia.com/gpu",
+            &Reading::from("nvidia.com/gpu"),
         )
         .unwrap();
         assert_eq!((n.gpus, n.slots), (64, 64));
@@ -833,7 +1044,7 @@ mod tests {
             "ts",
             &labels,
             &map(&[("nvidia.com/gpu", "1000")]),
-            "nvidia.com/gpu",
+            &Reading::from("nvidia.com/gpu"),
         )
         .unwrap();
         assert_eq!((n.gpus, n.slots), (64, 640));
@@ -847,7 +1058,7 @@ mod tests {
             "many-replicas",
             &labels,
             &map(&[("nvidia.com/gpu", "4000")]),
-            "nvidia.com/gpu",
+            &Reading::from("nvidia.com/gpu"),
         )
         .unwrap();
         assert_eq!(
@@ -863,7 +1074,7 @@ mod tests {
             "mps",
             &labels,
             &map(&[("nvidia.com/gpu", "8")]),
-            "nvidia.com/gpu",
+            &Reading::from("nvidia.com/gpu"),
         )
         .unwrap();
         assert_eq!(n.sharing, Sharing::Mps { replicas: u32::MAX });
@@ -873,14 +1084,20 @@ mod tests {
             ("nvidia.com/mig-1g.10gb", "4294967295"),
             ("nvidia.com/mig-2g.20gb", "99999999999"),
         ]);
-        let n = from_parts("mig", &map(&[]), &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts("mig", &map(&[]), &alloc, &Reading::from("nvidia.com/gpu")).unwrap();
         assert_eq!(n.mig_devices(), 2 * MAX_GPUS_PER_NODE * MAX_MIG_PER_GPU);
         // Single strategy: a gpu.count label beyond u32 is not truncated either.
         let labels = map(&[
             ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"),
             ("nvidia.com/gpu.count", "4294967297"),
         ]);
-        let n = from_parts("single", &labels, &map(&[]), "nvidia.com/gpu").unwrap();
+        let n = from_parts(
+            "single",
+            &labels,
+            &map(&[]),
+            &Reading::from("nvidia.com/gpu"),
+        )
+        .unwrap();
         assert_eq!(n.slots, MAX_GPUS_PER_NODE * MAX_MIG_PER_GPU);
     }
 
@@ -898,7 +1115,7 @@ mod tests {
     fn cpu_node_is_not_a_gpu_node() {
         let alloc = map(&[("cpu", "16"), ("memory", "64Gi"), ("pods", "110")]);
         assert_eq!(
-            from_parts("cpu-1", &map(&[]), &alloc, "nvidia.com/gpu"),
+            from_parts("cpu-1", &map(&[]), &alloc, &Reading::from("nvidia.com/gpu")),
             None
         );
     }
@@ -917,7 +1134,13 @@ mod tests {
             ("memory", "2000Gi"),
             ("nvidia.com/gpu", "8"),
         ]);
-        let n = from_parts("h100-plain", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts(
+            "h100-plain",
+            &labels,
+            &alloc,
+            &Reading::from("nvidia.com/gpu"),
+        )
+        .unwrap();
         assert_eq!(n.gpus, 8);
         assert_eq!(n.slots, 8);
         assert_eq!(n.sharing, Sharing::None);
@@ -939,7 +1162,7 @@ mod tests {
             ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
         ]);
         let alloc = map(&[("nvidia.com/gpu", "32")]);
-        let n = from_parts("h100-ts", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts("h100-ts", &labels, &alloc, &Reading::from("nvidia.com/gpu")).unwrap();
         assert_eq!(n.sharing, Sharing::TimeSlicing { replicas: 4 });
         assert_eq!(n.slots, 32);
         assert_eq!(n.gpus, 8);
@@ -957,7 +1180,13 @@ mod tests {
             ("nvidia.com/mps.capable", "true"),
         ]);
         let alloc = map(&[("nvidia.com/gpu.shared", "16"), ("nvidia.com/gpu", "0")]);
-        let n = from_parts("h100-mps", &labels, &alloc, "nvidia.com/gpu.shared").unwrap();
+        let n = from_parts(
+            "h100-mps",
+            &labels,
+            &alloc,
+            &Reading::from("nvidia.com/gpu.shared"),
+        )
+        .unwrap();
         assert_eq!(n.sharing, Sharing::Mps { replicas: 4 });
         assert_eq!(n.pool_resource, "nvidia.com/gpu.shared");
         assert_eq!(n.slots, 16);
@@ -981,7 +1210,13 @@ mod tests {
             ("nvidia.com/mig-3g.40gb", "4"),
             ("nvidia.com/mig-7g.80gb", "0"),
         ]);
-        let n = from_parts("a100-mig", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts(
+            "a100-mig",
+            &labels,
+            &alloc,
+            &Reading::from("nvidia.com/gpu"),
+        )
+        .unwrap();
         assert_eq!(n.gpus, 1);
         let MigLayout::Mixed { instances } = &n.mig else {
             panic!("{:?}", n.mig)
@@ -1003,11 +1238,18 @@ mod tests {
             ("nvidia.com/mig.config", "all-1g.5gb"),
         ]);
         let alloc = map(&[("nvidia.com/gpu", "56")]);
-        let n = from_parts("a100-single", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts(
+            "a100-single",
+            &labels,
+            &alloc,
+            &Reading::from("nvidia.com/gpu"),
+        )
+        .unwrap();
         assert_eq!(
             n.mig,
             MigLayout::Single {
-                profile: "1g.5gb".into()
+                profile: "1g.5gb".into(),
+                per_gpu: 7
             }
         );
         assert_eq!(n.product.as_deref(), Some("NVIDIA-A100-SXM4-40GB"));
@@ -1024,7 +1266,7 @@ mod tests {
             ("nvidia.com/gpu.replicas", "10"),
         ]);
         let alloc = map(&[("nvidia.com/gpu", "10")]);
-        let n = from_parts("t4", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = from_parts("t4", &labels, &alloc, &Reading::from("nvidia.com/gpu")).unwrap();
         assert_eq!(n.sharing, Sharing::TimeSlicing { replicas: 10 });
         assert_eq!(n.gpus, 1);
     }

@@ -312,12 +312,13 @@ impl MigTable {
             .find_map(|m| m.profile(profile).map(|p| (m, p)))
     }
 
-    /// The model a GFD product label belongs to (e.g. `NVIDIA-A100-SXM4-80GB`). The policy's
+    /// The model a GFD product label belongs to (e.g. `NVIDIA-A100-SXM4-80GB`; GKE's
+    /// `nvidia-a100-80gb` too: the match ignores case). The policy's
     /// models are searched first; among the models that match, the one with the longest
     /// matching product substring wins (so `NVIDIA-GH200-480GB` is GH200, not H200), the
     /// first listed on a tie.
     pub fn model_for_product(&self, product: &str) -> Option<&MigModel> {
-        let product = product.trim_end_matches("-SHARED");
+        let product = product.trim_end_matches("-SHARED").to_ascii_lowercase();
         let (builtin, policy) = self
             .models
             .split_at(self.models.len().saturating_sub(self.policy_models));
@@ -327,7 +328,7 @@ impl MigTable {
                 let matched = m
                     .products
                     .iter()
-                    .filter(|s| !s.is_empty() && product.contains(s.as_str()))
+                    .filter(|s| !s.is_empty() && product.contains(&s.to_ascii_lowercase()))
                     .map(String::len)
                     .max();
                 if let Some(len) = matched
@@ -341,6 +342,37 @@ impl MigTable {
         best(policy)
             .map(|i| &policy[i])
             .or_else(|| best(builtin).map(|i| &builtin[i]))
+    }
+
+    /// A profile's geometry on a node's model: the model the product label names (the
+    /// policy's models first), when that model defines the profile. `None` when the product
+    /// is unknown or its model has no such profile: never another model's geometry, since one
+    /// name can differ between models (`1g.10gb` is 4 per A100 40GB, 7 per A100 80GB).
+    pub fn geometry(
+        &self,
+        product: Option<&str>,
+        profile: &str,
+    ) -> Option<(&MigModel, &MigProfile)> {
+        let model = self.model_for_product(product?)?;
+        model.profile(profile).map(|p| (model, p))
+    }
+
+    /// How many devices of `profile` one of the node's GPUs holds at most ([`Self::geometry`]);
+    /// with no model known, as many as the profile's compute share allows (`<N>g` of 7).
+    pub fn per_gpu(&self, product: Option<&str>, profile: &str) -> u32 {
+        match self.geometry(product, profile) {
+            Some((_, p)) => u32::from(p.max).max(1),
+            None => (GPU_MILLI / compute_share_milli(profile).max(1)).max(1),
+        }
+    }
+
+    /// A device of `profile`'s share of its GPU in thousandths ([`Self::geometry`]); with no
+    /// model known, its `<N>g` out of 7.
+    pub fn share_milli(&self, product: Option<&str>, profile: &str) -> u32 {
+        match self.geometry(product, profile) {
+            Some((m, p)) => mig_share_milli(m, p),
+            None => compute_share_milli(profile),
+        }
     }
 
     /// Every profile name, sorted and de-duplicated.
@@ -414,29 +446,23 @@ pub fn mig_share_milli(model: &MigModel, profile: &MigProfile) -> u32 {
 }
 
 /// [`mig_share_milli`] of a profile by name, from the built-in MIG table; a profile the table
-/// does not know counts by its `<N>g` prefix out of 7.
+/// does not know counts by its `<N>g` prefix out of 7. For demands (a pod's `mig-1g.10gb`),
+/// whose node is not known; a node's devices are counted on its model ([`MigTable::share_milli`]).
 pub fn mig_profile_milli(profile: &str) -> u32 {
     static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
     match TABLE.find(profile) {
         Some((m, p)) => mig_share_milli(m, p),
-        None => {
-            let slices: u32 = profile
-                .split_once('g')
-                .and_then(|(n, _)| n.parse().ok())
-                .unwrap_or(7);
-            slices.min(7) * GPU_MILLI / 7
-        }
+        None => compute_share_milli(profile),
     }
 }
 
-/// How many MIG devices of a profile one GPU holds at most, from the built-in MIG table; a
-/// profile the table does not know: as many as its compute share allows.
-pub fn mig_profile_per_gpu(profile: &str) -> u32 {
-    static TABLE: LazyLock<MigTable> = LazyLock::new(MigTable::default);
-    match TABLE.find(profile) {
-        Some((_, p)) => u32::from(p.max).max(1),
-        None => (GPU_MILLI / mig_profile_milli(profile).max(1)).max(1),
-    }
+/// A profile's `<N>g` out of 7, in thousandths.
+fn compute_share_milli(profile: &str) -> u32 {
+    let slices: u32 = profile
+        .split_once('g')
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(7);
+    slices.clamp(1, 7) * GPU_MILLI / 7
 }
 
 #[cfg(test)]

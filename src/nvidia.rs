@@ -10,6 +10,9 @@ pub const LABEL_SHARING: &str = "nvidia.com/gpu.sharing-strategy";
 pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
 pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+/// What the device plugin advertises a shared GPU's replicas as under `renameByDefault: true`
+/// (time-slicing or MPS); the product label then has no `-SHARED` suffix.
+pub const RESOURCE_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 
 // GKE's own GPU labels. GKE runs its own device plugin (always `nvidia.com/gpu`, one unit per
 // client of a shared GPU, one per MIG partition) and no GPU Feature Discovery.
@@ -34,3 +37,15 @@ pub const MAX_GPUS_PER_NODE: u32 = 64;
 pub const MAX_REPLICAS_PER_GPU: u32 = 48;
 /// MIG instances per GPU at most (seven 1g instances), for bounding MIG device counts.
 pub const MAX_MIG_PER_GPU: u32 = 7;
+
+/// Whether `v` is a valid Kubernetes label value: at most 63 characters of `[A-Za-z0-9._-]`,
+/// beginning and ending with a letter or digit (or empty).
+pub fn is_label_value(v: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    v.is_empty()
+        || (v.len() <= 63
+            && alnum(v.chars().next())
+            && alnum(v.chars().last())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+}

@@ -119,6 +119,23 @@ pub struct ResourcesPolicy {
     /// when the device plugin runs with `renameByDefault: true`).
     #[serde(default = "defaults::shared")]
     pub shared: ResourceName,
+    /// What timeslice pods ask for, when not `shared`: a cluster whose time-sliced nodes
+    /// advertise another name than its MPS nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice: Option<ResourceName>,
+    /// What mps pods ask for, when not `shared`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<ResourceName>,
+}
+
+impl ResourcesPolicy {
+    pub fn timeslice_resource(&self) -> &ResourceName {
+        self.timeslice.as_ref().unwrap_or(&self.shared)
+    }
+
+    pub fn mps_resource(&self) -> &ResourceName {
+        self.mps.as_ref().unwrap_or(&self.shared)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -649,16 +666,19 @@ impl Policy {
                 MigStrategy::Mixed => (crate::mig::resource_name(profile), request.count),
                 MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
-            GpuClass::Mps { .. } | GpuClass::Timeslice { .. } => {
-                (self.resources.shared.to_string(), 1)
-            }
+            GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
+            GpuClass::Timeslice { .. } => (self.resources.timeslice_resource().to_string(), 1),
             GpuClass::Exclusive { count } => (RESOURCE_GPU.to_string(), *count),
         }
     }
 
     /// Every resource name this policy can inject (for the scheduler's `managedResources`).
     pub fn managed_resources(&self) -> Vec<String> {
-        let mut names = vec![RESOURCE_GPU.to_string(), self.resources.shared.to_string()];
+        let mut names = vec![
+            RESOURCE_GPU.to_string(),
+            self.resources.timeslice_resource().to_string(),
+            self.resources.mps_resource().to_string(),
+        ];
         if self.mig.strategy == MigStrategy::Mixed {
             names.extend(
                 self.mig_table()

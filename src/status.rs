@@ -73,6 +73,11 @@ pub fn render(reports: &[NodeReport]) -> String {
         out.push('\n');
     }
     out.push_str(&totals(reports));
+    for r in reports {
+        if let Some(why) = &r.unreached {
+            out.push_str(&format!("unusable: {}: {why}\n", r.name));
+        }
+    }
     out
 }
 
@@ -90,8 +95,18 @@ fn totals(reports: &[NodeReport]) -> String {
     } else {
         String::new()
     };
+    let unusable: u64 = reports
+        .iter()
+        .filter(|r| r.unreached.is_some())
+        .map(|r| u64::from(r.gpus))
+        .sum();
+    let unusable = if unusable > 0 {
+        format!("; {unusable} GPUs on nodes no pod of their class can use (below)")
+    } else {
+        String::new()
+    };
     format!(
-        "{} GPU nodes, {gpus} GPUs: {used:.2} allocated, {free:.2} free{mig}\n",
+        "{} GPU nodes, {gpus} GPUs: {used:.2} allocated, {free:.2} free{mig}{unusable}\n",
         reports.len()
     )
 }
@@ -600,10 +615,12 @@ mod tests {
         single.slots = 14;
         single.mig = MigLayout::Single {
             profile: "1g.5gb".into(),
+            per_gpu: 7,
         };
         assert_eq!(single.physical_gpus(), 2);
         single.mig = MigLayout::Single {
             profile: "3g.20gb".into(),
+            per_gpu: 2,
         };
         single.slots = 3;
         assert_eq!(single.physical_gpus(), 2, "3 devices, 2 per GPU");

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 // Node labels the affinity uses (GPU Feature Discovery's and GKE's): the inventory's.
 use crate::inventory::{
-    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY,
+    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY, LABEL_PRODUCT,
     LABEL_SHARING as LABEL_SHARING_STRATEGY,
 };
 use crate::policy::{MigStrategy, Policy};
@@ -45,6 +45,42 @@ pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
             MigStrategy::Mixed => vec![],
         },
     }
+}
+
+/// GPU Feature Discovery's own word for a single-strategy MIG node of a profile, for nodes
+/// that no MIG manager labelled (a managed platform's MIG pool, MIG set up by hand): its
+/// product label, `<model>-MIG-<profile>` (`+` written `.`), for every model of the MIG table
+/// that has the profile. A model's product names are the table's (the policy's models add
+/// theirs), with and without the `NVIDIA-` prefix that drivers before R470 left out.
+pub(super) fn gfd_single_alternative(
+    class: &GpuClass,
+    policy: &Policy,
+    mig: &crate::mig::MigTable,
+) -> Option<Vec<Expr>> {
+    let GpuClass::Mig { profile } = class else {
+        return None;
+    };
+    if policy.mig.strategy != MigStrategy::Single {
+        return None;
+    }
+    let suffix = profile.replace('+', ".");
+    let mut values: Vec<String> = mig
+        .models
+        .iter()
+        .filter(|m| m.profile(profile).is_some())
+        .flat_map(|m| m.products.iter())
+        .flat_map(|p| {
+            let p = p.strip_prefix("NVIDIA-").unwrap_or(p);
+            [
+                format!("NVIDIA-{p}-MIG-{suffix}"),
+                format!("{p}-MIG-{suffix}"),
+            ]
+        })
+        .filter(|v| crate::nvidia::is_label_value(v))
+        .collect();
+    values.sort();
+    values.dedup();
+    (!values.is_empty()).then(|| vec![(LABEL_PRODUCT.to_string(), "In", values)])
 }
 
 /// GKE's own label for the nodes a pod may also run on: GKE shares and partitions GPUs with its

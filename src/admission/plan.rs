@@ -695,12 +695,33 @@ mod tests {
             term["matchExpressions"][0],
             json!({"key": "nvidia.com/mig.config", "operator": "In", "values": ["all-3g.40gb"]})
         );
-        // Or a GKE node partitioned in that size (one nvidia.com/gpu per partition).
+        // Or a node GPU Feature Discovery alone labelled, by its product (`<model>-MIG-<profile>`),
+        // or a GKE node partitioned in that size (one nvidia.com/gpu per partition).
         let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];
-        assert_eq!(terms.as_array().map(Vec::len), Some(2));
+        assert_eq!(terms.as_array().map(Vec::len), Some(3));
+        let products = &terms[1]["matchExpressions"][0];
+        assert_eq!(products["key"], "nvidia.com/gpu.product");
+        assert_eq!(products["operator"], "In");
+        let values: Vec<&str> = products["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for v in [
+            "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb",
+            "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb",
+            "NVIDIA-A100-80GB-PCIe-MIG-3g.40gb",
+        ] {
+            assert!(values.contains(&v), "{v} in {values:?}");
+        }
+        assert!(
+            values.iter().all(|v| v.ends_with("-MIG-3g.40gb")),
+            "{values:?}"
+        );
         assert_eq!(
-            terms[1]["matchExpressions"],
+            terms[2]["matchExpressions"],
             json!([{"key": "cloud.google.com/gke-gpu-partition-size", "operator": "In", "values": ["3g.40gb"]}])
         );
 

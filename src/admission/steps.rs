@@ -9,7 +9,7 @@ use crate::mig::{MigModel, MigProfile};
 use crate::policy::{Policy, TolerationOperator};
 use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 
-use super::affinity::{affinity_for, gke_alternative, require_affinity};
+use super::affinity::{affinity_for, gfd_single_alternative, gke_alternative, require_affinity};
 use super::patch::PatchBuilder;
 use json_patch::PatchOperation;
 
@@ -70,6 +70,11 @@ pub(super) fn patch(
     // Step 5: the node affinity (`affinity.rs`).
     if policy.node_affinity {
         let mut alternatives = vec![affinity_for(&t.request.class, policy)];
+        alternatives.extend(gfd_single_alternative(
+            &t.request.class,
+            policy,
+            &policy.mig_table(),
+        ));
         alternatives.extend(gke_alternative(&t.request.class, policy));
         require_affinity(&mut b, t.pod, &alternatives);
     }

@@ -32,7 +32,24 @@ pub struct NodeReport {
     pub free_gpus: f64,
     /// Enforced units: pool slots and MIG devices per profile, as `used/total`.
     pub slots: String,
+    /// The resource the pool's units are advertised as (`nvidia.com/gpu`, or
+    /// `nvidia.com/gpu.shared` under the device plugin's `renameByDefault`).
+    #[serde(default)]
+    pub resource: String,
+    /// Units per GPU of a shared pool (1 unshared).
+    #[serde(default)]
+    pub replicas: u32,
+    /// Memory of one full GPU, MiB (GFD's `nvidia.com/gpu.memory`).
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
     pub mig: BTreeMap<String, String>,
+    /// Memory of one MIG device per profile, MiB (GFD's labels).
+    #[serde(default)]
+    pub mig_memory_mib: BTreeMap<String, u64>,
+    /// Why no pod of the node's class can use it, when none can (the pods ask for a resource
+    /// the node does not advertise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreached: Option<String>,
     pub pods: Vec<PodReport>,
 }
 
@@ -51,16 +68,13 @@ pub struct PodReport {
 fn mig_use(nl: &NodeLedger, mig: &crate::mig::MigTable) -> (f64, f64, BTreeMap<String, String>) {
     let n = &nl.node;
     let u = &nl.usage;
+    // On the node's model (its product label), never another model's table.
     let mig_share = |profile: &str| -> f64 {
-        let milli = match mig.find(profile) {
-            Some((m, p)) => crate::packing::mig_share_milli(m, p),
-            None => crate::packing::mig_profile_milli(profile),
-        };
-        f64::from(milli) / 1000.0
+        f64::from(mig.share_milli(n.product.as_deref(), profile)) / 1000.0
     };
     match &n.mig {
         crate::inventory::MigLayout::None => (0.0, 0.0, BTreeMap::new()),
-        crate::inventory::MigLayout::Single { profile } => (
+        crate::inventory::MigLayout::Single { profile, .. } => (
             f64::from(n.slots) * mig_share(profile),
             f64::from(u.slots) * mig_share(profile),
             [(profile.clone(), format!("{}/{}", u.slots, n.slots))].into(),
@@ -147,7 +161,15 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
         used_gpus: round(gpu_used + mig_used),
         free_gpus: round((gpu_cap - gpu_used).max(0.0) + (mig_cap - mig_used).max(0.0)),
         slots: format!("{}/{}", u.slots, n.slots),
+        resource: n.pool_resource.clone(),
+        replicas: n.sharing.replicas(),
+        gpu_memory_mib: n.gpu_memory_mib,
         mig: mig_counts,
+        mig_memory_mib: n.mig_memory_mib.clone(),
+        unreached: n
+            .unreached
+            .as_ref()
+            .map(crate::inventory::Unreached::sentence),
         pods: nl
             .holdings
             .values()

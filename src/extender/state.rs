@@ -681,7 +681,13 @@ mod tests {
         )]);
         let alloc =
             std::collections::BTreeMap::from([("nvidia.com/gpu".to_string(), "4".to_string())]);
-        let n = crate::inventory::from_parts("eks-1", &labels, &alloc, "nvidia.com/gpu").unwrap();
+        let n = crate::inventory::from_parts(
+            "eks-1",
+            &labels,
+            &alloc,
+            &crate::inventory::Reading::default(),
+        )
+        .unwrap();
         let r = report(&NodeLedger::new(n), &crate::mig::MigTable::default());
         assert_eq!(r.kind, "whole (unverified)");
         let json = serde_json::to_value(&r).unwrap();

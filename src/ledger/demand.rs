@@ -64,6 +64,11 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     Ok(Some(Demand {
         cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
         models: pod_models(pod),
+        resources: pod
+            .spec
+            .as_ref()
+            .map(|s| limit_totals(s, true).into_keys().collect())
+            .unwrap_or_default(),
         ..Demand::gpu(gpu)
     }))
 }

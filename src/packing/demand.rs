@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-pub use crate::mig::{GPU_MILLI, mig_profile_milli, mig_profile_per_gpu, mig_share_milli};
+pub use crate::mig::{GPU_MILLI, mig_profile_milli, mig_share_milli};
 
 /// What a pod asks of the GPU side of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -121,6 +121,9 @@ pub struct Demand {
     pub gpu: GpuDemand,
     /// Allowed GPU models (exact product names, `-SHARED` stripped); empty means any.
     pub models: Vec<String>,
+    /// The `nvidia.com/*` resources the pod's limits name: a node must advertise each. Empty
+    /// for demands not read from a pod (the simulator's).
+    pub resources: Vec<String>,
 }
 
 impl Demand {
@@ -130,6 +133,7 @@ impl Demand {
             memory_mib: 0,
             gpu,
             models: Vec::new(),
+            resources: Vec::new(),
         }
     }
 }

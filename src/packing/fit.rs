@@ -36,9 +36,17 @@ pub enum Reason {
     NoGpuWithRoom,
     ResourceAbsent,
     NotEnoughUnits,
+    /// The node does not advertise a resource the pod's limits name (kube-scheduler's own
+    /// resource check would refuse it too).
+    ResourceNotAdvertised {
+        resource: String,
+    },
     Cpu,
     Memory,
 }
+
+/// How [`Reason::ResourceNotAdvertised`]'s sentence ends, whatever the resource.
+const NOT_ADVERTISED_TAIL: &str = ", the resource the pod's limits name";
 
 impl Reason {
     /// The sentence sent to kube-scheduler.
@@ -82,12 +90,16 @@ impl Reason {
             Reason::NoGpuWithRoom => "no single GPU has enough free share".into(),
             Reason::ResourceAbsent => "node does not advertise the requested GPU resource".into(),
             Reason::NotEnoughUnits => "not enough free units of the requested GPU resource".into(),
+            Reason::ResourceNotAdvertised { resource } => {
+                format!("node does not advertise {resource}{NOT_ADVERTISED_TAIL}").into()
+            }
             Reason::Cpu => "not enough free CPU".into(),
             Reason::Memory => "not enough free memory".into(),
         }
     }
 
-    /// Every sentence [`Reason::message`] can say (a mismatch's is told by its `; pod asks `):
+    /// Every sentence [`Reason::message`] can say (a mismatch's is told by its `; pod asks `, a
+    /// resource the node lacks by its tail):
     /// how a scheduling message is known to carry gpu-share's word.
     pub fn all_messages() -> impl Iterator<Item = &'static str> {
         [
@@ -117,7 +129,7 @@ impl Reason {
             std::borrow::Cow::Borrowed(m) => Some(m),
             std::borrow::Cow::Owned(_) => None,
         })
-        .chain(["; pod asks "])
+        .chain(["; pod asks ", NOT_ADVERTISED_TAIL])
     }
 
     /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
@@ -163,6 +175,7 @@ impl Reason {
             Reason::NoGpuWithRoom => "no_gpu_with_room",
             Reason::ResourceAbsent => "resource_absent",
             Reason::NotEnoughUnits => "not_enough_units",
+            Reason::ResourceNotAdvertised { .. } => "resource_not_advertised",
             Reason::Cpu => "cpu",
             Reason::Memory => "memory",
         }
@@ -186,8 +199,14 @@ fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
     }
 }
 
-/// Checks CPU, memory and model; then the GPU rules of [`fit_gpu`].
+/// Checks that the node advertises every resource the pod's limits name, then CPU, memory and
+/// model; then the GPU rules of [`fit_gpu`].
 pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
+    if let Some(r) = demand.resources.iter().find(|r| !node.advertises(r)) {
+        return Err(Reason::ResourceNotAdvertised {
+            resource: r.clone(),
+        });
+    }
     if !demand.models.is_empty() {
         let product = node.product.as_deref().unwrap_or_default();
         if !demand.models.iter().any(|m| m == product) {
@@ -255,7 +274,9 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
         GpuDemand::None => Ok(()),
         GpuDemand::Mig { profile, count } => match &node.mig {
             MigLayout::None => Err(Reason::NoMig),
-            MigLayout::Single { profile: p } if p != profile => Err(Reason::MigSingleOtherProfile),
+            MigLayout::Single { profile: p, .. } if p != profile => {
+                Err(Reason::MigSingleOtherProfile)
+            }
             MigLayout::Single { .. } => {
                 if node.slots < *count {
                     Err(Reason::MigProfileAbsent)

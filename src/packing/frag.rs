@@ -580,6 +580,7 @@ mod tests {
                 memory_mib: None,
             },
             models: vec![],
+            resources: vec![],
         };
         let mut ds = vec![d(1000, 500); 6];
         ds.extend(vec![d(2000, 250); 3]);

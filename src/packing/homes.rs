@@ -206,6 +206,7 @@ mod tests {
         let mut mig = node("mig", "A100", 8, 96_000);
         mig.mig = MigLayout::Single {
             profile: "1g.10gb".into(),
+            per_gpu: 7,
         };
         nodes.push(mig);
         let h = Homes::of(&nodes);

@@ -412,6 +412,7 @@ mod tests {
                 memory_mib: None,
             },
             models: vec![],
+            resources: vec![],
         }
     }
 
@@ -421,6 +422,7 @@ mod tests {
             memory_mib: 0,
             gpu: GpuDemand::Whole { count },
             models: vec![],
+            resources: vec![],
         }
     }
 

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::partition::ClusterNode;
 use super::trace::TracePod;
-use crate::inventory::{self, RESOURCE_GPU};
+use crate::inventory;
 use crate::ledger;
 use crate::packing::{Demand, GpuDemand};
 use crate::{documents, request};
@@ -48,7 +48,7 @@ pub fn parse_node_list(text: &str) -> Result<Vec<ClusterNode>, ManifestError> {
     let mut out = Vec::new();
     for node in documents::typed::<Node>(text, "Node")? {
         // Allocatable CPU and memory come with the inventory.
-        let Some(g) = inventory::from_node(&node, RESOURCE_GPU) else {
+        let Some(g) = inventory::from_node(&node, &inventory::Reading::default()) else {
             continue;
         };
         out.push(ClusterNode {
@@ -106,6 +106,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
                 memory_mib: mem,
                 gpu,
                 models: ledger::pod_models(&pod),
+                resources: Vec::new(),
             },
         });
     }

@@ -35,7 +35,7 @@ pub fn gpu_request_milli(d: &Demand) -> u64 {
 pub fn node_capacity_milli(n: &GpuNode) -> u64 {
     let mig: u64 = match &n.mig {
         MigLayout::None => 0,
-        MigLayout::Single { profile } => {
+        MigLayout::Single { profile, .. } => {
             u64::from(n.slots) * u64::from(packing::mig_profile_milli(profile))
         }
         MigLayout::Mixed { instances } => instances
@@ -110,6 +110,13 @@ pub fn trace_node(name: &str, cpu_milli: u64, memory_mib: u64, gpus: u32, model:
         memory_mib: Some(memory_mib),
         mode_source: crate::inventory::ModeSource::Gfd,
         labelled_gpus: None,
+        mig_memory_mib: Default::default(),
+        advertised: if gpus > 0 {
+            vec![RESOURCE_GPU.to_string()]
+        } else {
+            Vec::new()
+        },
+        unreached: None,
     }
 }
 
@@ -205,6 +212,7 @@ pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
                 memory_mib: field(&rec, c[2], "memory_mib", line)?,
                 gpu,
                 models,
+                resources: Vec::new(),
             },
         });
     }
