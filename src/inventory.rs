@@ -16,57 +16,10 @@ use serde::Serialize;
 
 pub use crate::nvidia::*;
 
-/// How a node's full GPUs are shared (the device plugin's sharing config applies to all of them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "strategy", rename_all = "kebab-case")]
-pub enum Sharing {
-    /// Not shared: each unit of `nvidia.com/gpu` is a whole GPU (or, on a single-strategy MIG
-    /// node, a MIG device).
-    None,
-    /// Time-slicing: each GPU is advertised `replicas` times; no isolation.
-    TimeSlicing { replicas: u32 },
-    /// MPS: each GPU is advertised `replicas` times, each replica a fixed 1/replicas of the SMs
-    /// and memory.
-    Mps { replicas: u32 },
-    /// The simulator's model of the trace's cluster (the FGD paper's): any GPU takes whole-GPU
-    /// pods and fractional pods, placed per GPU. No NVIDIA device plugin mode enforces this.
-    PerGpu,
-}
-
-impl Sharing {
-    pub fn replicas(self) -> u32 {
-        match self {
-            Sharing::TimeSlicing { replicas } | Sharing::Mps { replicas } => replicas.max(1),
-            Sharing::None | Sharing::PerGpu => 1,
-        }
-    }
-
-    /// The GFD label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Sharing::None => "none",
-            Sharing::TimeSlicing { .. } => "time-slicing",
-            Sharing::Mps { .. } => "mps",
-            Sharing::PerGpu => "per-gpu",
-        }
-    }
-}
-
-/// Where a node's sharing mode was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModeSource {
-    /// NVIDIA GPU Feature Discovery's labels (`nvidia.com/gpu.*`, `nvidia.com/mig.*`).
-    #[default]
-    Gfd,
-    /// GKE's own GPU labels (`cloud.google.com/gke-*`).
-    Gke,
-    /// No label says how the GPUs are shared (NVIDIA's device plugin without GFD, common on
-    /// EKS and AKS): each `nvidia.com/gpu` is taken as a whole, unshared GPU, unverified.
-    Unverified,
-    /// The policy's `nodeModes` declares it for the node's labels.
-    Declared,
-}
+mod quantity;
+mod sharing;
+pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
+pub use sharing::{ModeSource, Sharing};
 
 /// How nodes are read: the resources each class of pod asks for, the modes the policy declares
 /// for nodes whose labels do not say, and the MIG table (the policy's models first).
@@ -416,58 +369,6 @@ impl GpuNode {
     }
 }
 
-/// `1g.10gb.me` (resource form) -> `1g.10gb+me` (profile form).
-pub fn profile_from_resource_suffix(suffix: &str) -> String {
-    match suffix.find("gb.") {
-        Some(i) => format!("{}+{}", &suffix[..i + 2], &suffix[i + 3..]),
-        None => suffix.to_string(),
-    }
-}
-
-/// Parses a Kubernetes quantity to thousandths of a unit (`"2"` -> 2000, `"1500m"` -> 1500,
-/// `"16Gi"` -> 16*2^30*1000). `None` when it is not a quantity.
-pub fn quantity_milli(value: &str) -> Option<u128> {
-    let v = value.trim();
-    let split = v
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(v.len());
-    let (num, suffix) = v.split_at(split);
-    if num.is_empty() || num.matches('.').count() > 1 {
-        return None;
-    }
-    let (mul_num, mul_den): (u128, u128) = match suffix {
-        "" => (1000, 1),
-        "m" => (1, 1),
-        "k" => (1_000_000, 1),
-        "M" => (1_000_000_000, 1),
-        "G" => (1_000_000_000_000, 1),
-        "T" => (1_000_000_000_000_000, 1),
-        "Ki" => (1000 << 10, 1),
-        "Mi" => (1000 << 20, 1),
-        "Gi" => (1000 << 30, 1),
-        "Ti" => (1000 << 40, 1),
-        _ => return None,
-    };
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.len() > 18 || frac.len() > 9 {
-        return None;
-    }
-    let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_val: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().ok()?
-    };
-    let scale = 10u128.pow(frac.len() as u32);
-    let scaled = int.checked_mul(scale)?.checked_add(frac_val)?;
-    Some(scaled.checked_mul(mul_num)? / (scale * mul_den))
-}
-
-/// A quantity as a whole count (extended resources are integers); `None` if not a quantity.
-pub fn quantity_count(value: &str) -> Option<u64> {
-    quantity_milli(value).map(|m| u64::try_from(m / 1000).unwrap_or(u64::MAX))
-}
-
 fn label_u64(labels: &BTreeMap<String, String>, key: &str) -> Option<u64> {
     labels.get(key).and_then(|v| v.trim().parse().ok())
 }
@@ -755,7 +656,6 @@ fn warn_unreached_once(node: &str, unreached: &Unreached) {
         );
     }
 }
-
 /// Bounds a node's full-GPU pool: more than [`MAX_GPUS_PER_NODE`] GPUs, or more than
 /// `MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU` units, is taken as [`MAX_GPUS_PER_NODE`] GPUs at
 /// most. Returns (GPUs, units).

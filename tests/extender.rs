@@ -503,7 +503,9 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
         ("timeslice-25", &["gke-l4-ts"]),
         ("mps-33", &["gke-h100-mps"]),
         ("exclusive-2", &["eks-g5"]),
-        ("mig-1g.5gb", &["gke-a100-mig", "aks-a100-mig"]),
+        // Under the default (mixed) strategy the pod asks for nvidia.com/mig-1g.5gb, which
+        // GKE's partitioned node does not advertise (it advertises nvidia.com/gpu).
+        ("mig-1g.5gb", &["aks-a100-mig"]),
         ("exclusive-8", &[]),
     ];
     for (i, (class, want)) in cases.iter().enumerate() {
@@ -691,4 +693,118 @@ async fn a_model_pinned_pod_fits_only_its_model_and_its_shape_keeps_the_pin() {
             vec!["NVIDIA-H100-80GB-HBM3".to_string()]
         ]
     );
+}
+
+/// A `--dev` service with the nodes generated from NVIDIA's own code
+/// (tests/fixtures/nvidia/nodes.yaml).
+fn nvidia_state(policy: Policy) -> AppState {
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/nvidia/nodes.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let reading = gpu_share::inventory::Reading::of(&policy);
+    let state = AppState::dev(Role::All, policy);
+    let nodes = parse_nodes(&text).unwrap();
+    let gpu = state
+        .extender
+        .as_ref()
+        .unwrap()
+        .learn_nodes(&nodes, &reading);
+    assert_eq!(gpu, nodes.len());
+    state
+}
+
+/// Filter, prioritize and preempt never pass a node that does not advertise the resource the
+/// pod's limits name, and filter says so in words: a mixed-strategy MIG pod and a
+/// single-strategy node, a time-sliced pod and a node with `renameByDefault`.
+#[tokio::test]
+async fn nodes_that_do_not_advertise_the_pods_resource_are_refused_in_words() {
+    let s = nvidia_state(Policy::default_policy());
+    let mig = mig_pod("nv-mig", "1g.10gb", 0);
+    let mig_nodes = json!([
+        "a100-80gb-mig-single-all-1g.10gb",
+        "a100-80gb-mig-mixed-all-1g.10gb",
+        "h100-80gb-mig-single-all-1g.10gb"
+    ]);
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&json!({"Pod": mig, "Nodes": null, "NodeNames": mig_nodes})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        names(&r["NodeNames"]),
+        vec!["a100-80gb-mig-mixed-all-1g.10gb"]
+    );
+    let un = &r["FailedAndUnresolvableNodes"];
+    for n in [
+        "a100-80gb-mig-single-all-1g.10gb",
+        "h100-80gb-mig-single-all-1g.10gb",
+    ] {
+        assert_eq!(
+            un[n],
+            "node does not advertise nvidia.com/mig-1g.10gb, the resource the pod's limits name",
+            "{r}"
+        );
+    }
+    assert_eq!(r["FailedNodes"], json!({}));
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/prioritize",
+        body(&json!({"Pod": mig, "Nodes": null, "NodeNames": mig_nodes})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for e in r.as_array().unwrap() {
+        let fits = e["Host"] == "a100-80gb-mig-mixed-all-1g.10gb";
+        assert_eq!(e["Score"].as_i64().unwrap() > 0, fits, "{e}");
+    }
+
+    let ts = ts_pod("nv-ts", 50);
+    let ts_nodes = json!(["h100-80gb-ts4", "h100-80gb-ts4-rename"]);
+    let (_, r) = post(
+        s.clone(),
+        "/scheduler/filter",
+        body(&json!({"Pod": ts, "Nodes": null, "NodeNames": ts_nodes})),
+    )
+    .await;
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-80gb-ts4"]);
+    assert_eq!(
+        r["FailedAndUnresolvableNodes"]["h100-80gb-ts4-rename"],
+        "node does not advertise nvidia.com/gpu, the resource the pod's limits name"
+    );
+    // Preemption offers no victims where the pod could never run.
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/preempt",
+        body(&json!({
+            "Pod": ts,
+            "NodeNameToVictims": null,
+            "NodeNameToMetaVictims": {
+                "h100-80gb-ts4-rename": {"Pods": [], "NumPDBViolations": 0},
+                "a100-80gb-mig-single-all-1g.10gb": {"Pods": [], "NumPDBViolations": 0}
+            }
+        })),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(r["NodeNameToMetaVictims"], json!({}), "{r}");
+
+    // With the policy asking time-sliced pods for nvidia.com/gpu.shared, the renamed node is
+    // the one the pod's limits name.
+    let mut policy = Policy::default_policy();
+    policy.resources.timeslice = Some("nvidia.com/gpu.shared".to_string().try_into().unwrap());
+    let s = nvidia_state(policy);
+    let mut renamed = ts_pod("nv-ts-shared", 50);
+    let units = json!({"nvidia.com/gpu.shared": "1"});
+    renamed["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
+    let (_, r) = post(
+        s,
+        "/scheduler/filter",
+        body(&json!({"Pod": renamed, "Nodes": null, "NodeNames": ts_nodes})),
+    )
+    .await;
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-80gb-ts4-rename"], "{r}");
 }

@@ -378,8 +378,9 @@ fn the_pure_modules_import_only_each_other_and_no_io() {
             }
         }
         let file = {
+            // `a/mod.rs`, or `a.rs` (whose children may live in `a/`).
             let mut p = src().join(module.join("/"));
-            if p.is_dir() {
+            if p.join("mod.rs").is_file() {
                 p = p.join("mod.rs");
             } else {
                 p.set_extension("rs");

@@ -1,0 +1,679 @@
+//! Nodes exactly as NVIDIA's own code labels them: `tests/fixtures/nvidia/nodes.yaml` holds
+//! nodes whose labels come from GPU Feature Discovery's labelers and whose allocatable comes from
+//! the device plugin's resource managers (k8s-device-plugin v0.20.0 over go-nvml's mock GPUs;
+//! `tests/fixtures/nvidia/generate.sh`). gpu-share must read every one of them right, and the
+//! hand-written fixtures must agree with what that code writes.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use gpu_share::extender::report::NodeReport;
+use gpu_share::inventory::{self, GpuNode, MigLayout, Reading};
+use gpu_share::packing::{self, Demand, GpuDemand, Reason, Usage};
+use gpu_share::policy::{MigStrategy, Policy};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+fn read(path: &str) -> String {
+    let path = format!("{}/{path}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The nodes generated from NVIDIA's code.
+fn nvidia_nodes() -> Vec<Node> {
+    gpu_share::server::parse_nodes(&read("tests/fixtures/nvidia/nodes.yaml")).unwrap()
+}
+
+fn node(name: &str) -> Node {
+    nvidia_nodes()
+        .into_iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no fixture node {name}"))
+}
+
+fn labels(n: &Node) -> BTreeMap<String, String> {
+    n.metadata.labels.clone().unwrap_or_default()
+}
+
+fn allocatable(n: &Node) -> BTreeMap<String, String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
+
+fn reports(policy: &Policy) -> BTreeMap<String, NodeReport> {
+    gpu_share::status::reports_from(policy, &nvidia_nodes(), &[])
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect()
+}
+
+/// What each generated node is: physical GPUs, the pool's resource and units, replicas per
+/// GPU, and MIG devices per profile. Written from the generator's node list, not from the code.
+#[allow(clippy::type_complexity)]
+const EXPECTED: &[(&str, u32, &str, u32, u32, &[(&str, u32)])] = &[
+    (
+        "a100-40gb-mig-mixed-all-1g.5gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.5gb", 56)],
+    ),
+    (
+        "a100-40gb-mig-mixed-all-3g.20gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.20gb", 16)],
+    ),
+    (
+        "a100-40gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.5gb", 32), ("3g.20gb", 8)],
+    ),
+    (
+        "a100-40gb-mig-single-all-1g.5gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.5gb", 56)],
+    ),
+    (
+        "a100-80gb-x1-mig-mixed-all-1g.10gb",
+        1,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 7)],
+    ),
+    (
+        "a100-80gb-x1-mig-single-all-1g.10gb",
+        1,
+        "nvidia.com/gpu",
+        7,
+        1,
+        &[("1g.10gb", 7)],
+    ),
+    (
+        "a100-80gb-mig-mixed-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-mixed-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "a100-80gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 32), ("3g.40gb", 8)],
+    ),
+    (
+        "a100-80gb-mig-mixed-7mig-1full",
+        8,
+        "nvidia.com/gpu",
+        1,
+        1,
+        &[("1g.10gb", 21), ("3g.40gb", 8)],
+    ),
+    (
+        "a100-80gb-mig-single-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-single-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        16,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "a100-80gb-mig-mixed-no-mig-config",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-single-no-mig-config",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "h100-80gb-mig-single-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        16,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    ("a100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
+    (
+        "h100-80gb-mig-mixed-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "h100-80gb-mig-mixed-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "h100-80gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 32), ("3g.40gb", 8)],
+    ),
+    (
+        "h100-80gb-mig-single-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    ("h100-80gb-ts4", 8, "nvidia.com/gpu", 32, 4, &[]),
+    (
+        "h100-80gb-ts4-rename",
+        8,
+        "nvidia.com/gpu.shared",
+        32,
+        4,
+        &[],
+    ),
+    ("h100-80gb-mps4", 8, "nvidia.com/gpu", 32, 4, &[]),
+    (
+        "h100-80gb-mps4-rename",
+        8,
+        "nvidia.com/gpu.shared",
+        32,
+        4,
+        &[],
+    ),
+    ("h100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
+    ("l40s-plain", 4, "nvidia.com/gpu", 4, 1, &[]),
+    ("l40s-ts4", 4, "nvidia.com/gpu", 16, 4, &[]),
+];
+
+/// `/v1/nodes` (the same reports `gpu-share status` prints) reads every generated node right:
+/// GPUs, the pool's resource, units and replicas, MIG devices per profile, and memory as GFD
+/// labels it (a full GPU's, or on a single-strategy node the MIG device's).
+#[test]
+fn v1_nodes_reads_every_fixture_from_nvidias_code_right() {
+    let nodes = nvidia_nodes();
+    let reports = reports(&Policy::default_policy());
+    assert_eq!(reports.len(), EXPECTED.len(), "{:?}", reports.keys());
+    for (name, gpus, resource, units, replicas, mig) in EXPECTED {
+        let r = &reports[*name];
+        let n = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .unwrap();
+        let l = labels(n);
+        let got_mig: BTreeMap<&str, u32> = r
+            .mig
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.split_once('/').unwrap().1.parse().unwrap()))
+            .collect();
+        let want_mig: BTreeMap<&str, u32> = mig.iter().copied().collect();
+        let single = l.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single");
+        let pool_units = if single { 0 } else { *units };
+        assert_eq!(
+            (
+                r.gpus,
+                r.resource.as_str(),
+                r.slots.clone(),
+                r.replicas,
+                got_mig
+            ),
+            (
+                *gpus,
+                *resource,
+                format!("0/{}", if single { *units } else { pool_units }),
+                *replicas,
+                want_mig
+            ),
+            "{name}: {r:?}"
+        );
+        let label_memory: Option<u64> = l.get("nvidia.com/gpu.memory").map(|m| m.parse().unwrap());
+        if single {
+            let profile = mig[0].0;
+            assert_eq!(r.gpu_memory_mib, None, "{name}");
+            assert_eq!(
+                r.mig_memory_mib.get(profile).copied(),
+                label_memory,
+                "{name}"
+            );
+        } else {
+            assert_eq!(r.gpu_memory_mib, label_memory, "{name}");
+            for (profile, _) in *mig {
+                let key = format!("nvidia.com/mig-{profile}.memory");
+                let want: u64 = l[&key].parse().unwrap();
+                assert_eq!(
+                    r.mig_memory_mib.get(*profile),
+                    Some(&want),
+                    "{name} {profile}"
+                );
+            }
+        }
+        // Under the default policy (shared pods ask for nvidia.com/gpu, MIG pods for
+        // nvidia.com/mig-<profile>) the renamed shared nodes and the single-strategy nodes are
+        // the ones no pod of their class can use.
+        assert_eq!(
+            r.unreached.is_some(),
+            name.ends_with("-rename") || single,
+            "{name}: {:?}",
+            r.unreached
+        );
+    }
+    let table = gpu_share::status::render(&reports.into_values().collect::<Vec<_>>());
+    let gpus: u32 = EXPECTED.iter().map(|e| e.1).sum();
+    assert!(
+        table.contains(&format!("{} GPU nodes, {gpus} GPUs: ", EXPECTED.len())),
+        "{table}"
+    );
+}
+
+/// Point 1: MIG geometry is the node's model's. An A100 80GB under the single strategy holds
+/// seven `1g.10gb` per GPU, not the A100 40GB's four: 56 devices are 8 GPUs, not 14, in
+/// `/v1/nodes`, in `gpu-share status` totals and in a simulated NodeList.
+#[test]
+fn single_strategy_mig_is_counted_on_the_nodes_own_model() {
+    let reading = Reading::default();
+    for (name, gpus) in [
+        ("a100-80gb-mig-single-all-1g.10gb", 8),
+        ("a100-80gb-x1-mig-single-all-1g.10gb", 1),
+        ("a100-40gb-mig-single-all-1g.5gb", 8),
+        ("a100-80gb-mig-single-all-3g.40gb", 8),
+        ("h100-80gb-mig-single-all-1g.10gb", 8),
+    ] {
+        let g = inventory::read_node(&node(name), &reading).unwrap();
+        assert_eq!(g.physical_gpus(), gpus, "{name}: {:?}", g.mig);
+    }
+    // A policy model replaces the built-in one of the same name, and is found first.
+    let mut policy = Policy::default_policy();
+    let mut a100 = gpu_share::mig::builtin_models()
+        .into_iter()
+        .find(|m| m.model == "A100-80GB")
+        .unwrap();
+    for p in &mut a100.profiles {
+        if p.name == "1g.10gb" {
+            p.max = 4;
+        }
+    }
+    policy.mig.models.push(a100);
+    let g = inventory::read_node(
+        &node("a100-80gb-mig-single-all-1g.10gb"),
+        &Reading::of(&policy),
+    )
+    .unwrap();
+    assert_eq!(g.physical_gpus(), 14, "the policy's model says 4 per GPU");
+
+    let reports = reports(&Policy::default_policy());
+    assert_eq!(reports["a100-80gb-mig-single-all-1g.10gb"].gpus, 8);
+    let only = gpu_share::status::render(&[reports["a100-80gb-mig-single-all-1g.10gb"].clone()]);
+    assert!(only.contains("1 GPU nodes, 8 GPUs: "), "{only}");
+
+    let text = read("tests/fixtures/nvidia/nodes.yaml");
+    let simulated = gpu_share::simulate::kube::parse_node_list(&text).unwrap();
+    let s = simulated
+        .iter()
+        .find(|c| c.node.name == "a100-80gb-mig-single-all-1g.10gb")
+        .unwrap();
+    assert_eq!(s.physical_gpus, 8);
+}
+
+fn ts_demand(resource: &str) -> Demand {
+    Demand {
+        resources: vec![resource.to_string()],
+        ..Demand::gpu(GpuDemand::Timeslice {
+            milli: 500,
+            memory_mib: None,
+        })
+    }
+}
+
+/// Point 2: a time-sliced (or MPS) node with `renameByDefault: true` is read by the name it
+/// advertises, `nvidia.com/gpu.shared`: its GPUs and replicas, never 0. When the pods of its
+/// class ask for another name, it is shown as unusable and refused for good (no preemption
+/// invited); the policy's per-class names serve a cluster that mixes both kinds.
+#[test]
+fn renamed_shared_nodes_are_read_by_the_name_they_advertise() {
+    let renamed = node("h100-80gb-ts4-rename");
+    let plain = node("h100-80gb-ts4");
+    let mps = node("h100-80gb-mps4");
+    let default = Reading::of(&Policy::default_policy());
+    let g = inventory::read_node(&renamed, &default).unwrap();
+    assert_eq!(
+        (
+            g.gpus,
+            g.slots,
+            g.sharing.replicas(),
+            g.pool_resource.as_str()
+        ),
+        (8, 32, 4, "nvidia.com/gpu.shared")
+    );
+    let why = g
+        .unreached
+        .as_ref()
+        .expect("timeslice pods ask for nvidia.com/gpu")
+        .sentence();
+    assert!(
+        why.contains("no timeslice pod can use this node")
+            && why.contains("they ask for nvidia.com/gpu,")
+            && why.contains("advertises nvidia.com/gpu.shared"),
+        "{why}"
+    );
+    // The pod's resource is not there: refused in words, and not something preemption frees.
+    let refused = packing::fit(&g, &Usage::default(), &ts_demand("nvidia.com/gpu")).unwrap_err();
+    assert_eq!(
+        refused,
+        Reason::ResourceNotAdvertised {
+            resource: "nvidia.com/gpu".into()
+        }
+    );
+    assert!(!refused.resolvable());
+    assert_eq!(
+        refused.message(),
+        "node does not advertise nvidia.com/gpu, the resource the pod's limits name"
+    );
+
+    // Per class: the time-sliced nodes renamed, the MPS ones not.
+    let mut policy = Policy::default_policy();
+    policy.resources.timeslice = Some("nvidia.com/gpu.shared".to_string().try_into().unwrap());
+    let per_class = Reading::of(&policy);
+    let g = inventory::read_node(&renamed, &per_class).unwrap();
+    assert_eq!(g.unreached, None);
+    assert!(packing::fit(&g, &Usage::default(), &ts_demand("nvidia.com/gpu.shared")).is_ok());
+    let m = inventory::read_node(&mps, &per_class).unwrap();
+    assert_eq!(
+        (m.unreached, m.pool_resource.as_str(), m.slots),
+        (None, "nvidia.com/gpu", 32)
+    );
+    // A time-sliced node that was not renamed is then the unusable one, with its replicas.
+    let p = inventory::read_node(&plain, &per_class).unwrap();
+    assert_eq!(
+        (p.gpus, p.slots, p.pool_resource.as_str()),
+        (8, 32, "nvidia.com/gpu")
+    );
+    assert!(p.unreached.is_some());
+
+    // The webhook asks each class for its own name.
+    let mps_pod =
+        policy.resource_for(&gpu_share::request::GpuRequest::parse_normalized("mps-25").unwrap());
+    let ts_pod = policy
+        .resource_for(&gpu_share::request::GpuRequest::parse_normalized("timeslice-50").unwrap());
+    assert_eq!(
+        (mps_pod.0.as_str(), ts_pod.0.as_str()),
+        ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+    );
+    assert!(
+        policy
+            .managed_resources()
+            .contains(&"nvidia.com/gpu.shared".to_string())
+    );
+}
+
+/// Point 3: a node that does not advertise the resource the pod's limits name never fits, with
+/// the reason in words: a single-strategy node for `nvidia.com/mig-1g.10gb`, an all-MIG mixed
+/// node for `nvidia.com/gpu`.
+#[test]
+fn nodes_without_the_pods_resource_never_fit() {
+    let reading = Reading::default();
+    let single = inventory::read_node(&node("a100-80gb-mig-single-all-1g.10gb"), &reading).unwrap();
+    let mixed = inventory::read_node(&node("a100-80gb-mig-mixed-all-1g.10gb"), &reading).unwrap();
+    let mig = |resource: &str| Demand {
+        resources: vec![resource.to_string()],
+        ..Demand::gpu(GpuDemand::Mig {
+            profile: "1g.10gb".into(),
+            count: 1,
+        })
+    };
+    let u = Usage::default();
+    assert!(packing::fit(&mixed, &u, &mig("nvidia.com/mig-1g.10gb")).is_ok());
+    assert_eq!(
+        packing::fit(&single, &u, &mig("nvidia.com/mig-1g.10gb"))
+            .unwrap_err()
+            .message(),
+        "node does not advertise nvidia.com/mig-1g.10gb, the resource the pod's limits name"
+    );
+    assert!(packing::fit(&single, &u, &mig("nvidia.com/gpu")).is_ok());
+    assert_eq!(
+        packing::fit(&mixed, &u, &mig("nvidia.com/gpu")).unwrap_err(),
+        Reason::ResourceNotAdvertised {
+            resource: "nvidia.com/gpu".into()
+        }
+    );
+    // The mixed node's one full GPU is advertised: an exclusive pod fits it.
+    let one_full = inventory::read_node(&node("a100-80gb-mig-mixed-7mig-1full"), &reading).unwrap();
+    let whole = Demand {
+        resources: vec!["nvidia.com/gpu".into()],
+        ..Demand::gpu(GpuDemand::Whole { count: 1 })
+    };
+    assert!(packing::fit(&one_full, &Usage::empty(&one_full), &whole).is_ok());
+    assert!(packing::fit(&mixed, &Usage::empty(&mixed), &whole).is_err());
+}
+
+fn planned_pod(policy: &Policy, annotation: &str) -> Pod {
+    let obj = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default", "annotations": {"gpu-share": annotation}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+    });
+    let facts = gpu_share::admission::plan::Facts {
+        namespace: "default",
+        namespace_labels: None,
+        runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
+    };
+    let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
+    let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
+        panic!("{decision:?}")
+    };
+    let mut doc = obj.clone();
+    json_patch::patch(&mut doc, &m.patch).unwrap();
+    serde_json::from_value(doc).unwrap()
+}
+
+/// Point 4: under the single strategy a MIG pod's affinity selects nodes by what GFD writes (the
+/// product `<model>-MIG-<profile>`), so a node no MIG manager labelled is reachable; the MIG
+/// manager's `nvidia.com/mig.config` still works; other profiles and mixed nodes stay out.
+#[test]
+fn single_strategy_mig_pods_reach_nodes_gfd_alone_labelled() {
+    let mut policy = Policy::default_policy();
+    policy.mig.strategy = MigStrategy::Single;
+    let pod = planned_pod(&policy, "mig-1g.10gb");
+    let spec = pod.spec.as_ref().unwrap();
+    let selects = |name: &str| {
+        let n = node(name);
+        gpu_share::extender::explain::selects(spec, name, &labels(&n))
+    };
+    for name in [
+        "a100-80gb-mig-single-no-mig-config",
+        "a100-80gb-mig-single-all-1g.10gb",
+        "a100-80gb-x1-mig-single-all-1g.10gb",
+        "h100-80gb-mig-single-all-1g.10gb",
+    ] {
+        assert!(selects(name), "{name} should be selected");
+    }
+    for name in [
+        "a100-80gb-mig-single-all-3g.40gb",
+        "a100-40gb-mig-single-all-1g.5gb",
+        "a100-80gb-mig-mixed-no-mig-config",
+        "h100-80gb-ts4",
+        "a100-80gb-plain",
+    ] {
+        assert!(!selects(name), "{name} should not be selected");
+    }
+    // The MIG manager's label alone (a node whose product label is missing) still selects.
+    let mut by_mig_manager = labels(&node("a100-80gb-mig-single-all-1g.10gb"));
+    by_mig_manager.remove("nvidia.com/gpu.product");
+    assert!(gpu_share::extender::explain::selects(
+        spec,
+        "m",
+        &by_mig_manager
+    ));
+    // The limit is nvidia.com/gpu, which the GFD-only node advertises.
+    let g = inventory::read_node(
+        &node("a100-80gb-mig-single-no-mig-config"),
+        &Reading::of(&policy),
+    )
+    .unwrap();
+    let demand = gpu_share::ledger::demand_of_pod(&pod).unwrap().unwrap();
+    assert_eq!(demand.resources, vec!["nvidia.com/gpu".to_string()]);
+    assert!(packing::fit(&g, &Usage::default(), &demand).is_ok());
+}
+
+/// What GFD and the device plugin write, as rules: checked on the generated nodes (so the rules
+/// are NVIDIA's) and then on every hand-written node fixture of the project.
+fn nvidia_rules(
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    alloc: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut broken = Vec::new();
+    let l = |k: &str| labels.get(k).map(String::as_str);
+    let has_gfd = l("nvidia.com/gpu.product").is_some() && l("nvidia.com/gpu.count").is_some();
+    // The device plugin never registers a resource it has no device for: absent, not "0".
+    for (k, v) in alloc {
+        if k.starts_with("nvidia.com/") && inventory::quantity_count(v) == Some(0) {
+            broken.push(format!(
+                "{name}: {k} is 0 (the device plugin registers no empty resource)"
+            ));
+        }
+    }
+    if !has_gfd {
+        return broken;
+    }
+    let strategy = l("nvidia.com/mig.strategy");
+    let product = l("nvidia.com/gpu.product").unwrap_or_default();
+    let any_mig = alloc.keys().any(|k| k.starts_with("nvidia.com/mig-"));
+    if strategy == Some("mixed") && any_mig && !alloc.contains_key("nvidia.com/gpu") {
+        // Every GPU in MIG mode: GFD labels the full GPUs without sharing.
+        if l("nvidia.com/gpu.replicas") != Some("0") {
+            broken.push(format!(
+                "{name}: an all-MIG mixed node has nvidia.com/gpu.replicas 0"
+            ));
+        }
+    }
+    if strategy == Some("single") {
+        if !product.contains("-MIG-") {
+            broken.push(format!(
+                "{name}: a single-strategy product is <model>-MIG-<profile>"
+            ));
+        }
+        if l("nvidia.com/gpu.count") != alloc.get("nvidia.com/gpu").map(String::as_str) {
+            broken.push(format!(
+                "{name}: gpu.count counts the MIG devices under the single strategy"
+            ));
+        }
+    }
+    for (k, v) in labels {
+        if let Some(profile) = k
+            .strip_prefix("nvidia.com/mig-")
+            .and_then(|p| p.strip_suffix(".count"))
+            && alloc.get(&format!("nvidia.com/mig-{profile}")) != Some(v)
+        {
+            broken.push(format!("{name}: {k}={v} disagrees with the allocatable"));
+        }
+    }
+    let sharing = l("nvidia.com/gpu.sharing-strategy");
+    if matches!(sharing, Some("time-slicing" | "mps")) {
+        let renamed = alloc.contains_key("nvidia.com/gpu.shared");
+        if renamed == product.ends_with("-SHARED") {
+            broken.push(format!(
+                "{name}: a shared product ends in -SHARED exactly when not renamed (renameByDefault)"
+            ));
+        }
+    }
+    broken
+}
+
+/// Point 5: the hand-written node fixtures agree with NVIDIA's output: rules read off the
+/// generated nodes (an all-MIG mixed node has `gpu.replicas: 0` and no `nvidia.com/gpu`, no
+/// resource is registered at 0, ...), which every generated node obeys.
+#[test]
+fn hand_written_node_fixtures_agree_with_nvidias_output() {
+    for n in nvidia_nodes() {
+        let name = n.metadata.name.clone().unwrap();
+        let broken = nvidia_rules(&name, &labels(&n), &allocatable(&n));
+        assert!(
+            broken.is_empty(),
+            "the rules must hold on NVIDIA's own output: {broken:?}"
+        );
+    }
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in [
+        "tests/fixtures/extender/nodes.yaml",
+        "tests/fixtures/extender/platform-nodes.yaml",
+        "tests/cluster/nodes.yaml",
+        "tests/cluster/workload-nodes.yaml",
+    ] {
+        for n in gpu_share::server::parse_nodes(&read(file)).unwrap() {
+            let name = format!("{file}: {}", n.metadata.name.clone().unwrap_or_default());
+            broken.extend(nvidia_rules(&name, &labels(&n), &allocatable(&n)));
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "{checked}");
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// The generated file is what the generator writes: a NodeList, deterministic (no timestamp
+/// label), every node carrying its provenance.
+#[test]
+fn the_generated_nodes_say_where_they_come_from() {
+    let text = read("tests/fixtures/nvidia/nodes.yaml");
+    assert!(
+        text.starts_with("# Generated by tests/fixtures/nvidia/generate.sh"),
+        "{}",
+        &text[..80]
+    );
+    for n in nvidia_nodes() {
+        let ann = n.metadata.annotations.clone().unwrap_or_default();
+        assert!(ann["gpu-share.io/fixture-source"].contains("k8s-device-plugin v0.20.0"));
+        assert!(!labels(&n).contains_key("nvidia.com/gfd.timestamp"));
+        let g: Option<GpuNode> = inventory::read_node(&n, &Reading::default());
+        let g = g.unwrap();
+        assert!(matches!(g.mode_source, inventory::ModeSource::Gfd));
+        if let MigLayout::Single { per_gpu, .. } = g.mig {
+            assert!(per_gpu >= 2, "{}", g.name);
+        }
+    }
+}
