@@ -18,8 +18,10 @@ pub use crate::nvidia::*;
 
 mod quantity;
 mod sharing;
+mod warnings;
 pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
 pub use sharing::{ModeSource, Sharing};
+use warnings::{warn_unreached_once, warn_unverified_once};
 
 /// How nodes are read: the resources each class of pod asks for, the modes the policy declares
 /// for nodes whose labels do not say, and the MIG table (the policy's models first).
@@ -162,7 +164,7 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
         warn_unverified_once(&g.name);
     }
     if let Some(u) = &g.unreached {
-        warn_unreached_once(&g.name, u);
+        warn_unreached_once(&g.name, &u.pods_ask_for, &u.sentence());
     }
     Some(g)
 }
@@ -623,39 +625,6 @@ pub fn from_parts(
     })
 }
 
-/// Warns once per node (per process) that its sharing mode is a guess.
-fn warn_unverified_once(node: &str) {
-    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
-        std::sync::Mutex::new(None);
-    let mut warned = crate::sync::lock(&WARNED);
-    if warned
-        .get_or_insert_with(Default::default)
-        .insert(node.to_string())
-    {
-        tracing::warn!(
-            node,
-            "no GPU Feature Discovery or GKE labels say how this node's GPUs are shared, and no nodeModes rule of the policy matches it: gpu-share takes each nvidia.com/gpu as a whole, unshared GPU (exclusive pods only); if the device plugin shares them (time-slicing, MPS, MIG single), install GPU Feature Discovery (the GPU Operator does) or declare the mode in the policy's nodeModes, or gpu-share may overcommit them"
-        );
-    }
-}
-
-/// Warns once per node (per process) that no pod of its class can use it.
-fn warn_unreached_once(node: &str, unreached: &Unreached) {
-    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
-        std::sync::Mutex::new(None);
-    let mut warned = crate::sync::lock(&WARNED);
-    if warned
-        .get_or_insert_with(Default::default)
-        .insert(node.to_string())
-    {
-        tracing::warn!(
-            node,
-            resource = unreached.pods_ask_for,
-            "{}",
-            unreached.sentence()
-        );
-    }
-}
 /// Bounds a node's full-GPU pool: more than [`MAX_GPUS_PER_NODE`] GPUs, or more than
 /// `MAX_GPUS_PER_NODE * MAX_REPLICAS_PER_GPU` units, is taken as [`MAX_GPUS_PER_NODE`] GPUs at
 /// most. Returns (GPUs, units).

@@ -22,16 +22,20 @@ pub struct LoadedPolicy {
     /// The workload kinds whose templates the template check reads: Kubernetes' own, then the
     /// policy's.
     pub workload_kinds: Vec<crate::workloads::WorkloadKind>,
+    /// How nodes are read under this policy (resource names, declared modes, MIG table).
+    pub reading: crate::inventory::Reading,
 }
 
 impl LoadedPolicy {
     pub fn new(policy: Policy) -> Self {
         let mig = policy.mig_table();
         let workload_kinds = crate::workloads::all_kinds(&policy.workloads);
+        let reading = crate::inventory::Reading::of(&policy);
         LoadedPolicy {
             policy,
             mig,
             workload_kinds,
+            reading,
         }
     }
 }

@@ -195,7 +195,7 @@ impl Intake {
     pub fn plan(&self, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
         match self.target(policy, mig, facts) {
             Ok(target) => {
-                let (patch, warnings) = steps::patch(&target, policy, facts.runtime_class);
+                let (patch, warnings) = steps::patch(&target, policy, mig, facts.runtime_class);
                 Decision::Mutate(Mutation {
                     request: self.annotated.request.clone(),
                     patch,

@@ -57,6 +57,7 @@ pub(super) struct Target<'a> {
 pub(super) fn patch(
     t: &Target<'_>,
     policy: &Policy,
+    mig: &crate::mig::MigTable,
     runtime_class: RuntimeClassState,
 ) -> (Vec<PatchOperation>, Vec<String>) {
     let mut b = PatchBuilder::default();
@@ -70,11 +71,7 @@ pub(super) fn patch(
     // Step 5: the node affinity (`affinity.rs`).
     if policy.node_affinity {
         let mut alternatives = vec![affinity_for(&t.request.class, policy)];
-        alternatives.extend(gfd_single_alternative(
-            &t.request.class,
-            policy,
-            &policy.mig_table(),
-        ));
+        alternatives.extend(gfd_single_alternative(&t.request.class, policy, mig));
         alternatives.extend(gke_alternative(&t.request.class, policy));
         require_affinity(&mut b, t.pod, &alternatives);
     }

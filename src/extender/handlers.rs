@@ -100,7 +100,7 @@ fn node_name(v: &Value) -> String {
 }
 
 /// `--dev`: learns the inventory from full Node objects (in a cluster the watch has it).
-fn learn_nodes(ext: &ExtenderState, items: &[Value], policy: &crate::policy::Policy) {
+fn learn_nodes(ext: &ExtenderState, items: &[Value], reading: &crate::inventory::Reading) {
     use serde::Deserialize;
     // Parsing up to thousands of Nodes per call would duplicate what the watch keeps.
     if ext.mode() == Mode::Cluster {
@@ -110,7 +110,7 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], policy: &crate::policy::Pol
         .iter()
         .filter_map(|i| Node::deserialize(i).ok())
         .collect();
-    ext.learn_nodes(&nodes, &crate::inventory::Reading::of(policy));
+    ext.learn_nodes(&nodes, reading);
 }
 
 /// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
@@ -153,7 +153,7 @@ pub fn filter(
     let full_names: Vec<String> = match &set {
         NodeSet::Names(_) => Vec::new(),
         NodeSet::Full(items) => {
-            learn_nodes(ext, items, &policy.policy);
+            learn_nodes(ext, items, &policy.reading);
             items.iter().map(node_name).collect()
         }
     };
@@ -315,7 +315,7 @@ pub fn prioritize(
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
         NodeSet::Full(items) => {
-            learn_nodes(ext, &items, &policy.policy);
+            learn_nodes(ext, &items, &policy.reading);
             items.iter().map(node_name).collect()
         }
     };

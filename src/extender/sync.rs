@@ -303,10 +303,7 @@ pub fn spawn_watches(
         nodes_synced.clone(),
         "nodes",
         shutdown.clone(),
-        move |ev| {
-            let reading = inventory::Reading::of(&p.current().policy);
-            e.apply_node_event(&mut relist, ev, &reading)
-        },
+        move |ev| e.apply_node_event(&mut relist, ev, &p.current().reading),
     ));
 
     let pod_stream = watch::pod_events(client);
@@ -362,8 +359,8 @@ pub fn spawn_reconcile(
                 continue;
             }
             let listed_at = Instant::now();
-            let reading = inventory::Reading::of(&policy.current().policy);
-            match list_compact(&client, &reading).await {
+            let loaded = policy.current();
+            match list_compact(&client, &loaded.reading).await {
                 Ok(listed) => {
                     let (nodes, pods) = listed.counts();
                     let list_seconds = listed_at.elapsed().as_secs_f64();

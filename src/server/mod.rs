@@ -488,7 +488,7 @@ fn extender_state(args: &ServeArgs, store: &PolicyStore) -> Result<Option<Arc<Ex
         Duration::from_secs(args.assume_ttl_seconds.max(1)),
     ));
     if let Some(path) = &args.nodes {
-        let reading = crate::inventory::Reading::of(&store.current().policy);
+        let reading = store.current().reading.clone();
         let nodes = load_nodes(path)?;
         let gpu = ext.learn_nodes(&nodes, &reading);
         tracing::info!(path = %path.display(), nodes = nodes.len(), gpu_nodes = gpu, "--nodes: inventory loaded");
