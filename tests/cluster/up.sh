@@ -41,6 +41,10 @@ if [[ -e $dir/pids ]] && ls "$dir"/pids/*.pid >/dev/null 2>&1; then
   echo "up.sh: $dir already holds a running cluster (run tests/cluster/down.sh $dir first)" >&2
   exit 1
 fi
+# A cluster is throwaway, certificates and all: a directory used before starts from an empty etcd
+# (its old objects, such as a scheduler ConfigMap of another hash, would outlive the certificates
+# and keys they were made with).
+rm -rf "$dir/etcd-data"
 mkdir -p "$dir"/{pids,logs,start,pki,kubeconfigs,policy}
 started=$SECONDS
 say() { echo "up.sh [$((SECONDS - started))s] $*" >&2; }
