@@ -48,8 +48,7 @@ rm -rf "$dir/etcd-data"
 mkdir -p "$dir"/{pids,logs,start,pki,kubeconfigs,policy}
 started=$SECONDS
 # An up.sh that fails part way stops what it started, so the directory can be used again.
-up=0
-trap '[[ $up == 1 ]] || "$here/down.sh" "$dir" >&2' EXIT
+trap 'rc=$?; [[ $rc == 0 ]] || "$here/down.sh" "$dir" >&2; exit $rc' EXIT
 say() { echo "up.sh [$((SECONDS - started))s] $*" >&2; }
 fail() {
   echo "up.sh: $*" >&2
@@ -365,5 +364,4 @@ GPU_SHARE_CA=$dir/tls/ca.crt
 GPU_SHARE_E2E_READYZ=http://127.0.0.1:$webhook_admin/readyz,http://127.0.0.1:$extender_admin/readyz
 EOF
 } >"$dir/env"
-up=1
 say "ready: export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
