@@ -43,12 +43,15 @@ impl LoadedPolicy {
 /// The current policy, swapped atomically on reload.
 pub struct PolicyStore {
     current: ArcSwap<LoadedPolicy>,
+    /// How many times the policy was replaced: what [`PolicyStore::changes`] watches.
+    replaced: watch::Sender<u64>,
 }
 
 impl PolicyStore {
     pub fn new(policy: Policy) -> Self {
         PolicyStore {
             current: ArcSwap::from_pointee(LoadedPolicy::new(policy)),
+            replaced: watch::Sender::new(0),
         }
     }
 
@@ -58,6 +61,13 @@ impl PolicyStore {
 
     pub fn replace(&self, policy: Policy) {
         self.current.store(Arc::new(LoadedPolicy::new(policy)));
+        self.replaced.send_modify(|n| *n += 1);
+    }
+
+    /// Wakes on every later [`PolicyStore::replace`] (what is derived from the policy, such as
+    /// how nodes are read, must be derived again).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.replaced.subscribe()
     }
 }
 
@@ -135,5 +145,16 @@ mod tests {
             before.policy.scheduler_name, "other-scheduler",
             "a reader keeps its copy"
         );
+    }
+
+    #[test]
+    fn a_replacement_wakes_whoever_watches_for_changes() {
+        let store = PolicyStore::new(Policy::default_policy());
+        let mut changes = store.changes();
+        assert!(!changes.has_changed().unwrap(), "nothing replaced yet");
+        store.replace(Policy::default_policy());
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        assert!(!changes.has_changed().unwrap());
     }
 }

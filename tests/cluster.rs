@@ -22,6 +22,9 @@
 //!    finishing;
 //! 5. preemption of pods of the preemptor's class only;
 //! 6. an extender killed and restarted rebuilds the same ledger;
+//! 8. the API server restarted under load: the ledger and the API agree afterwards;
+//! 9. the nodes of tests/fixtures/nvidia/ (labelled by GFD's code, advertised by the device
+//!    plugin's) read right and scheduled onto, under the mixed and the single MIG strategy;
 //!    and the RBAC in manifests/ is enough (no 403 in any log), while a ClusterRole without
 //!    `pods/binding create` fails a named check.
 
@@ -1636,6 +1639,477 @@ async fn apiserver_outage(c: &Cluster) -> Check {
     Ok(())
 }
 
+// ---- 9. nodes as NVIDIA's own code labels them ------------------------------------------------------
+
+/// What the fixture nodes are registered as: `nv-` and their name, so that none meets a node of
+/// tests/cluster/nodes.yaml (both have an `l40s-plain`).
+const NV: &str = "nv-";
+
+/// Registers every node of tests/fixtures/nvidia/nodes.yaml (labels from GFD's code, allocatable
+/// from the device plugin's) under its `nv-` name, as a kubelet would.
+fn register_nvidia_nodes(c: &Cluster) -> Check {
+    let mut items = Vec::new();
+    for n in common::nvidia::nodes() {
+        let mut v = serde_json::to_value(&n).map_err(|e| e.to_string())?;
+        let name = format!("{NV}{}", n.metadata.name.as_deref().unwrap_or_default());
+        v["metadata"]["name"] = json!(name);
+        v["metadata"]["labels"]["kubernetes.io/hostname"] = json!(name);
+        items.push(v);
+    }
+    let file = c.dir.join("nvidia-nodes.json");
+    std::fs::write(
+        &file,
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+    )
+    .map_err(|e| e.to_string())?;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new("python3")
+        .arg(root.join("tests/cluster/nodes.py"))
+        .arg(&c.dir)
+        .arg(&file)
+        .status()
+        .map_err(|e| e.to_string())?;
+    ensure(status.success(), "register NVIDIA's nodes")
+}
+
+/// The extender's `/v1/nodes` reports of the `nv-` nodes, by fixture name.
+fn nvidia_reports(
+    c: &Cluster,
+) -> Result<BTreeMap<String, gpu_share::extender::report::NodeReport>, String> {
+    let v = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
+    let reports: Vec<gpu_share::extender::report::NodeReport> =
+        serde_json::from_value(v).map_err(|e| format!("/v1/nodes: {e}"))?;
+    Ok(reports
+        .into_iter()
+        .filter_map(|mut r| {
+            r.name = r.name.strip_prefix(NV)?.to_string();
+            Some((r.name.clone(), r))
+        })
+        .collect())
+}
+
+/// Asks the cluster's extender directly, as kube-scheduler does: over TLS with the CA and the
+/// server name of the shipped scheduler configuration. For what kube-scheduler's own resource
+/// check hides: the extender's own answer about nodes that lack the pod's resource.
+fn ask_extender(c: &Cluster, verb: &str, args: &Value) -> Result<Value, String> {
+    let port = c
+        .var("EXTENDER")
+        .rsplit(':')
+        .next()
+        .ok_or("no extender port")?;
+    let host = "gpu-share.gpu-share.svc";
+    let mut child = std::process::Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--max-time", "10"])
+        .args(["--cacert", c.var("GPU_SHARE_CA")])
+        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ])
+        .arg(format!("https://{host}:{port}/scheduler/{verb}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().ok_or("curl's stdin")?;
+        stdin
+            .write_all(args.to_string().as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "POST /scheduler/{verb}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("/scheduler/{verb}: {e}"))
+}
+
+/// The pod as the API holds it, as kube-scheduler would send it to the extender.
+async fn pod_json(pods: &Api<Pod>, name: &str) -> Result<Value, String> {
+    let p = pods
+        .get(name)
+        .await
+        .map_err(|e| format!("get {name}: {e}"))?;
+    serde_json::to_value(p).map_err(|e| e.to_string())
+}
+
+/// Asks the extender to filter, prioritize and preempt `pod` over `nodes`; checks that exactly
+/// `passing` pass, that every other node listed in `lacking` is refused as unresolvable with
+/// the resource named in words, gets no score, and is offered no victims.
+fn lacking_nodes_refused(
+    c: &Cluster,
+    pod: &Value,
+    nodes: &[&str],
+    passing: &[&str],
+    lacking: &[&str],
+    resource: &str,
+) -> Check {
+    let names: Vec<String> = nodes.iter().map(|n| format!("{NV}{n}")).collect();
+    let r = ask_extender(
+        c,
+        "filter",
+        &json!({"Pod": pod, "Nodes": null, "NodeNames": names}),
+    )?;
+    let passed: BTreeSet<&str> = r["NodeNames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let want: BTreeSet<String> = passing.iter().map(|n| format!("{NV}{n}")).collect();
+    ensure(
+        passed == want.iter().map(String::as_str).collect(),
+        format!("filter passed {passed:?}, expected {want:?}: {r}"),
+    )?;
+    let words = format!("node does not advertise {resource}, the resource the pod's limits name");
+    for n in lacking {
+        let got = &r["FailedAndUnresolvableNodes"][format!("{NV}{n}")];
+        ensure(
+            got == &json!(words),
+            format!("filter's reason for {n}: {got}, expected {words:?}"),
+        )?;
+    }
+    let scores = ask_extender(
+        c,
+        "prioritize",
+        &json!({"Pod": pod, "Nodes": null, "NodeNames": names}),
+    )?;
+    for e in scores.as_array().into_iter().flatten() {
+        let host = e["Host"].as_str().unwrap_or_default();
+        if lacking.iter().any(|n| host == format!("{NV}{n}")) {
+            ensure(e["Score"] == 0, format!("prioritize scored {e}"))?;
+        }
+    }
+    let victims: serde_json::Map<String, Value> = lacking
+        .iter()
+        .map(|n| {
+            (
+                format!("{NV}{n}"),
+                json!({"Pods": [], "NumPDBViolations": 0}),
+            )
+        })
+        .collect();
+    let r = ask_extender(
+        c,
+        "preempt",
+        &json!({"Pod": pod, "NodeNameToVictims": null, "NodeNameToMetaVictims": victims}),
+    )?;
+    ensure(
+        r["NodeNameToMetaVictims"] == json!({}),
+        format!("preempt offered nodes that lack {resource}: {r}"),
+    )
+}
+
+/// The policy file both gpu-share processes read (and reload every 5 s).
+fn policy_path(c: &Cluster) -> std::path::PathBuf {
+    c.dir.join("policy/policy.yaml")
+}
+
+/// The policy reloads each process has counted.
+fn policy_reloads(c: &Cluster) -> Result<(f64, f64), String> {
+    let count = |admin: &str| -> Result<f64, String> {
+        Ok(c.admin_text(admin, "/metrics")?
+            .lines()
+            .filter(|l| l.starts_with("gpu_share_policy_reloads_total{") && l.contains("\"ok\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    };
+    Ok((count("WEBHOOK_ADMIN")?, count("EXTENDER_ADMIN")?))
+}
+
+/// Writes the policy file as a ConfigMap update would (a whole new file, never half of one) and
+/// waits until both the webhook and the extender have loaded it.
+async fn set_policy(c: &Cluster, text: &str) -> Check {
+    let before = policy_reloads(c)?;
+    let path = policy_path(c);
+    let tmp = path.with_extension("yaml.new");
+    std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
+    wait_for(
+        "the webhook and the extender to reload the policy",
+        Duration::from_secs(60),
+        || async move {
+            let now = policy_reloads(c)?;
+            Ok((now.0 > before.0 && now.1 > before.1).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Waits until `/v1/nodes` shows whether each of `nodes` is out of reach as wanted.
+async fn wait_unreached(c: &Cluster, nodes: &[(&str, bool)]) -> Check {
+    wait_for(
+        "/v1/nodes to read the nodes under the policy",
+        Duration::from_secs(60),
+        || async move {
+            let reports = nvidia_reports(c)?;
+            Ok(nodes
+                .iter()
+                .all(|(n, want)| {
+                    reports
+                        .get(*n)
+                        .is_some_and(|r| r.unreached.is_some() == *want)
+                })
+                .then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| {
+        let reports = nvidia_reports(c).unwrap_or_default();
+        let got: Vec<String> = nodes
+            .iter()
+            .map(|(n, _)| format!("{n}: {:?}", reports.get(*n).map(|r| &r.unreached)))
+            .collect();
+        format!("{e}: {}", got.join("; "))
+    })
+}
+
+/// A pod of `class` (or any pod) pinned by a nodeSelector to the `nv-` node `node`.
+fn pinned_pod(name: &str, class: &str, node: &str) -> Value {
+    let mut p = gpu_pod(name, class);
+    p["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": format!("{NV}{node}")});
+    p
+}
+
+/// Waits until `name` is bound, and checks it is bound to the `nv-` node `node`.
+async fn bound_to(c: &Cluster, pods: &Api<Pod>, name: &str, node: &str) -> Check {
+    let ns = pods.namespace().unwrap_or_default().to_string();
+    let (on, _) = match bound(pods, name, Duration::from_secs(60)).await {
+        Ok(b) => b,
+        Err(e) => {
+            let why = failed_scheduling(c, &ns, name).await.unwrap_or_else(|e| e);
+            return Err(format!("{e}: {why}"));
+        }
+    };
+    ensure(
+        on == format!("{NV}{node}"),
+        format!("{name} bound to {on}, not {NV}{node}"),
+    )
+}
+
+/// Every node of tests/fixtures/nvidia/nodes.yaml (labels from GFD's code, allocatable from the
+/// device plugin's) registered with the real kube-apiserver: the extender reads each right
+/// (GPUs, resource, replicas, MIG devices, memory; fix 1: the A100 80GB single-strategy nodes
+/// are 8 GPUs, not 14); it shows the nodes no pod of their class can use and warns about each
+/// once (fix 2); kube-scheduler binds pods there through it, and it refuses nodes lacking the
+/// pod's resource in words (fix 3). Then, under a policy whose MIG strategy is single and whose
+/// time-sliced pods ask for `nvidia.com/gpu.shared` (a reload, read at once): a single-strategy
+/// MIG pod binds to a node GFD alone labelled, as to one the MIG manager labelled (fix 4), and a
+/// time-sliced pod to the renamed node. The shipped policy is restored and the nodes removed
+/// whatever happened.
+async fn nvidia_nodes(c: &Cluster) -> Check {
+    let ns = "nvidia";
+    c.namespace(ns, json!({})).await?;
+    let shipped = std::fs::read_to_string(policy_path(c)).map_err(|e| e.to_string())?;
+    let result = nvidia_nodes_in(c, ns, &shipped).await;
+    let mut cleanup = Vec::new();
+    if std::fs::read_to_string(policy_path(c)).ok().as_deref() != Some(shipped.as_str()) {
+        cleanup.push(set_policy(c, &shipped).await);
+    }
+    cleanup.push(c.delete_pods(ns).await);
+    let names: Vec<String> = common::nvidia::nodes()
+        .iter()
+        .map(|n| format!("{NV}{}", n.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
+    let mut args = vec!["delete", "node", "--ignore-not-found", "--wait=false"];
+    args.extend(names.iter().map(String::as_str));
+    let out = c.kubectl(&args, None);
+    cleanup.push(ensure(
+        out.status.success(),
+        format!("delete the nodes: {}", String::from_utf8_lossy(&out.stderr)),
+    ));
+    result?;
+    cleanup.into_iter().collect()
+}
+
+async fn nvidia_nodes_in(c: &Cluster, ns: &str, shipped: &str) -> Check {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let fixtures = common::nvidia::nodes();
+    register_nvidia_nodes(c)?;
+    let reports = wait_for(
+        "the extender to list NVIDIA's nodes",
+        Duration::from_secs(60),
+        || async move {
+            let r = nvidia_reports(c)?;
+            Ok((r.len() == common::nvidia::EXPECTED.len()).then_some(r))
+        },
+    )
+    .await?;
+    // Read right, each of them; under the shipped policy (mixed strategy, shared pods asking
+    // for nvidia.com/gpu) the renamed and the single-strategy nodes are out of reach.
+    for n in &fixtures {
+        let name = n.metadata.name.as_deref().unwrap_or_default();
+        let r = reports.get(name).ok_or_else(|| format!("{name} missing"))?;
+        common::nvidia::check_report(r, n).map_err(|e| format!("/v1/nodes: {e}"))?;
+        let want = name.ends_with("-rename") || common::nvidia::single(n);
+        ensure(
+            r.unreached.is_some() == want,
+            format!("/v1/nodes: {name} unreached {:?}", r.unreached),
+        )?;
+    }
+    // Warned about once, and listed as unusable by `gpu-share status`.
+    let log = c.log("extender");
+    let renamed = format!("{NV}h100-80gb-ts4-rename");
+    let warned = log
+        .lines()
+        .filter(|l| l.contains(&renamed) && l.contains("no timeslice pod can use this node"))
+        .count();
+    ensure(
+        warned == 1,
+        format!("the extender warned about {renamed} {warned} times, not once"),
+    )?;
+    let out = std::process::Command::new(common::BIN)
+        .arg("status")
+        .env("KUBECONFIG", c.dir.join("kubeconfig"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success()
+            && text.contains(&format!(
+                "unusable: {renamed}: no timeslice pod can use this node: they ask for nvidia.com/gpu"
+            )),
+        format!("gpu-share status does not show {renamed} as unusable:\n{text}"),
+    )?;
+
+    // Bound through the extender: a MIG pod on a mixed node GFD alone labelled, a time-sliced
+    // pod on the node that advertises nvidia.com/gpu. The renamed node lacks it.
+    for (name, class, node) in [
+        (
+            "mig-gfd",
+            "mig-1g.10gb",
+            "a100-80gb-mig-mixed-no-mig-config",
+        ),
+        ("ts", "timeslice-50", "h100-80gb-ts4"),
+        ("ts-renamed", "timeslice-50", "h100-80gb-ts4-rename"),
+        ("single", "mig-1g.10gb", "a100-80gb-mig-single-all-1g.10gb"),
+    ] {
+        create(c, ns, &pinned_pod(name, class, node)).map_err(|e| format!("{name}: {e}"))?;
+    }
+    bound_to(c, &pods, "mig-gfd", "a100-80gb-mig-mixed-no-mig-config").await?;
+    bound_to(c, &pods, "ts", "h100-80gb-ts4").await?;
+    // The renamed node has the time-slicing labels the pod's affinity asks for, and fails on
+    // the resource; the single-strategy node fails on the mixed strategy's affinity first.
+    for (name, reason) in [
+        ("ts-renamed", "Insufficient nvidia.com/gpu"),
+        ("single", "didn't match Pod's node affinity/selector"),
+    ] {
+        let message = failed_scheduling(c, ns, name).await?;
+        ensure(message.contains(reason), format!("{name}: {message}"))?;
+    }
+    // kube-scheduler's own resource check turned those away before the extender; asked
+    // directly, the extender refuses them too, in words.
+    let ts = pod_json(&pods, "ts-renamed").await?;
+    lacking_nodes_refused(
+        c,
+        &ts,
+        &["h100-80gb-ts4", "h100-80gb-ts4-rename"],
+        &["h100-80gb-ts4"],
+        &["h100-80gb-ts4-rename"],
+        "nvidia.com/gpu",
+    )?;
+    let mig = pod_json(&pods, "single").await?;
+    lacking_nodes_refused(
+        c,
+        &mig,
+        &[
+            "a100-80gb-mig-single-all-1g.10gb",
+            "h100-80gb-mig-single-all-1g.10gb",
+            "a100-80gb-mig-mixed-all-1g.10gb",
+        ],
+        &["a100-80gb-mig-mixed-all-1g.10gb"],
+        &[
+            "a100-80gb-mig-single-all-1g.10gb",
+            "h100-80gb-mig-single-all-1g.10gb",
+        ],
+        "nvidia.com/mig-1g.10gb",
+    )?;
+
+    // The single strategy, and time-sliced pods asking for nvidia.com/gpu.shared.
+    let mut changed = shipped.replacen("strategy: mixed", "strategy: single", 1);
+    changed = changed.replacen(
+        "  shared: nvidia.com/gpu\n",
+        "  shared: nvidia.com/gpu\n  timeslice: nvidia.com/gpu.shared\n",
+        1,
+    );
+    ensure(
+        changed.contains("strategy: single")
+            && changed.contains("timeslice: nvidia.com/gpu.shared"),
+        format!("the shipped policy's text changed shape:\n{shipped}"),
+    )?;
+    set_policy(c, &changed).await?;
+    wait_unreached(
+        c,
+        &[
+            ("h100-80gb-ts4-rename", false),
+            ("h100-80gb-ts4", true),
+            ("a100-80gb-mig-single-no-mig-config", false),
+            ("a100-80gb-mig-single-all-1g.10gb", false),
+            ("a100-80gb-mig-mixed-all-1g.10gb", true),
+        ],
+    )
+    .await?;
+    let single_nodes = [
+        "a100-80gb-mig-single-no-mig-config",
+        "a100-80gb-mig-single-all-1g.10gb",
+    ];
+    for (name, class, node) in [
+        ("single-gfd", "mig-1g.10gb", single_nodes[0]),
+        ("single-mig-manager", "mig-1g.10gb", single_nodes[1]),
+        ("ts-shared", "timeslice-50", "h100-80gb-ts4-rename"),
+        (
+            "single-on-mixed",
+            "mig-1g.10gb",
+            "a100-80gb-mig-mixed-all-1g.10gb",
+        ),
+    ] {
+        let (admitted, _) =
+            create(c, ns, &pinned_pod(name, class, node)).map_err(|e| format!("{name}: {e}"))?;
+        let want = if class.starts_with("mig-") {
+            "nvidia.com/gpu"
+        } else {
+            "nvidia.com/gpu.shared"
+        };
+        ensure(
+            limits(&admitted).get(want).map(String::as_str) == Some("1"),
+            format!("{name}: limits {:?}, expected {want}: 1", limits(&admitted)),
+        )?;
+    }
+    bound_to(c, &pods, "single-gfd", single_nodes[0]).await?;
+    bound_to(c, &pods, "single-mig-manager", single_nodes[1]).await?;
+    bound_to(c, &pods, "ts-shared", "h100-80gb-ts4-rename").await?;
+    failed_scheduling(c, ns, "single-on-mixed").await?;
+    let on_mixed = pod_json(&pods, "single-on-mixed").await?;
+    lacking_nodes_refused(
+        c,
+        &on_mixed,
+        &[single_nodes[0], "a100-80gb-mig-mixed-all-1g.10gb"],
+        &[single_nodes[0]],
+        &["a100-80gb-mig-mixed-all-1g.10gb"],
+        "nvidia.com/gpu",
+    )?;
+    // Counted on the node's own model: a 1g.10gb device is 1/7 of an A100 80GB.
+    let reports = nvidia_reports(c)?;
+    for node in single_nodes {
+        let r = reports.get(node).ok_or_else(|| format!("{node} missing"))?;
+        ensure(
+            r.gpus == 8
+                && r.mig.get("1g.10gb").map(String::as_str) == Some("1/56")
+                && (r.used_gpus - 1.0 / 7.0).abs() < 0.002,
+            format!("/v1/nodes: {node}: {r:?}"),
+        )?;
+    }
+    Ok(())
+}
+
 // ---- RBAC --------------------------------------------------------------------------------------------
 
 /// Removes `pods/binding` from a ClusterRole's rules; returns the copy and whether it had it.
@@ -1845,6 +2319,12 @@ async fn gpu_share_on_a_real_control_plane() {
     )
     .await;
     let after_outage = log_offsets(&c);
+    point(
+        &mut failures,
+        "9. nodes as NVIDIA's own code labels them",
+        nvidia_nodes(&c),
+    )
+    .await;
 
     let mut forbidden = forbidden_lines(&c, &BTreeMap::new(), Some(&before_outage));
     forbidden.extend(forbidden_lines(&c, &after_outage, None));

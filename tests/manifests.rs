@@ -104,8 +104,11 @@ async fn extender_verbs_url_and_port_match_what_serve_serves() {
     assert!(cert.starts_with("/etc/gpu-share/tls/"), "{cert}");
 }
 
+/// The shipped managedResources are every name NVIDIA's device plugin advertises for the
+/// built-in MIG tables: the default policy's names and `nvidia.com/gpu.shared`. So whatever the
+/// policy's strategy and resource names, its pods reach the extender with no edit here.
 #[test]
-fn managed_resources_are_exactly_the_policys_names() {
+fn managed_resources_are_every_name_the_device_plugin_advertises() {
     let c = config();
     let mut listed: Vec<String> = c.extenders[0]
         .managed_resources
@@ -113,9 +116,23 @@ fn managed_resources_are_exactly_the_policys_names() {
         .map(|r| r.name.clone())
         .collect();
     listed.sort();
-    let mut policy = Policy::default_policy().managed_resources();
-    policy.sort();
-    assert_eq!(listed, policy);
+    let mut names = Policy::default_policy().managed_resources();
+    names.push("nvidia.com/gpu.shared".to_string());
+    names.sort();
+    assert_eq!(listed, names);
+    let shared = || "nvidia.com/gpu.shared".to_string().try_into().unwrap();
+    let mut single = Policy::default_policy();
+    single.mig.strategy = gpu_share::policy::MigStrategy::Single;
+    let mut renamed = Policy::default_policy();
+    renamed.resources.timeslice = Some(shared());
+    renamed.resources.mps = Some(shared());
+    let mut all_renamed = Policy::default_policy();
+    all_renamed.resources.shared = shared();
+    for policy in [single, renamed, all_renamed] {
+        for name in policy.managed_resources() {
+            assert!(listed.contains(&name), "{name} is not in managedResources");
+        }
+    }
 }
 
 #[test]

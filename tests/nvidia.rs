@@ -8,6 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::nvidia::{self, EXPECTED, labels, nodes as nvidia_nodes};
 use gpu_share::extender::report::NodeReport;
 use gpu_share::inventory::{self, GpuNode, MigLayout, Reading};
 use gpu_share::packing::{self, Demand, GpuDemand, Reason, Usage};
@@ -20,20 +21,11 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The nodes generated from NVIDIA's code.
-fn nvidia_nodes() -> Vec<Node> {
-    gpu_share::server::parse_nodes(&read("tests/fixtures/nvidia/nodes.yaml")).unwrap()
-}
-
 fn node(name: &str) -> Node {
     nvidia_nodes()
         .into_iter()
         .find(|n| n.metadata.name.as_deref() == Some(name))
         .unwrap_or_else(|| panic!("no fixture node {name}"))
-}
-
-fn labels(n: &Node) -> BTreeMap<String, String> {
-    n.metadata.labels.clone().unwrap_or_default()
 }
 
 fn allocatable(n: &Node) -> BTreeMap<String, String> {
@@ -51,186 +43,6 @@ fn reports(policy: &Policy) -> BTreeMap<String, NodeReport> {
         .collect()
 }
 
-/// What each generated node is: physical GPUs, the pool's resource and units, replicas per
-/// GPU, and MIG devices per profile. Written from the generator's node list, not from the code.
-#[allow(clippy::type_complexity)]
-const EXPECTED: &[(&str, u32, &str, u32, u32, &[(&str, u32)])] = &[
-    (
-        "a100-40gb-mig-mixed-all-1g.5gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.5gb", 56)],
-    ),
-    (
-        "a100-40gb-mig-mixed-all-3g.20gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("3g.20gb", 16)],
-    ),
-    (
-        "a100-40gb-mig-mixed-3g-4x1g",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.5gb", 32), ("3g.20gb", 8)],
-    ),
-    (
-        "a100-40gb-mig-single-all-1g.5gb",
-        8,
-        "nvidia.com/gpu",
-        56,
-        1,
-        &[("1g.5gb", 56)],
-    ),
-    (
-        "a100-80gb-x1-mig-mixed-all-1g.10gb",
-        1,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 7)],
-    ),
-    (
-        "a100-80gb-x1-mig-single-all-1g.10gb",
-        1,
-        "nvidia.com/gpu",
-        7,
-        1,
-        &[("1g.10gb", 7)],
-    ),
-    (
-        "a100-80gb-mig-mixed-all-1g.10gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    (
-        "a100-80gb-mig-mixed-all-3g.40gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("3g.40gb", 16)],
-    ),
-    (
-        "a100-80gb-mig-mixed-3g-4x1g",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 32), ("3g.40gb", 8)],
-    ),
-    (
-        "a100-80gb-mig-mixed-7mig-1full",
-        8,
-        "nvidia.com/gpu",
-        1,
-        1,
-        &[("1g.10gb", 21), ("3g.40gb", 8)],
-    ),
-    (
-        "a100-80gb-mig-single-all-1g.10gb",
-        8,
-        "nvidia.com/gpu",
-        56,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    (
-        "a100-80gb-mig-single-all-3g.40gb",
-        8,
-        "nvidia.com/gpu",
-        16,
-        1,
-        &[("3g.40gb", 16)],
-    ),
-    (
-        "a100-80gb-mig-mixed-no-mig-config",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    (
-        "a100-80gb-mig-single-no-mig-config",
-        8,
-        "nvidia.com/gpu",
-        56,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    (
-        "h100-80gb-mig-single-all-3g.40gb",
-        8,
-        "nvidia.com/gpu",
-        16,
-        1,
-        &[("3g.40gb", 16)],
-    ),
-    ("a100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
-    (
-        "h100-80gb-mig-mixed-all-1g.10gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    (
-        "h100-80gb-mig-mixed-all-3g.40gb",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("3g.40gb", 16)],
-    ),
-    (
-        "h100-80gb-mig-mixed-3g-4x1g",
-        8,
-        "nvidia.com/gpu",
-        0,
-        1,
-        &[("1g.10gb", 32), ("3g.40gb", 8)],
-    ),
-    (
-        "h100-80gb-mig-single-all-1g.10gb",
-        8,
-        "nvidia.com/gpu",
-        56,
-        1,
-        &[("1g.10gb", 56)],
-    ),
-    ("h100-80gb-ts4", 8, "nvidia.com/gpu", 32, 4, &[]),
-    (
-        "h100-80gb-ts4-rename",
-        8,
-        "nvidia.com/gpu.shared",
-        32,
-        4,
-        &[],
-    ),
-    ("h100-80gb-mps4", 8, "nvidia.com/gpu", 32, 4, &[]),
-    (
-        "h100-80gb-mps4-rename",
-        8,
-        "nvidia.com/gpu.shared",
-        32,
-        4,
-        &[],
-    ),
-    ("h100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
-    ("l40s-plain", 4, "nvidia.com/gpu", 4, 1, &[]),
-    ("l40s-ts4", 4, "nvidia.com/gpu", 16, 4, &[]),
-];
-
 /// `/v1/nodes` (the same reports `gpu-share status` prints) reads every generated node right:
 /// GPUs, the pool's resource, units and replicas, MIG devices per profile, and memory as GFD
 /// labels it (a full GPU's, or on a single-strategy node the MIG device's).
@@ -239,65 +51,16 @@ fn v1_nodes_reads_every_fixture_from_nvidias_code_right() {
     let nodes = nvidia_nodes();
     let reports = reports(&Policy::default_policy());
     assert_eq!(reports.len(), EXPECTED.len(), "{:?}", reports.keys());
-    for (name, gpus, resource, units, replicas, mig) in EXPECTED {
-        let r = &reports[*name];
-        let n = nodes
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(name))
-            .unwrap();
-        let l = labels(n);
-        let got_mig: BTreeMap<&str, u32> = r
-            .mig
-            .iter()
-            .map(|(p, c)| (p.as_str(), c.split_once('/').unwrap().1.parse().unwrap()))
-            .collect();
-        let want_mig: BTreeMap<&str, u32> = mig.iter().copied().collect();
-        let single = l.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single");
-        let pool_units = if single { 0 } else { *units };
-        assert_eq!(
-            (
-                r.gpus,
-                r.resource.as_str(),
-                r.slots.clone(),
-                r.replicas,
-                got_mig
-            ),
-            (
-                *gpus,
-                *resource,
-                format!("0/{}", if single { *units } else { pool_units }),
-                *replicas,
-                want_mig
-            ),
-            "{name}: {r:?}"
-        );
-        let label_memory: Option<u64> = l.get("nvidia.com/gpu.memory").map(|m| m.parse().unwrap());
-        if single {
-            let profile = mig[0].0;
-            assert_eq!(r.gpu_memory_mib, None, "{name}");
-            assert_eq!(
-                r.mig_memory_mib.get(profile).copied(),
-                label_memory,
-                "{name}"
-            );
-        } else {
-            assert_eq!(r.gpu_memory_mib, label_memory, "{name}");
-            for (profile, _) in *mig {
-                let key = format!("nvidia.com/mig-{profile}.memory");
-                let want: u64 = l[&key].parse().unwrap();
-                assert_eq!(
-                    r.mig_memory_mib.get(*profile),
-                    Some(&want),
-                    "{name} {profile}"
-                );
-            }
-        }
+    for n in &nodes {
+        let name = n.metadata.name.as_deref().unwrap();
+        let r = &reports[name];
+        nvidia::check_report(r, n).unwrap_or_else(|e| panic!("{e}: {r:?}"));
         // Under the default policy (shared pods ask for nvidia.com/gpu, MIG pods for
         // nvidia.com/mig-<profile>) the renamed shared nodes and the single-strategy nodes are
         // the ones no pod of their class can use.
         assert_eq!(
             r.unreached.is_some(),
-            name.ends_with("-rename") || single,
+            name.ends_with("-rename") || nvidia::single(n),
             "{name}: {:?}",
             r.unreached
         );
@@ -350,7 +113,7 @@ fn single_strategy_mig_is_counted_on_the_nodes_own_model() {
     let only = gpu_share::status::render(&[reports["a100-80gb-mig-single-all-1g.10gb"].clone()]);
     assert!(only.contains("1 GPU nodes, 8 GPUs: "), "{only}");
 
-    let text = read("tests/fixtures/nvidia/nodes.yaml");
+    let text = read(nvidia::NODES);
     let simulated = gpu_share::simulate::kube::parse_node_list(&text).unwrap();
     let s = simulated
         .iter()
@@ -659,7 +422,7 @@ fn hand_written_node_fixtures_agree_with_nvidias_output() {
 /// label), every node carrying its provenance.
 #[test]
 fn the_generated_nodes_say_where_they_come_from() {
-    let text = read("tests/fixtures/nvidia/nodes.yaml");
+    let text = read(nvidia::NODES);
     assert!(
         text.starts_with("# Generated by tests/fixtures/nvidia/generate.sh"),
         "{}",

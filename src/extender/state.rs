@@ -196,6 +196,8 @@ pub struct ExtenderState {
     contradicted: Mutex<std::collections::HashSet<String>>,
     /// Why pods kube-scheduler refused without asking gpu-share wait (events on them).
     explainer: super::explain::Explainer,
+    /// The resource sets already warned about as bound without the extender (once each).
+    bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
 }
 
 impl ExtenderState {
@@ -236,6 +238,7 @@ impl ExtenderState {
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
+            bypassed: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -563,6 +566,9 @@ impl ExtenderState {
         self.explainer.consider(pod);
         match crate::ledger::observed_holding(pod) {
             Ok(Some(o)) => {
+                if let Some(resources) = crate::ledger::bound_without_extender(pod) {
+                    self.warn_bypassed(pod, resources);
+                }
                 self.ledger.record(&o);
                 self.assumed.invalidate(&uid);
                 self.waiting.invalidate(&uid);
@@ -594,6 +600,25 @@ impl ExtenderState {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot account a pod's GPU demand");
             }
+        }
+    }
+
+    /// Warns, once per set of resources, that a gpu-share pod was bound without the extender
+    /// ([`crate::ledger::bound_without_extender`]). Its holding is accounted all the same.
+    fn warn_bypassed(&self, pod: &Pod, resources: Vec<String>) {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let named = resources.join(", ");
+        if lock(&self.bypassed).insert(resources) {
+            tracing::warn!(
+                pod = %crate::ledger::pod_key(pod),
+                node,
+                resources = %named,
+                "a gpu-share pod was bound without the extender (no gpu-share.io/gpus): kube-scheduler calls the extender only for pods that request one of its managedResources; add {named} to managedResources in the scheduler configuration"
+            );
         }
     }
 

@@ -339,7 +339,10 @@ pub fn spawn_watches(
     });
 }
 
-/// Lists nodes and pods every `every` and reconciles.
+/// Lists nodes and pods every `every` and reconciles; and at once when the policy is replaced,
+/// since how a node is read (resource names, MIG strategy and table, declared modes) comes from
+/// the policy: every node is read again under the new one. Nodes that a new policy reads
+/// differently are not drift, and are logged as re-read instead.
 pub fn spawn_reconcile(
     client: Client,
     ext: Arc<ExtenderState>,
@@ -348,24 +351,41 @@ pub fn spawn_reconcile(
     every: Duration,
     mut shutdown: Receiver<bool>,
 ) {
+    let mut changes = policy.changes();
     tokio::spawn(async move {
+        let mut reread = false;
         loop {
-            tokio::select! {
-                _ = stopped(&mut shutdown) => return,
-                _ = tokio::time::sleep(every) => {}
+            if !reread {
+                reread = tokio::select! {
+                    _ = stopped(&mut shutdown) => return,
+                    _ = tokio::time::sleep(every) => false,
+                    Ok(()) = changes.changed() => true,
+                };
             }
             ext.run_pending();
             if !ext.is_synced() {
+                // The watches' first lists read nodes under the policy current then.
+                reread = false;
                 continue;
             }
+            changes.mark_unchanged();
             let listed_at = Instant::now();
             let loaded = policy.current();
             match list_compact(&client, &loaded.reading).await {
                 Ok(listed) => {
                     let (nodes, pods) = listed.counts();
                     let list_seconds = listed_at.elapsed().as_secs_f64();
-                    let d = ext.reconcile(listed, listed_at);
+                    let mut d = ext.reconcile(listed, listed_at);
                     ext.forget_touches_before(listed_at);
+                    if reread {
+                        tracing::info!(
+                            nodes,
+                            changed = d.nodes,
+                            "policy replaced: every node read again under it"
+                        );
+                        d.nodes = 0;
+                        reread = false;
+                    }
                     metrics.drift("phantom", d.phantom as u64);
                     metrics.drift("missing", d.missing as u64);
                     metrics.drift("node", d.nodes as u64);
@@ -386,12 +406,23 @@ pub fn spawn_reconcile(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reconcile: cannot list nodes or pods")
+                    tracing::warn!(error = %e, "reconcile: cannot list nodes or pods");
+                    if reread {
+                        // Nodes are still read under the old policy: try again soon, not a
+                        // whole period later.
+                        tokio::select! {
+                            _ = stopped(&mut shutdown) => return,
+                            _ = tokio::time::sleep(REREAD_RETRY) => {}
+                        }
+                    }
                 }
             }
         }
     });
 }
+
+/// How soon a failed re-read after a policy change is tried again.
+const REREAD_RETRY: Duration = Duration::from_secs(2);
 
 /// Lists nodes and pods a page at a time (one consistent snapshot each), keeping only what a
 /// reconcile compares.
@@ -587,6 +618,7 @@ mod tests {
     use crate::cluster::watch::POD_FIELD_SELECTOR;
     use crate::extender::state::{Binding, Mode};
     use crate::inventory::GpuNode;
+    use crate::policy::Policy;
     use futures::StreamExt;
     use kube::Api;
     use kube::runtime::watcher;
@@ -961,6 +993,86 @@ mod tests {
         assert_eq!(e.ledger().uids(), vec!["a", "c"]);
         let queries = server.await.unwrap();
         assert_eq!(queries.len(), 3, "{queries:?}");
+    }
+
+    /// A replaced policy reads every node again at once, not a reconcile period later, and
+    /// what the new policy reads differently is not counted as drift: a time-sliced node that
+    /// advertises `nvidia.com/gpu.shared` is out of reach under the default policy and in reach
+    /// once `resources.timeslice` names its resource.
+    #[tokio::test]
+    async fn a_replaced_policy_reads_every_node_again_at_once() {
+        let node = json!({
+            "metadata": {"name": "ts", "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.replicas": "4",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+            "status": {"allocatable": {"nvidia.com/gpu.shared": "8"}}
+        });
+        let (client, mut handle) = crate::cluster::mock::client();
+        let listed = node.clone();
+        let server = tokio::spawn(async move {
+            let mut lists = 0;
+            while let Some((req, send)) = handle.next_request().await {
+                lists += 1;
+                let (kind, items) = if req.uri().path().ends_with("/api/v1/nodes") {
+                    ("NodeList", vec![listed.clone()])
+                } else {
+                    ("PodList", vec![])
+                };
+                let body = json!({"apiVersion": "v1", "kind": kind,
+                                  "metadata": {"resourceVersion": "7"}, "items": items});
+                send.send_response(crate::cluster::mock::json(200, &body));
+            }
+            lists
+        });
+        let policy = Arc::new(PolicyStore::new(Policy::default_policy()));
+        let e = Arc::new(ExtenderState::new(Mode::Cluster, Duration::from_secs(60)));
+        let read = |reading: &inventory::Reading| {
+            inventory::read_node(&serde_json::from_value(node.clone()).unwrap(), reading).unwrap()
+        };
+        e.ledger().upsert_node(read(&policy.current().reading));
+        e.mark_synced();
+        let unreached = || e.ledger().with_node("ts", |nl| nl.node.unreached.is_some());
+        assert_eq!(
+            unreached(),
+            Some(true),
+            "out of reach under the default policy"
+        );
+
+        let metrics = Arc::new(Metrics::new());
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        // A period far longer than the test: only the policy change can make it list.
+        spawn_reconcile(
+            client,
+            e.clone(),
+            policy.clone(),
+            metrics.clone(),
+            Duration::from_secs(3600),
+            shutdown,
+        );
+        let mut renamed = Policy::default_policy();
+        renamed.resources.timeslice = Some("nvidia.com/gpu.shared".to_string().try_into().unwrap());
+        policy.replace(renamed);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while unreached() != Some(false) {
+            assert!(Instant::now() < deadline, "the node was not read again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            e.ledger().with_node("ts", |nl| nl.node.clone()),
+            Some(read(&policy.current().reading))
+        );
+        let text = metrics.encode();
+        assert!(
+            !text.contains(r#"gpu_share_ledger_drift_total{kind="node"} 1"#),
+            "a policy change is not drift: {text}"
+        );
+        stop.send(true).unwrap();
+        let lists = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the reconcile task stops")
+            .unwrap();
+        assert_eq!(lists, 2, "one node list and one pod list");
     }
 
     /// Requeue end to end: a pod rejected for capacity waits; when a holding of its class is

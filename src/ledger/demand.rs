@@ -425,6 +425,24 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+/// PURE: the GPU resources of a gpu-share pod (`gpu-share.io/request`) that was bound without
+/// the extender: it has a node but no `gpu-share.io/gpus`, which the extender's bind always
+/// writes (empty for MIG) in the same call as the binding. kube-scheduler calls an extender only
+/// for pods that request one of its `managedResources`, so these are most likely resources the
+/// scheduler configuration does not list. `None` for every other pod.
+pub fn bound_without_extender(pod: &Pod) -> Option<Vec<String>> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    if !annotations.contains_key(crate::request::ANNOTATION_REQUEST)
+        || annotations.contains_key(ANNOTATION_GPUS)
+        || is_terminal(pod)
+    {
+        return None;
+    }
+    let spec = pod.spec.as_ref()?;
+    spec.node_name.as_ref()?;
+    Some(limit_totals(spec, true).into_keys().collect())
+}
+
 /// What a pod seen in the API holds: `None` if it holds nothing (no GPU, not bound, finished).
 pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
     let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {

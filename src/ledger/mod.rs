@@ -412,6 +412,38 @@ mod tests {
         assert_eq!(observed_holding(&pod(pending)).unwrap(), None);
     }
 
+    /// A gpu-share pod bound with no `gpu-share.io/gpus` went around the extender; one the
+    /// extender bound (MIG: an empty annotation), a pod without gpu-share's request, a pending
+    /// and a finished pod did not.
+    #[test]
+    fn pods_bound_around_the_extender_are_told_apart() {
+        let base = serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u1",
+                "annotations": {"gpu-share.io/request": "timeslice-50"}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}], "nodeName": "n1"},
+            "status": {"phase": "Running"}
+        });
+        assert_eq!(
+            bound_without_extender(&pod(base.clone())),
+            Some(vec!["nvidia.com/gpu.shared".to_string()])
+        );
+        for (path, value) in [
+            (
+                "/metadata/annotations/gpu-share.io~1gpus",
+                serde_json::json!(""),
+            ),
+            ("/metadata/annotations", serde_json::json!({})),
+            ("/spec/nodeName", serde_json::Value::Null),
+            ("/status/phase", serde_json::json!("Succeeded")),
+        ] {
+            let mut p = base.clone();
+            let (parent, key) = path.rsplit_once('/').unwrap();
+            p.pointer_mut(parent).unwrap()[key.replace("~1", "/")] = value;
+            assert_eq!(bound_without_extender(&pod(p)), None, "{path}");
+        }
+    }
+
     #[test]
     fn reserve_record_release_and_rebuild() {
         let n = GpuNode::shared("n1", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 });

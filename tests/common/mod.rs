@@ -94,4 +94,5 @@ pub fn run_err<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> 
     String::from_utf8(out.stderr).unwrap()
 }
 pub mod cluster;
+pub mod nvidia;
 pub mod serve;

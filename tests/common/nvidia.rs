@@ -1,0 +1,271 @@
+//! The nodes NVIDIA's own code labels (`tests/fixtures/nvidia/nodes.yaml`, from
+//! `tests/fixtures/nvidia/generate.sh`) and what `/v1/nodes` must read of each: shared by the
+//! unit-level tests (tests/nvidia.rs) and the control-plane test (tests/cluster.rs), which
+//! registers the same nodes with a real kube-apiserver.
+
+use std::collections::BTreeMap;
+
+use gpu_share::extender::report::NodeReport;
+use k8s_openapi::api::core::v1::Node;
+
+/// The file, relative to the repository.
+pub const NODES: &str = "tests/fixtures/nvidia/nodes.yaml";
+
+/// The nodes generated from NVIDIA's code.
+pub fn nodes() -> Vec<Node> {
+    let path = format!("{}/{NODES}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    gpu_share::server::parse_nodes(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+pub fn labels(n: &Node) -> BTreeMap<String, String> {
+    n.metadata.labels.clone().unwrap_or_default()
+}
+
+/// Whether GFD labelled the node as MIG single-strategy.
+pub fn single(n: &Node) -> bool {
+    labels(n).get("nvidia.com/mig.strategy").map(String::as_str) == Some("single")
+}
+
+/// What each generated node is: physical GPUs, the pool's resource and units, replicas per
+/// GPU, and MIG devices per profile. Written from the generator's node list, not from the code.
+#[allow(clippy::type_complexity)]
+pub const EXPECTED: &[(&str, u32, &str, u32, u32, &[(&str, u32)])] = &[
+    (
+        "a100-40gb-mig-mixed-all-1g.5gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.5gb", 56)],
+    ),
+    (
+        "a100-40gb-mig-mixed-all-3g.20gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.20gb", 16)],
+    ),
+    (
+        "a100-40gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.5gb", 32), ("3g.20gb", 8)],
+    ),
+    (
+        "a100-40gb-mig-single-all-1g.5gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.5gb", 56)],
+    ),
+    (
+        "a100-80gb-x1-mig-mixed-all-1g.10gb",
+        1,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 7)],
+    ),
+    (
+        "a100-80gb-x1-mig-single-all-1g.10gb",
+        1,
+        "nvidia.com/gpu",
+        7,
+        1,
+        &[("1g.10gb", 7)],
+    ),
+    (
+        "a100-80gb-mig-mixed-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-mixed-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "a100-80gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 32), ("3g.40gb", 8)],
+    ),
+    (
+        "a100-80gb-mig-mixed-7mig-1full",
+        8,
+        "nvidia.com/gpu",
+        1,
+        1,
+        &[("1g.10gb", 21), ("3g.40gb", 8)],
+    ),
+    (
+        "a100-80gb-mig-single-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-single-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        16,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "a100-80gb-mig-mixed-no-mig-config",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "a100-80gb-mig-single-no-mig-config",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "h100-80gb-mig-single-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        16,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    ("a100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
+    (
+        "h100-80gb-mig-mixed-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    (
+        "h100-80gb-mig-mixed-all-3g.40gb",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("3g.40gb", 16)],
+    ),
+    (
+        "h100-80gb-mig-mixed-3g-4x1g",
+        8,
+        "nvidia.com/gpu",
+        0,
+        1,
+        &[("1g.10gb", 32), ("3g.40gb", 8)],
+    ),
+    (
+        "h100-80gb-mig-single-all-1g.10gb",
+        8,
+        "nvidia.com/gpu",
+        56,
+        1,
+        &[("1g.10gb", 56)],
+    ),
+    ("h100-80gb-ts4", 8, "nvidia.com/gpu", 32, 4, &[]),
+    (
+        "h100-80gb-ts4-rename",
+        8,
+        "nvidia.com/gpu.shared",
+        32,
+        4,
+        &[],
+    ),
+    ("h100-80gb-mps4", 8, "nvidia.com/gpu", 32, 4, &[]),
+    (
+        "h100-80gb-mps4-rename",
+        8,
+        "nvidia.com/gpu.shared",
+        32,
+        4,
+        &[],
+    ),
+    ("h100-80gb-plain", 8, "nvidia.com/gpu", 8, 1, &[]),
+    ("l40s-plain", 4, "nvidia.com/gpu", 4, 1, &[]),
+    ("l40s-ts4", 4, "nvidia.com/gpu", 16, 4, &[]),
+];
+
+/// Checks one node's report (from `/v1/nodes`, or the same reports `gpu-share status` prints)
+/// against [`EXPECTED`], with nothing bound on the node: GPUs, the pool's resource, units and
+/// replicas, MIG devices per profile, and memory as GFD labels it (a full GPU's, or on a
+/// single-strategy node the MIG device's). Whether the node is out of reach depends on the
+/// policy, and is each caller's check.
+pub fn check_report(r: &NodeReport, n: &Node) -> Result<(), String> {
+    let name = r.name.as_str();
+    let Some((_, gpus, resource, units, replicas, mig)) =
+        EXPECTED.iter().find(|e| e.0 == name).copied()
+    else {
+        return Err(format!("{name}: not in EXPECTED"));
+    };
+    let l = labels(n);
+    let got_mig: BTreeMap<&str, u32> = r
+        .mig
+        .iter()
+        .map(|(p, c)| {
+            let total = c.split_once('/').and_then(|(_, t)| t.parse().ok());
+            (p.as_str(), total.unwrap_or(u32::MAX))
+        })
+        .collect();
+    let want_mig: BTreeMap<&str, u32> = mig.iter().copied().collect();
+    let got = (
+        r.gpus,
+        r.resource.as_str(),
+        r.slots.clone(),
+        r.replicas,
+        got_mig,
+    );
+    let want = (gpus, resource, format!("0/{units}"), replicas, want_mig);
+    if got != want {
+        return Err(format!("{name}: read {got:?}, expected {want:?}"));
+    }
+    let label_memory: Option<u64> = l.get("nvidia.com/gpu.memory").and_then(|m| m.parse().ok());
+    if single(n) {
+        let profile = mig[0].0;
+        if r.gpu_memory_mib.is_some() || r.mig_memory_mib.get(profile).copied() != label_memory {
+            return Err(format!(
+                "{name}: memory {:?} / {:?}, expected none / {profile} {label_memory:?}",
+                r.gpu_memory_mib, r.mig_memory_mib
+            ));
+        }
+    } else {
+        if r.gpu_memory_mib != label_memory {
+            return Err(format!(
+                "{name}: GPU memory {:?}, expected {label_memory:?}",
+                r.gpu_memory_mib
+            ));
+        }
+        for (profile, _) in mig {
+            let key = format!("nvidia.com/mig-{profile}.memory");
+            let want: Option<u64> = l.get(&key).and_then(|m| m.parse().ok());
+            if want.is_none() || r.mig_memory_mib.get(*profile).copied() != want {
+                return Err(format!(
+                    "{name}: {profile} memory {:?}, expected {want:?}",
+                    r.mig_memory_mib.get(*profile)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
