@@ -63,6 +63,42 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Nodes gpu-share shares per GPU: an A100 80GB with 4 GPUs and an H100 with 2.
+fn per_gpu_nodes() -> Vec<GpuNode> {
+    [
+        ("pg-a100", "NVIDIA-A100-SXM4-80GB", 4, 81920),
+        ("pg-h100", "NVIDIA-H100-80GB-HBM3", 2, 81559),
+    ]
+    .into_iter()
+    .map(|(name, product, gpus, memory)| GpuNode {
+        sharing: Sharing::PerGpu,
+        ..GpuNode::whole(name, product, gpus, memory)
+    })
+    .collect()
+}
+
+fn per_gpu_op() -> impl Strategy<Value = Op> {
+    let demand = prop_oneof![
+        (1u32..=2).prop_map(|count| GpuDemand::Whole { count }),
+        (1u32..=2).prop_map(|count| GpuDemand::Units {
+            resource: "nvidia.com/gpu".into(),
+            count
+        }),
+        (1u32..=100, proptest::option::of(1000u64..=60_000)).prop_map(|(p, m)| {
+            GpuDemand::Timeslice {
+                milli: p * 10,
+                memory_mib: m,
+            }
+        }),
+        (0u32..4).prop_map(|gpu| GpuDemand::Reserve { gpu }),
+    ];
+    prop_oneof![
+        6 => (0u8..30, 0u8..2, demand).prop_map(|(pod, node, demand)| Op::Bind { pod, node, demand }),
+        3 => (0u8..30).prop_map(|pod| Op::Delete { pod }),
+        1 => Just(Op::Restart),
+    ]
+}
+
 /// What the API would list: every held pod with its node and bind annotation.
 fn api_view(l: &Ledger) -> Vec<ObservedPod> {
     l.observed()
@@ -112,6 +148,76 @@ proptest! {
                     _ => 0,
                 }).sum();
                 prop_assert!(whole_used <= nl.node.slots, "{} whole GPUs held on {}", whole_used, nl.node.name);
+            }
+        }
+        let rebuilt = Ledger::rebuild(nodes, &api_view(&live));
+        prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
+    }
+
+    /// On a node gpu-share shares per GPU, random binds of whole GPUs, device-plugin units and
+    /// time-sliced shares (with and without memory), reservations and releases never put more
+    /// than 100% or more than the GPU's memory on a GPU, never mix a whole holding with shares or
+    /// a reservation on one GPU, and a rebuild from the API gives the same ledger.
+    #[test]
+    fn per_gpu_budgets_and_classes_hold_per_gpu(ops in proptest::collection::vec(per_gpu_op(), 1..120)) {
+        let nodes = per_gpu_nodes();
+        let mut live = Ledger::rebuild(nodes.clone(), &[]);
+        let scorer = Scorer::new(PackingPolicy::GpuShare);
+        for op in ops {
+            match op {
+                Op::Bind { pod, node, demand } => {
+                    let node = &nodes[node as usize % nodes.len()].name;
+                    let uid = format!("p{pod}");
+                    let demand = Demand::gpu(demand);
+                    let expected = live.node_of(&uid).is_none().then(|| {
+                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut packing::FragMemo::default()).is_ok())
+                            .expect("node")
+                    });
+                    let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
+                    let got = live.reserve(&scorer, node, pref, demand).is_ok();
+                    if let Some(expected) = expected {
+                        prop_assert_eq!(got, expected);
+                    }
+                }
+                Op::Delete { pod } => {
+                    live.release(&format!("p{pod}"));
+                }
+                Op::Restart => {
+                    let rebuilt = Ledger::rebuild(nodes.clone(), &api_view(&live));
+                    prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
+                    live = rebuilt;
+                }
+            }
+            for nl in live.snapshot().values() {
+                prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
+                // The same, from the holdings alone.
+                let gpus = nl.node.gpus as usize;
+                let (mut milli, mut memory) = (vec![0u32; gpus], vec![0u64; gpus]);
+                let (mut whole, mut shared) = (vec![0u32; gpus], vec![false; gpus]);
+                for h in nl.holdings.values() {
+                    match &h.demand.gpu {
+                        GpuDemand::Timeslice { memory_mib, .. } => {
+                            for (i, m) in &h.placement.gpus {
+                                milli[*i as usize] += m;
+                                memory[*i as usize] += memory_mib.unwrap_or(0);
+                                shared[*i as usize] = true;
+                            }
+                        }
+                        GpuDemand::Reserve { gpu } => shared[*gpu as usize] = true,
+                        _ => {
+                            for (i, m) in &h.placement.gpus {
+                                milli[*i as usize] += m;
+                                whole[*i as usize] += 1;
+                            }
+                        }
+                    }
+                }
+                let gpu_memory = nl.node.gpu_memory_mib.unwrap_or(u64::MAX);
+                for i in 0..gpus {
+                    prop_assert!(milli[i] <= 1000, "GPU {} of {} at {}", i, nl.node.name, milli[i]);
+                    prop_assert!(memory[i] <= gpu_memory, "GPU {} of {}: {} MiB", i, nl.node.name, memory[i]);
+                    prop_assert!(whole[i] <= 1 && !(whole[i] == 1 && shared[i]), "GPU {} of {} mixes classes: {:?}", i, nl.node.name, nl.holdings);
+                }
             }
         }
         let rebuilt = Ledger::rebuild(nodes, &api_view(&live));

@@ -39,12 +39,18 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
         GpuDemand::Mps { memory_mib, .. } => Placement {
             slots: 1,
             gpu_memory_mib: memory_mib.unwrap_or(0),
+            shared: true,
             ..base
         },
         GpuDemand::Timeslice { milli, memory_mib } => Placement {
             slots: u32::from(!per_gpu_model),
             budget_milli: if per_gpu_model { 0 } else { u64::from(*milli) },
             gpu_memory_mib: memory_mib.unwrap_or(0),
+            shared: true,
+            ..base
+        },
+        GpuDemand::Reserve { gpu } => Placement {
+            reserve: Some(*gpu),
             ..base
         },
         GpuDemand::Units { count, .. } => Placement {
@@ -76,27 +82,39 @@ pub fn for_each_candidate(
 ) {
     let base = node_level(node, demand);
     let free_indexes = |n: u32| -> Vec<(u32, u32)> {
-        usage
-            .gpu_milli
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| **m == 0)
+        (0..usage.gpu_milli.len())
+            .filter(|i| usage.is_free(*i))
             .take(n as usize)
-            .map(|(i, _)| (i as u32, GPU_MILLI))
+            .map(|i| (i as u32, GPU_MILLI))
             .collect()
     };
-    // One candidate per distinct free amount (GPUs with equal load are interchangeable).
+    // One candidate per distinct GPU state (GPUs with equal load are interchangeable). `strict`:
+    // the per-GPU model is enforced (a node gpu-share shares per GPU), so a share goes only to a
+    // GPU that is not held whole and has room for its thousandths and its memory.
     let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
+        let memory = base.gpu_memory_mib;
+        let gpu_memory = node.gpu_memory_mib.unwrap_or(u64::MAX);
         let mut cand = Placement {
             gpus: vec![(0, milli)],
             ..base
         };
         let mut visited = false;
+        let mut seen: Vec<(u32, u64, bool)> = Vec::new();
         for (i, m) in usage.gpu_milli.iter().enumerate() {
-            // An earlier GPU as used as this one fit as well and was visited.
-            if m.saturating_add(milli) > GPU_MILLI || usage.gpu_milli[..i].contains(m) {
+            if m.saturating_add(milli) > GPU_MILLI {
                 continue;
             }
+            let used_memory = usage.gpu_memory.get(i).copied().unwrap_or(0);
+            if strict && (!usage.is_shareable(i) || used_memory.saturating_add(memory) > gpu_memory)
+            {
+                continue;
+            }
+            // An earlier GPU in the same state fit as well and was visited.
+            let key = (*m, used_memory, usage.is_free(i));
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
             cand.gpus[0].0 = i as u32;
             visit(&cand);
             visited = true;
@@ -111,9 +129,10 @@ pub fn for_each_candidate(
         }
     };
     match &demand.gpu {
-        GpuDemand::None | GpuDemand::Mig { .. } => visit(&base),
+        GpuDemand::None | GpuDemand::Mig { .. } | GpuDemand::Reserve { .. } => visit(&base),
         GpuDemand::Whole { count } => visit(&Placement {
             gpus: free_indexes(*count),
+            whole: true,
             ..base
         }),
         GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false, base),
@@ -121,6 +140,7 @@ pub fn for_each_candidate(
             one_gpu_each(*milli, node.sharing == Sharing::PerGpu, base)
         }
         GpuDemand::Units { count, .. } => {
+            let whole = matches!(node.sharing, Sharing::None | Sharing::PerGpu);
             let gpus = match node.sharing {
                 Sharing::None | Sharing::PerGpu => free_indexes(*count),
                 Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
@@ -144,7 +164,11 @@ pub fn for_each_candidate(
                     out
                 }
             };
-            visit(&Placement { gpus, ..base })
+            visit(&Placement {
+                gpus,
+                whole,
+                ..base
+            })
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum GpuDemand {
     /// `count` units of a device-plugin resource asked for directly (`nvidia.com/gpu` without a
     /// gpu-share annotation): whole GPUs, replicas or single-strategy MIG devices, by node.
     Units { resource: String, count: u32 },
+    /// gpu-share's reservation of GPU `gpu` of a node it shares per GPU: the pod that holds the
+    /// GPU through the device plugin (one `nvidia.com/gpu`) so that shares can use it.
+    Reserve { gpu: u32 },
 }
 
 impl GpuDemand {
@@ -34,6 +37,7 @@ impl GpuDemand {
             GpuDemand::Timeslice { .. } => "timeslice",
             GpuDemand::Mig { .. } => "mig",
             GpuDemand::Units { .. } => "device",
+            GpuDemand::Reserve { .. } => "reservation",
         }
     }
 
@@ -51,7 +55,7 @@ impl GpuDemand {
     /// MIG devices and device-plugin units count as whole GPUs each; no GPU is (0, 0).
     pub fn per_gpu(&self) -> (u32, u32) {
         match self {
-            GpuDemand::None => (0, 0),
+            GpuDemand::None | GpuDemand::Reserve { .. } => (0, 0),
             GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
                 ((*milli).min(GPU_MILLI), 1)
             }
@@ -65,7 +69,7 @@ impl GpuDemand {
     /// (`3g.40gb` is 3/7 of a GPU), a device-plugin unit as a whole GPU.
     pub fn milli(&self) -> u64 {
         match self {
-            GpuDemand::None => 0,
+            GpuDemand::None | GpuDemand::Reserve { .. } => 0,
             GpuDemand::Whole { count } | GpuDemand::Units { count, .. } => {
                 u64::from(*count) * u64::from(GPU_MILLI)
             }
@@ -107,6 +111,7 @@ impl std::fmt::Display for GpuDemand {
             GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
             GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
             GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
+            GpuDemand::Reserve { gpu } => write!(f, "reservation of GPU {gpu}"),
         }
     }
 }

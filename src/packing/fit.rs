@@ -34,6 +34,9 @@ pub enum Reason {
     TooFewGpus,
     NoFreeGpus,
     NoGpuWithRoom,
+    /// A GPU has room for the share's thousandths, but none of those has room for its memory
+    /// (the per-GPU model, enforced on nodes gpu-share shares per GPU).
+    NoGpuWithMemory,
     ResourceAbsent,
     NotEnoughUnits,
     /// The node does not advertise a resource the pod's limits name (kube-scheduler's own
@@ -88,6 +91,9 @@ impl Reason {
             Reason::TooFewGpus => "node has fewer GPUs than the pod asks".into(),
             Reason::NoFreeGpus => "not enough free whole GPUs".into(),
             Reason::NoGpuWithRoom => "no single GPU has enough free share".into(),
+            Reason::NoGpuWithMemory => {
+                "no GPU with a free enough share has enough free memory for the request".into()
+            }
             Reason::ResourceAbsent => "node does not advertise the requested GPU resource".into(),
             Reason::NotEnoughUnits => "not enough free units of the requested GPU resource".into(),
             Reason::ResourceNotAdvertised { resource } => {
@@ -121,6 +127,7 @@ impl Reason {
             Reason::TooFewGpus,
             Reason::NoFreeGpus,
             Reason::NoGpuWithRoom,
+            Reason::NoGpuWithMemory,
             Reason::ResourceAbsent,
             Reason::NotEnoughUnits,
         ]
@@ -145,6 +152,7 @@ impl Reason {
                 | Reason::MemoryBudgetUsedUp
                 | Reason::NoFreeGpus
                 | Reason::NoGpuWithRoom
+                | Reason::NoGpuWithMemory
                 | Reason::NotEnoughUnits
                 | Reason::Cpu
                 | Reason::Memory
@@ -173,6 +181,7 @@ impl Reason {
             Reason::TooFewGpus => "too_few_gpus",
             Reason::NoFreeGpus => "no_free_gpus",
             Reason::NoGpuWithRoom => "no_gpu_with_room",
+            Reason::NoGpuWithMemory => "no_gpu_with_memory",
             Reason::ResourceAbsent => "resource_absent",
             Reason::NotEnoughUnits => "not_enough_units",
             Reason::ResourceNotAdvertised { .. } => "resource_not_advertised",
@@ -380,12 +389,28 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 {
                     return Err(Reason::GpuMemoryTooSmall);
                 }
-                if usage
-                    .gpu_milli
-                    .iter()
-                    .any(|m| m.saturating_add(*milli) <= GPU_MILLI)
-                {
+                // A GPU not held whole, with room for the share's thousandths, and with room
+                // for its memory: per GPU, shares never pass 100% nor the GPU's memory.
+                let room = |i: usize| {
+                    usage.is_shareable(i) && usage.gpu_milli[i].saturating_add(*milli) <= GPU_MILLI
+                };
+                let memory_room = |i: usize| match (memory_mib, node.gpu_memory_mib) {
+                    (Some(want), Some(gpu_mem)) => {
+                        usage
+                            .gpu_memory
+                            .get(i)
+                            .copied()
+                            .unwrap_or(0)
+                            .saturating_add(*want)
+                            <= gpu_mem
+                    }
+                    _ => true,
+                };
+                let n = usage.gpu_milli.len();
+                if (0..n).any(|i| room(i) && memory_room(i)) {
                     Ok(())
+                } else if (0..n).any(room) {
+                    Err(Reason::NoGpuWithMemory)
                 } else {
                     Err(Reason::NoGpuWithRoom)
                 }
@@ -402,6 +427,10 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             if free_slots < *count {
                 return Err(Reason::NotEnoughUnits);
             }
+            // Per GPU, whole GPUs come from the free ones: not shared, not reserved.
+            if node.sharing == Sharing::PerGpu && usage.free_gpus() < *count {
+                return Err(Reason::NoFreeGpus);
+            }
             // On a time-sliced node each unit counts its fair share against the budget.
             if let Sharing::TimeSlicing { .. } = node.sharing
                 && usage
@@ -412,6 +441,17 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 return Err(Reason::BudgetUsedUp);
             }
             Ok(())
+        }
+        GpuDemand::Reserve { gpu } => {
+            if node.sharing != Sharing::PerGpu {
+                Err(mismatch(node, "per-GPU sharing"))
+            } else if *gpu >= node.gpus {
+                Err(Reason::TooFewGpus)
+            } else if usage.is_shareable(*gpu as usize) {
+                Ok(())
+            } else {
+                Err(Reason::NoFreeGpus)
+            }
         }
     }
 }

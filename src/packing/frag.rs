@@ -50,7 +50,10 @@ impl Shape {
     /// (MIG devices and device-plugin units).
     pub fn of(demand: &Demand) -> Option<Shape> {
         // MIG devices and device-plugin units are not shapes of the per-GPU model.
-        if matches!(demand.gpu, GpuDemand::Mig { .. } | GpuDemand::Units { .. }) {
+        if matches!(
+            demand.gpu,
+            GpuDemand::Mig { .. } | GpuDemand::Units { .. } | GpuDemand::Reserve { .. }
+        ) {
             return None;
         }
         let (gpu_milli, gpus) = demand.gpu.per_gpu();

@@ -289,6 +289,57 @@ mod tests {
         );
     }
 
+    /// A node gpu-share shares per GPU: each GPU is free, whole or shared. A reserved GPU is
+    /// shared even with no share on it (the release grace), so whole-GPU pods never get it;
+    /// shares never go to a GPU held whole; per GPU, shares stay within 100% and within the
+    /// GPU's memory.
+    #[test]
+    fn per_gpu_nodes_keep_whole_and_shared_gpus_apart() {
+        let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = Sharing::PerGpu;
+        let mut u = Usage::empty(&n);
+        let reserve = |gpu| Demand::gpu(GpuDemand::Reserve { gpu });
+        add(&n, &mut u, &reserve(0)).unwrap();
+        assert_eq!(
+            (u.reserved.clone(), u.gpu_milli.clone()),
+            (vec![1, 0], vec![0, 0])
+        );
+        let whole = |count| Demand::gpu(GpuDemand::Whole { count });
+        assert_eq!(fit(&n, &u, &whole(2)), Err(Reason::NoFreeGpus));
+        add(&n, &mut u, &whole(1)).unwrap();
+        assert_eq!(
+            u.gpu_milli,
+            vec![0, 1000],
+            "the whole pod took the free GPU"
+        );
+        // Shares go to the reserved GPU, never to the whole one.
+        let ts_mem = |p: u32, gib: u64| {
+            Demand::gpu(GpuDemand::Timeslice {
+                milli: p * 10,
+                memory_mib: Some(gib * 1024),
+            })
+        };
+        add(&n, &mut u, &ts_mem(30, 40)).unwrap();
+        assert_eq!(u.gpu_milli, vec![300, 1000]);
+        assert_eq!(u.gpu_memory, vec![40 * 1024, 0]);
+        // Room in percent, none in memory; then none in percent.
+        assert_eq!(fit(&n, &u, &ts_mem(30, 41)), Err(Reason::NoGpuWithMemory));
+        assert!(Reason::NoGpuWithMemory.resolvable());
+        add(&n, &mut u, &ts_mem(70, 40)).unwrap();
+        assert_eq!(fit(&n, &u, &ts(1)), Err(Reason::NoGpuWithRoom));
+        assert_eq!(u.whole, vec![0, 1]);
+        // A reservation cannot hold a GPU held whole.
+        assert_eq!(fit(&n, &u, &reserve(1)), Err(Reason::NoFreeGpus));
+        assert_eq!(fit(&n, &u, &reserve(2)), Err(Reason::TooFewGpus));
+        let plain = GpuNode::whole("plain", "H100", 8, 81559);
+        assert_eq!(
+            fit(&plain, &Usage::empty(&plain), &reserve(0))
+                .unwrap_err()
+                .message(),
+            "node does not share GPUs; pod asks per-GPU sharing"
+        );
+    }
+
     #[test]
     fn cpu_memory_and_model() {
         let mut n = GpuNode::whole("n", "V100M16", 1, 0);

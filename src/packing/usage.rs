@@ -29,20 +29,46 @@ pub struct Usage {
     pub pods: u32,
     /// Pods per GPU request kind ([`GpuDemand::tag`]): the `gpu-clustering` policy's view.
     pub tags: BTreeMap<u32, u32>,
+    /// Per full GPU, the whole-GPU placements on it (exclusive pods, device-plugin units of an
+    /// unshared node): a GPU held whole takes no share (the per-GPU model).
+    pub whole: Vec<u32>,
+    /// Per full GPU, the reservations holding it for shares ([`GpuDemand::Reserve`]): on a node
+    /// gpu-share shares per GPU, a reserved GPU is shared even with no share on it yet (or
+    /// still, during the release grace), so never free for whole-GPU pods.
+    pub reserved: Vec<u32>,
+    /// Per full GPU, the declared memory of the shares on it, MiB.
+    pub gpu_memory: Vec<u64>,
 }
 
 impl Usage {
     /// Empty usage for a node.
     pub fn empty(node: &GpuNode) -> Self {
+        let n = node.gpus as usize;
         Usage {
-            gpu_milli: vec![0; node.gpus as usize],
+            gpu_milli: vec![0; n],
+            whole: vec![0; n],
+            reserved: vec![0; n],
+            gpu_memory: vec![0; n],
             ..Usage::default()
         }
     }
 
+    /// Whether GPU `i` is free: nothing on it and no reservation holding it (model).
+    pub fn is_free(&self, i: usize) -> bool {
+        self.gpu_milli.get(i).is_some_and(|m| *m == 0)
+            && self.reserved.get(i).is_none_or(|r| *r == 0)
+    }
+
+    /// Whether GPU `i` can take shares: it is not held whole.
+    pub fn is_shareable(&self, i: usize) -> bool {
+        i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)
+    }
+
     /// Full GPUs with nothing on them (model).
     pub fn free_gpus(&self) -> u32 {
-        self.gpu_milli.iter().filter(|m| **m == 0).count() as u32
+        (0..self.gpu_milli.len())
+            .filter(|i| self.is_free(*i))
+            .count() as u32
     }
 
     /// Allocated thousandths over all full GPUs (model).
@@ -68,6 +94,12 @@ pub struct Placement {
     pub memory_mib: u64,
     /// The demand's [`GpuDemand::tag`].
     pub tag: Option<u32>,
+    /// `gpus` is a share (mps/timeslice): its memory is the GPU's.
+    pub shared: bool,
+    /// `gpus` are whole GPUs (exclusive pods, units of an unshared node).
+    pub whole: bool,
+    /// A reservation holding this GPU for shares ([`GpuDemand::Reserve`]).
+    pub reserve: Option<u32>,
 }
 
 impl Placement {
@@ -129,9 +161,23 @@ fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
         }
     }
     for (i, m) in &p.gpus {
-        if let Some(g) = usage.gpu_milli.get_mut(*i as usize) {
+        let i = *i as usize;
+        if let Some(g) = usage.gpu_milli.get_mut(i) {
             step(g, *m, ADD);
         }
+        if p.shared
+            && let Some(g) = usage.gpu_memory.get_mut(i)
+        {
+            step(g, p.gpu_memory_mib, ADD);
+        }
+        if p.whole
+            && let Some(w) = usage.whole.get_mut(i)
+        {
+            step(w, 1, ADD);
+        }
+    }
+    if let Some(r) = p.reserve.and_then(|i| usage.reserved.get_mut(i as usize)) {
+        step(r, 1, ADD);
     }
     step(&mut usage.slots, p.slots, ADD);
     step(&mut usage.budget_milli, p.budget_milli, ADD);
