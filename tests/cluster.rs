@@ -574,22 +574,30 @@ async fn scheduling_in(c: &Cluster, ns: &str) -> Check {
         format!("FailedScheduling does not group gpu-share's reasons: {message}"),
     )?;
     // `gpu-share status` read from the cluster lists it, with that reason.
+    let text = status_from_cluster(c)?;
+    ensure(
+        text.contains("scheduling/unfit (mps-75) since ")
+            && text.contains("3 MPS replicas on this node are smaller than the request"),
+        format!("gpu-share status does not show the pending pod and its reason:\n{text}"),
+    )?;
+    kubectl_plugin(c, ns)
+}
+
+/// `gpu-share status` read straight from the cluster (its admin kubeconfig): the table, or what
+/// went wrong.
+fn status_from_cluster(c: &Cluster) -> Result<String, String> {
     let out = std::process::Command::new(common::BIN)
         .arg("status")
         .env("KUBECONFIG", c.dir.join("kubeconfig"))
         .output()
         .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure(
-        out.status.success()
-            && text.contains("scheduling/unfit (mps-75) since ")
-            && text.contains("3 MPS replicas on this node are smaller than the request"),
-        format!(
-            "gpu-share status does not show the pending pod and its reason:\n{text}{}",
+    if !out.status.success() {
+        return Err(format!(
+            "gpu-share status failed: {}",
             String::from_utf8_lossy(&out.stderr)
-        ),
-    )?;
-    kubectl_plugin(c, ns)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `kubectl gpu-share status`: the binary on PATH as `kubectl-gpu_share` is a kubectl plugin,
@@ -1966,17 +1974,11 @@ async fn nvidia_nodes_in(c: &Cluster, ns: &str, shipped: &str) -> Check {
         warned == 1,
         format!("the extender warned about {renamed} {warned} times, not once"),
     )?;
-    let out = std::process::Command::new(common::BIN)
-        .arg("status")
-        .env("KUBECONFIG", c.dir.join("kubeconfig"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = status_from_cluster(c)?;
     ensure(
-        out.status.success()
-            && text.contains(&format!(
-                "unusable: {renamed}: no timeslice pod can use this node: they ask for nvidia.com/gpu"
-            )),
+        text.contains(&format!(
+            "unusable: {renamed}: no timeslice pod can use this node: they ask for nvidia.com/gpu"
+        )),
         format!("gpu-share status does not show {renamed} as unusable:\n{text}"),
     )?;
 

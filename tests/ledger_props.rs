@@ -99,6 +99,52 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// One operation on the live ledger: a bind (of a pod not yet held: exactly when the packing
+/// core places it), a delete, or a restart (a replica rebuilt from the API alone, which must
+/// equal the live one). Returns the ledger to go on with.
+fn step(live: Ledger, nodes: &[GpuNode], scorer: &Scorer, op: Op) -> Result<Ledger, TestCaseError> {
+    match op {
+        Op::Bind { pod, node, demand } => {
+            let node = &nodes[node as usize % nodes.len()].name;
+            let uid = format!("p{pod}");
+            let demand = Demand::gpu(demand);
+            let expected = live.node_of(&uid).is_none().then(|| {
+                live.with_node(node, |nl| {
+                    packing::place(
+                        scorer,
+                        &nl.node,
+                        &nl.usage,
+                        &demand,
+                        &mut packing::FragMemo::default(),
+                    )
+                    .is_ok()
+                })
+                .expect("node")
+            });
+            let pref = PodRef {
+                uid: uid.clone(),
+                namespace: "ml".into(),
+                name: uid,
+                priority: 0,
+            };
+            let got = live.reserve(scorer, node, pref, demand).is_ok();
+            if let Some(expected) = expected {
+                prop_assert_eq!(got, expected);
+            }
+            Ok(live)
+        }
+        Op::Delete { pod } => {
+            live.release(&format!("p{pod}"));
+            Ok(live)
+        }
+        Op::Restart => {
+            let rebuilt = Ledger::rebuild(nodes.to_vec(), &api_view(&live));
+            prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
+            Ok(rebuilt)
+        }
+    }
+}
+
 /// What the API would list: every held pod with its node and bind annotation.
 fn api_view(l: &Ledger) -> Vec<ObservedPod> {
     l.observed()
@@ -113,32 +159,7 @@ proptest! {
         let mut live = Ledger::rebuild(nodes.clone(), &[]);
         let scorer = Scorer::new(PackingPolicy::GpuShare);
         for op in ops {
-            match op {
-                Op::Bind { pod, node, demand } => {
-                    let node = &nodes[node as usize].name;
-                    let uid = format!("p{pod}");
-                    let demand = Demand::gpu(demand);
-                    // A pod not yet held binds exactly when the packing core places it.
-                    let expected = live.node_of(&uid).is_none().then(|| {
-                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut packing::FragMemo::default()).is_ok())
-                            .expect("node")
-                    });
-                    let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
-                    let got = live.reserve(&scorer, node, pref, demand).is_ok();
-                    if let Some(expected) = expected {
-                        prop_assert_eq!(got, expected);
-                    }
-                }
-                Op::Delete { pod } => {
-                    live.release(&format!("p{pod}"));
-                }
-                Op::Restart => {
-                    // A restarted replica rebuilds from the API alone.
-                    let rebuilt = Ledger::rebuild(nodes.clone(), &api_view(&live));
-                    prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
-                    live = rebuilt;
-                }
-            }
+            live = step(live, &nodes, &scorer, op)?;
             for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 let shared = matches!(nl.node.sharing, Sharing::TimeSlicing { .. } | Sharing::Mps { .. });
@@ -164,30 +185,7 @@ proptest! {
         let mut live = Ledger::rebuild(nodes.clone(), &[]);
         let scorer = Scorer::new(PackingPolicy::GpuShare);
         for op in ops {
-            match op {
-                Op::Bind { pod, node, demand } => {
-                    let node = &nodes[node as usize % nodes.len()].name;
-                    let uid = format!("p{pod}");
-                    let demand = Demand::gpu(demand);
-                    let expected = live.node_of(&uid).is_none().then(|| {
-                        live.with_node(node, |nl| packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut packing::FragMemo::default()).is_ok())
-                            .expect("node")
-                    });
-                    let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
-                    let got = live.reserve(&scorer, node, pref, demand).is_ok();
-                    if let Some(expected) = expected {
-                        prop_assert_eq!(got, expected);
-                    }
-                }
-                Op::Delete { pod } => {
-                    live.release(&format!("p{pod}"));
-                }
-                Op::Restart => {
-                    let rebuilt = Ledger::rebuild(nodes.clone(), &api_view(&live));
-                    prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
-                    live = rebuilt;
-                }
-            }
+            live = step(live, &nodes, &scorer, op)?;
             for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 // The same, from the holdings alone.

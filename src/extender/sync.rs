@@ -1064,7 +1064,7 @@ mod tests {
         );
         let text = metrics.encode();
         assert!(
-            !text.contains(r#"gpu_share_ledger_drift_total{kind="node"} 1"#),
+            text.contains(r#"gpu_share_ledger_drift_total{result="node"} 0"#),
             "a policy change is not drift: {text}"
         );
         stop.send(true).unwrap();

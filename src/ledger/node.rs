@@ -168,19 +168,17 @@ impl NodeLedger {
             inventory::Sharing::TimeSlicing { .. } => u.budget_milli <= u64::from(n.gpus) * 1000,
             _ => true,
         };
-        // Per GPU, on a node shared per GPU: shares within 100% and within the GPU's memory, and
-        // no GPU both held whole and shared or reserved.
+        // Per GPU, on a node shared per GPU: within 100% (a share beside a whole holding passes
+        // it) and within the GPU's memory, and no GPU both held whole and reserved.
         let per_gpu_ok = n.sharing != inventory::Sharing::PerGpu
             || (0..u.gpu_milli.len()).all(|i| {
                 let whole = u.whole.get(i).copied().unwrap_or(0);
-                let shared = u.reserved.get(i).copied().unwrap_or(0) > 0
-                    || u.gpu_memory.get(i).copied().unwrap_or(0) > 0
-                    || (whole == 0 && u.gpu_milli[i] > 0);
+                let reserved = u.reserved.get(i).copied().unwrap_or(0);
+                let memory = u.gpu_memory.get(i).copied().unwrap_or(0);
                 u.gpu_milli[i] <= 1000
                     && whole <= 1
-                    && !(whole > 0 && shared)
-                    && n.gpu_memory_mib
-                        .is_none_or(|m| u.gpu_memory.get(i).is_none_or(|g| *g <= m))
+                    && !(whole > 0 && reserved > 0)
+                    && n.gpu_memory_mib.is_none_or(|m| memory <= m)
             });
         u.slots <= n.slots && mig_ok && budget_ok && per_gpu_ok
     }

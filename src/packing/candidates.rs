@@ -99,22 +99,27 @@ pub fn for_each_candidate(
             ..base
         };
         let mut visited = false;
-        let mut seen: Vec<(u32, u64, bool)> = Vec::new();
+        // GPUs in the same state are interchangeable: the same fit, the same score.
+        let state = |i: usize| {
+            (
+                usage.gpu_milli[i],
+                usage.gpu_memory.get(i).copied().unwrap_or(0),
+                usage.is_free(i),
+                usage.is_shareable(i),
+            )
+        };
         for (i, m) in usage.gpu_milli.iter().enumerate() {
             if m.saturating_add(milli) > GPU_MILLI {
                 continue;
             }
-            let used_memory = usage.gpu_memory.get(i).copied().unwrap_or(0);
-            if strict && (!usage.is_shareable(i) || used_memory.saturating_add(memory) > gpu_memory)
-            {
+            let (_, used_memory, _, shareable) = state(i);
+            if strict && (!shareable || used_memory.saturating_add(memory) > gpu_memory) {
                 continue;
             }
             // An earlier GPU in the same state fit as well and was visited.
-            let key = (*m, used_memory, usage.is_free(i));
-            if seen.contains(&key) {
+            if (0..i).any(|j| state(j) == state(i)) {
                 continue;
             }
-            seen.push(key);
             cand.gpus[0].0 = i as u32;
             visit(&cand);
             visited = true;
