@@ -22,7 +22,7 @@ mod warnings;
 pub use node::{GpuNode, MigLayout, Unreached};
 pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
 pub use sharing::{ModeSource, Sharing};
-use warnings::{warn_unreached_once, warn_unverified_once};
+use warnings::{warn_per_gpu_refused_once, warn_unreached_once, warn_unverified_once};
 
 /// How nodes are read: the resources each class of pod asks for, the modes the policy declares
 /// for nodes whose labels do not say, and the MIG table (the policy's models first).
@@ -111,10 +111,15 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let g = from_node(node, reading)?;
     let empty = BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-    let mut g = declare(g, labels, &reading.declared, &reading.mig);
+    let labelled = g.mode_source != ModeSource::Unverified;
+    let g = declare(g, labels, &reading.declared, &reading.mig);
+    let mut g = opt_in_per_gpu(g, labels, &reading.declared, labelled);
     g.unreached = reading.unreached(&g);
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);
+    }
+    if let Some(why) = &g.per_gpu_refused {
+        warn_per_gpu_refused_once(&g.name, why);
     }
     if let Some(u) = &g.unreached {
         warn_unreached_once(&g.name, &u.pods_ask_for, &u.sentence());
@@ -163,6 +168,74 @@ pub fn declare(
         sharing,
         mode_source: ModeSource::Declared,
         ..g
+    }
+}
+
+/// Per-GPU sharing for a node that asks for it: the label [`LABEL_SHARING_MODE`]`=per-gpu`, or
+/// else the first `nodeModes` rule that applies to it (on a node whose labels state its mode,
+/// `labelled`, only `per-gpu` rules do) saying `per-gpu`. Only a plain node qualifies: its device
+/// plugin does not share its GPUs and none is in MIG mode, under NVIDIA's stack (GKE's own does
+/// not honour `NVIDIA_VISIBLE_DEVICES`). A node that asks and does not qualify keeps its mode,
+/// and says why in [`GpuNode::per_gpu_refused`].
+pub fn opt_in_per_gpu(
+    g: GpuNode,
+    labels: &BTreeMap<String, String>,
+    modes: &[crate::policy::NodeMode],
+    labelled: bool,
+) -> GpuNode {
+    use crate::policy::DeclaredSharing;
+    let asked = match labels.get(LABEL_SHARING_MODE).map(|v| v.trim()) {
+        Some(PER_GPU) => format!("its label {LABEL_SHARING_MODE}={PER_GPU}"),
+        Some(other) => {
+            return GpuNode {
+                per_gpu_refused: Some(format!(
+                    "its label {LABEL_SHARING_MODE}={other:?} names no mode gpu-share knows (the one value is {PER_GPU})"
+                )),
+                ..g
+            };
+        }
+        None => {
+            let rule = modes.iter().enumerate().find(|(_, m)| {
+                m.selector.matches(labels)
+                    && (!labelled || m.sharing == Some(DeclaredSharing::PerGpu))
+            });
+            match rule {
+                Some((i, m)) if m.sharing == Some(DeclaredSharing::PerGpu) => {
+                    format!("the policy's nodeModes[{i}]")
+                }
+                _ => return g,
+            }
+        }
+    };
+    let refused = if g.mode_source == ModeSource::Gke {
+        Some("it runs GKE's own GPU stack, whose device plugin and runtime do not honour NVIDIA_VISIBLE_DEVICES; per-GPU sharing needs NVIDIA's device plugin and Container Toolkit (the GPU Operator)".to_string())
+    } else if g.mig != MigLayout::None {
+        Some(format!(
+            "its GPUs are in MIG mode ({}); per-GPU sharing needs plain GPUs",
+            g.kind()
+        ))
+    } else if g.sharing != Sharing::None {
+        Some(format!(
+            "its device plugin shares its GPUs ({}); per-GPU sharing needs them unshared: leave the node out of the device plugin's sharing config",
+            g.kind()
+        ))
+    } else {
+        None
+    };
+    match refused {
+        Some(why) => GpuNode {
+            per_gpu_refused: Some(format!("{asked} asks for per-GPU sharing, but {why}")),
+            ..g
+        },
+        None => GpuNode {
+            sharing: Sharing::PerGpu,
+            mode_source: if labelled {
+                g.mode_source
+            } else {
+                ModeSource::Declared
+            },
+            ..g
+        },
     }
 }
 
@@ -373,6 +446,7 @@ pub fn from_parts(
                 mig_memory_mib,
                 advertised,
                 unreached: None,
+                per_gpu_refused: None,
             });
         }
     }
@@ -417,6 +491,7 @@ pub fn from_parts(
         mig_memory_mib,
         advertised,
         unreached: None,
+        per_gpu_refused: None,
     })
 }
 
@@ -470,6 +545,111 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// A plain node opts in to per-GPU sharing by gpu-share's label or a `per-gpu` nodeModes
+    /// rule (which applies to labelled nodes too); a node that does not qualify keeps its mode
+    /// and says why.
+    #[test]
+    fn plain_nodes_opt_in_to_per_gpu_sharing_and_others_say_why_not() {
+        let policy = crate::policy::Policy::load(
+            "nodeModes:\n  - selector: {matchLabels: {pool: ts}}\n    sharing: time-slicing\n    replicas: 4\n  - selector: {matchExpressions: [{key: pool, operator: In, values: [ts, fractions]}]}\n    sharing: per-gpu\n",
+            "p.yaml",
+        )
+        .unwrap()
+        .policy;
+        let reading = Reading::of(&policy);
+        let node = |labels: serde_json::Value, alloc: serde_json::Value| -> GpuNode {
+            let n: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": labels},
+                "status": {"allocatable": alloc}
+            }))
+            .unwrap();
+            read_node(&n, &reading).unwrap()
+        };
+        let gfd = |extra: &[(&str, &str)]| {
+            let mut l = serde_json::json!({
+                LABEL_PRODUCT: "NVIDIA-A100-SXM4-80GB", LABEL_COUNT: "8",
+                LABEL_MEMORY: "81920", LABEL_SHARING: "none",
+            });
+            for (k, v) in extra {
+                l[*k] = serde_json::json!(v);
+            }
+            l
+        };
+        let eight = serde_json::json!({"nvidia.com/gpu": "8"});
+        // By label.
+        let n = node(gfd(&[(LABEL_SHARING_MODE, PER_GPU)]), eight.clone());
+        assert_eq!(
+            (n.sharing, n.gpus, n.mode_source, n.per_gpu_refused.clone()),
+            (Sharing::PerGpu, 8, ModeSource::Gfd, None)
+        );
+        assert_eq!(n.kind(), "per-gpu");
+        assert_eq!(n.pool_resource, RESOURCE_GPU);
+        // By policy, on a labelled node: the time-slicing rule before it does not apply there.
+        let n = node(gfd(&[("pool", "ts")]), eight.clone());
+        assert_eq!(
+            (n.sharing, n.mode_source),
+            (Sharing::PerGpu, ModeSource::Gfd)
+        );
+        // An unlabelled node takes the first rule that matches: time-slicing here...
+        let n = node(serde_json::json!({"pool": "ts"}), eight.clone());
+        assert_eq!(n.sharing, Sharing::TimeSlicing { replicas: 4 });
+        assert_eq!(n.per_gpu_refused, None);
+        // ...and per-gpu there, declared.
+        let n = node(serde_json::json!({"pool": "fractions"}), eight.clone());
+        assert_eq!(
+            (n.sharing, n.mode_source),
+            (Sharing::PerGpu, ModeSource::Declared)
+        );
+        // No label and no rule: unchanged.
+        let n = node(gfd(&[]), eight.clone());
+        assert_eq!((n.sharing, n.per_gpu_refused), (Sharing::None, None));
+        // Nodes that do not qualify keep their mode and say why, naming what asked.
+        let refused = |n: GpuNode, sharing: Sharing, words: &[&str]| {
+            assert_eq!(n.sharing, sharing);
+            let why = n.per_gpu_refused.expect("a refusal in words");
+            for w in words {
+                assert!(why.contains(w), "{why:?} lacks {w:?}");
+            }
+        };
+        refused(
+            node(
+                gfd(&[
+                    (LABEL_SHARING_MODE, PER_GPU),
+                    (LABEL_SHARING, "time-slicing"),
+                    (LABEL_REPLICAS, "4"),
+                ]),
+                serde_json::json!({"nvidia.com/gpu": "32"}),
+            ),
+            Sharing::TimeSlicing { replicas: 4 },
+            &[
+                "gpu-share.io/sharing=per-gpu",
+                "time-slicing x4",
+                "unshared",
+            ],
+        );
+        refused(
+            node(
+                gfd(&[("pool", "fractions"), (LABEL_MIG_STRATEGY, "mixed")]),
+                serde_json::json!({"nvidia.com/mig-1g.10gb": "56"}),
+            ),
+            Sharing::None,
+            &["nodeModes[1]", "MIG mode"],
+        );
+        refused(
+            node(
+                serde_json::json!({LABEL_GKE_ACCELERATOR: "nvidia-a100-80gb", LABEL_SHARING_MODE: PER_GPU}),
+                eight.clone(),
+            ),
+            Sharing::None,
+            &["GKE", "NVIDIA_VISIBLE_DEVICES"],
+        );
+        refused(
+            node(gfd(&[(LABEL_SHARING_MODE, "per-node")]), eight),
+            Sharing::None,
+            &["\"per-node\"", "per-gpu"],
+        );
     }
 
     /// The policy's nodeModes declare the mode of nodes no label describes; GFD's and GKE's

@@ -29,6 +29,12 @@ pub const LABEL_GKE_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per
 pub const LABEL_GKE_PARTITION: &str = "cloud.google.com/gke-gpu-partition-size";
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 
+/// gpu-share's own node label: `per-gpu` asks gpu-share to share the node's plain GPUs per GPU
+/// (the device plugin left unshared).
+pub const LABEL_SHARING_MODE: &str = "gpu-share.io/sharing";
+/// The one value of [`LABEL_SHARING_MODE`].
+pub const PER_GPU: &str = "per-gpu";
+
 /// Most GPUs one node is taken to have. The largest GPU nodes hold 8 (16 at most); a node that
 /// advertises more is clamped to this (with a warning), so that per-GPU state stays small.
 pub const MAX_GPUS_PER_NODE: u32 = 64;

@@ -249,7 +249,9 @@ pub struct Policy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeMode {
     pub selector: LabelSelector,
-    /// `none` (whole GPUs), `time-slicing` or `mps`.
+    /// `none` (whole GPUs), `time-slicing` or `mps` (the device plugin's mode, for nodes whose
+    /// labels do not say), or `per-gpu` (gpu-share shares the node's plain GPUs per GPU; any
+    /// node, labelled or not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<DeclaredSharing>,
     /// Replicas per GPU, for `time-slicing` and `mps`.
@@ -267,6 +269,8 @@ pub enum DeclaredSharing {
     None,
     TimeSlicing,
     Mps,
+    /// gpu-share shares the node's unshared, non-MIG GPUs per GPU (reservations hold them).
+    PerGpu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -432,7 +436,7 @@ impl Policy {
             match (m.sharing, m.replicas, &m.mig_profile) {
                 (Some(_), _, Some(_)) | (None, _, None) => {
                     return Err(Violation(format!(
-                        "nodeModes[{i}]: give either sharing (none, time-slicing, mps) or migProfile"
+                        "nodeModes[{i}]: give either sharing (none, time-slicing, mps, per-gpu) or migProfile"
                     )));
                 }
                 (Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps), r, None)
@@ -445,7 +449,8 @@ impl Policy {
                         crate::nvidia::MAX_REPLICAS_PER_GPU
                     )));
                 }
-                (Some(DeclaredSharing::None), Some(_), _) | (None, Some(_), Some(_)) => {
+                (Some(DeclaredSharing::None | DeclaredSharing::PerGpu), Some(_), _)
+                | (None, Some(_), Some(_)) => {
                     return Err(Violation(format!(
                         "nodeModes[{i}].replicas applies to time-slicing and mps only"
                     )));
@@ -812,6 +817,14 @@ mod tests {
         bad(
             "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: none\n    replicas: 2\n",
             "time-slicing and mps only",
+        );
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: per-gpu\n    replicas: 2\n",
+            "time-slicing and mps only",
+        );
+        bad(
+            "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: per-gpu\n    migProfile: 1g.10gb\n",
+            "either sharing",
         );
         let ok = Policy::load(
             "nodeModes:\n  - selector: {matchLabels: {a: b}}\n    sharing: time-slicing\n    replicas: 4\n",

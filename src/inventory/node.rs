@@ -114,6 +114,10 @@ pub struct GpuNode {
     /// Set when no pod of the node's class can use it ([`Reading::unreached`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreached: Option<Unreached>,
+    /// Set when the node asks for per-GPU sharing (label or policy) and does not qualify: why,
+    /// in words ([`crate::inventory::opt_in_per_gpu`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_gpu_refused: Option<String>,
 }
 
 impl GpuNode {
@@ -139,6 +143,7 @@ impl GpuNode {
                 Vec::new()
             },
             unreached: None,
+            per_gpu_refused: None,
         }
     }
 

@@ -30,3 +30,11 @@ pub(super) fn warn_unreached_once(node: &str, resource: &str, sentence: &str) {
         tracing::warn!(node, resource, "{sentence}");
     }
 }
+
+/// Warns once per node (per process) that it asks for per-GPU sharing and does not qualify.
+pub(super) fn warn_per_gpu_refused_once(node: &str, why: &str) {
+    static WARNED: Warned = Mutex::new(None);
+    if first_warning(&WARNED, node) {
+        tracing::warn!(node, "{why}");
+    }
+}

@@ -14,6 +14,13 @@ use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
 pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
 
+/// On a pod in per-GPU form, the ConfigMap (in the pod's namespace) whose key
+/// [`DEVICES_KEY`] its containers read `NVIDIA_VISIBLE_DEVICES` from; written by the webhook,
+/// filled by gpu-share once the pod's GPU is held.
+pub const ANNOTATION_DEVICES: &str = "gpu-share.io/devices-configmap";
+/// The key of that ConfigMap: the UUID of the pod's GPU.
+pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
+
 /// A pod's identity and priority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -61,14 +68,23 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
     let Some(gpu) = gpu_demand_of_pod(pod)? else {
         return Ok(None);
     };
+    let resources: Vec<String> = pod
+        .spec
+        .as_ref()
+        .map(|s| limit_totals(s, true).into_keys().collect())
+        .unwrap_or_default();
+    let pointed = matches!(gpu, GpuDemand::Timeslice { .. })
+        && resources.is_empty()
+        && pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ANNOTATION_DEVICES));
     Ok(Some(Demand {
         cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
         models: pod_models(pod),
-        resources: pod
-            .spec
-            .as_ref()
-            .map(|s| limit_totals(s, true).into_keys().collect())
-            .unwrap_or_default(),
+        resources,
+        pointed,
         ..Demand::gpu(gpu)
     }))
 }

@@ -46,16 +46,15 @@ pub(super) fn random_gpu(
     cands: &[Placement],
 ) -> Placement {
     let first = cands[0].clone();
-    let milli = match &demand.gpu {
-        GpuDemand::Timeslice { milli, .. } if node.sharing == Sharing::PerGpu => *milli,
+    let (milli, memory) = match &demand.gpu {
+        GpuDemand::Timeslice { milli, memory_mib } if node.sharing == Sharing::PerGpu => {
+            (*milli, *memory_mib)
+        }
         _ => return first,
     };
-    let eligible: Vec<u32> = usage
-        .gpu_milli
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| **m + milli <= GPU_MILLI)
-        .map(|(i, _)| i as u32)
+    let eligible: Vec<u32> = (0..usage.gpu_milli.len())
+        .filter(|i| usage.takes_share(*i, milli, memory, node.gpu_memory_mib))
+        .map(|i| i as u32)
         .collect();
     if eligible.is_empty() {
         return first;

@@ -129,6 +129,10 @@ pub struct Demand {
     /// The `nvidia.com/*` resources the pod's limits name: a node must advertise each. Empty
     /// for demands not read from a pod (the simulator's).
     pub resources: Vec<String>,
+    /// A share in per-GPU form: the pod asks the device plugin for nothing and is pointed at
+    /// the GPU gpu-share holds for it (a node shared per GPU only). Demands not read from a pod
+    /// (the simulator's) say `false` and fit either kind of node.
+    pub pointed: bool,
 }
 
 impl Demand {
@@ -139,6 +143,7 @@ impl Demand {
             gpu,
             models: Vec::new(),
             resources: Vec::new(),
+            pointed: false,
         }
     }
 }

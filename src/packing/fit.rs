@@ -216,6 +216,18 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
             resource: r.clone(),
         });
     }
+    // A share in per-GPU form gets its GPU from gpu-share, on a node shared per GPU only; a
+    // share that asks the device plugin for a replica would get a whole GPU there.
+    let share = matches!(
+        demand.gpu,
+        GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. }
+    );
+    if demand.pointed && node.sharing != Sharing::PerGpu {
+        return Err(mismatch(node, "a GPU shared per GPU"));
+    }
+    if share && node.sharing == Sharing::PerGpu && !demand.resources.is_empty() {
+        return Err(mismatch(node, "a replica from the device plugin"));
+    }
     if !demand.models.is_empty() {
         let product = node.product.as_deref().unwrap_or_default();
         if !demand.models.iter().any(|m| m == product) {
@@ -391,21 +403,9 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 }
                 // A GPU not held whole, with room for the share's thousandths, and with room
                 // for its memory: per GPU, shares never pass 100% nor the GPU's memory.
-                let room = |i: usize| {
-                    usage.is_shareable(i) && usage.gpu_milli[i].saturating_add(*milli) <= GPU_MILLI
-                };
-                let memory_room = |i: usize| match (memory_mib, node.gpu_memory_mib) {
-                    (Some(want), Some(gpu_mem)) => {
-                        usage
-                            .gpu_memory
-                            .get(i)
-                            .copied()
-                            .unwrap_or(0)
-                            .saturating_add(*want)
-                            <= gpu_mem
-                    }
-                    _ => true,
-                };
+                let room = |i: usize| usage.takes_share(i, *milli, None, None);
+                let memory_room =
+                    |i: usize| usage.takes_share(i, *milli, *memory_mib, node.gpu_memory_mib);
                 let n = usage.gpu_milli.len();
                 if (0..n).any(|i| room(i) && memory_room(i)) {
                     Ok(())

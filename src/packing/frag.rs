@@ -175,6 +175,20 @@ impl TargetWorkload {
         cpu_free: Option<u64>,
         gpu_free: &[u32],
     ) -> Frag {
+        self.parts_held(measure, product, cpu_free, gpu_free, 0)
+    }
+
+    /// As [`TargetWorkload::parts_by`], where `held` of the GPUs with their whole share free are
+    /// held for shares (reserved on a node gpu-share shares per GPU): shares fit them, whole-GPU
+    /// shapes do not.
+    pub fn parts_held(
+        &self,
+        measure: Measure,
+        product: Option<&str>,
+        cpu_free: Option<u64>,
+        gpu_free: &[u32],
+        held: usize,
+    ) -> Frag {
         // The free shares, most first, and their prefix sums: the GPUs a shape fits are a
         // prefix.
         const STACK: usize = 32;
@@ -226,7 +240,12 @@ impl TargetWorkload {
             {
                 idle
             } else {
-                let fitting = sorted.partition_point(|f| *f >= s.gpu_milli);
+                let mut fitting = sorted.partition_point(|f| *f >= s.gpu_milli);
+                if s.gpu_milli >= GPU_MILLI {
+                    // The held GPUs are among the wholly free ones, which sort first; each
+                    // counts GPU_MILLI in the prefix like any other of them.
+                    fitting = fitting.saturating_sub(held);
+                }
                 if fitting < s.gpus as usize {
                     idle
                 } else {
@@ -254,7 +273,7 @@ impl TargetWorkload {
 
     /// The fragmentation of a node with this usage under `measure`, in its two parts.
     pub fn node_parts_by(&self, measure: Measure, node: &GpuNode, usage: &Usage) -> Frag {
-        self.frag_with(measure, node, usage, &[], 0)
+        self.frag_with(measure, node, usage, &[], 0, None)
     }
 
     /// The fragmentation of the node after a placement, under `measure`, in its two parts.
@@ -265,11 +284,11 @@ impl TargetWorkload {
         usage: &Usage,
         p: &Placement,
     ) -> Frag {
-        self.frag_with(measure, node, usage, &p.gpus, p.cpu_milli)
+        self.frag_with(measure, node, usage, &p.gpus, p.cpu_milli, p.reserve)
     }
 
-    /// The fragmentation of a node with this usage plus `gpus` (index, thousandths) and
-    /// `cpu_milli` more.
+    /// The fragmentation of a node with this usage plus `gpus` (index, thousandths),
+    /// `cpu_milli` more and a reservation on GPU `reserve`.
     fn frag_with(
         &self,
         measure: Measure,
@@ -277,6 +296,7 @@ impl TargetWorkload {
         usage: &Usage,
         gpus: &[(u32, u32)],
         cpu_milli: u64,
+        reserve: Option<u32>,
     ) -> Frag {
         let n = usage.gpu_milli.len();
         let mut buf = [0u32; 64];
@@ -295,11 +315,24 @@ impl TargetWorkload {
                 *f = f.saturating_sub(*m);
             }
         }
+        let held = held_idle(usage, free, reserve);
         let cpu_free = node
             .cpu_milli
             .map(|c| c.saturating_sub(usage.cpu_milli.saturating_add(cpu_milli)));
-        self.parts_by(measure, node.product.as_deref(), cpu_free, free)
+        self.parts_held(measure, node.product.as_deref(), cpu_free, free, held)
     }
+}
+
+/// The GPUs with their whole share free (`free`) that a reservation holds for shares, counting a
+/// new one on `reserve`.
+fn held_idle(usage: &Usage, free: &[u32], reserve: Option<u32>) -> usize {
+    free.iter()
+        .enumerate()
+        .filter(|(i, f)| {
+            **f >= GPU_MILLI
+                && (usage.reserved.get(*i).is_some_and(|r| *r > 0) || reserve == Some(*i as u32))
+        })
+        .count()
 }
 
 /// A node's fragmentation before a decision, remembered between decisions: it depends on the
@@ -328,10 +361,19 @@ struct MemoKey {
     cpu: (Option<u64>, u64),
     gpu_milli: [u32; MEMO_GPUS],
     gpus: usize,
+    /// The reserved GPUs with nothing on them ([`held_idle`]).
+    held: usize,
 }
 
 /// Nodes with more GPUs than this are not memoised.
 const MEMO_GPUS: usize = 16;
+
+/// The reserved GPUs with no share on them: what the measure reads of the reservations.
+fn held_count(usage: &Usage) -> usize {
+    (0..usage.gpu_milli.len())
+        .filter(|i| usage.gpu_milli[*i] == 0 && usage.reserved.get(*i).is_some_and(|r| *r > 0))
+        .count()
+}
 
 impl MemoKey {
     fn matches(
@@ -345,6 +387,7 @@ impl MemoKey {
             && self.measure == measure
             && self.cpu == (node.cpu_milli, usage.cpu_milli)
             && self.gpu_milli[..self.gpus] == usage.gpu_milli[..]
+            && self.held == held_count(usage)
             && self.product.as_deref() == node.product.as_deref()
     }
 }
@@ -377,6 +420,7 @@ impl FragMemo {
             cpu: (node.cpu_milli, usage.cpu_milli),
             gpu_milli,
             gpus: n,
+            held: held_count(usage),
         };
         // The slot of the same workload and measure (its value is stale), else the one not
         // written last.
@@ -533,6 +577,9 @@ mod tests {
             check(&w, &node, &usage);
             usage.gpu_milli[1] = 700;
             check(&w, &node, &usage);
+            // A reservation on an idle GPU: the 2-GPU shape has one GPU fewer.
+            usage.reserved[0] = 1;
+            check(&w, &node, &usage);
             usage.cpu_milli = 25_000;
             check(&w, &node, &usage);
             node.cpu_milli = Some(64_000);
@@ -554,6 +601,35 @@ mod tests {
                 check(&w3, &node, &usage);
             }
         }
+    }
+
+    #[test]
+    fn a_reserved_idle_gpu_takes_shares_but_no_whole_gpu_shape() {
+        let w = TargetWorkload {
+            shapes: vec![(shape(0, 1, 1000), 0.5), (shape(0, 1, 500), 0.5)],
+        };
+        let mut node = GpuNode::whole("n", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        node.sharing = crate::inventory::Sharing::PerGpu;
+        let mut usage = Usage::empty(&node);
+        assert_eq!(w.node_frag(&node, &usage), 0.0);
+        // GPU 0 reserved and empty: the whole shape loses its 1000, the half shape nothing.
+        usage.reserved[0] = 1;
+        assert!((w.node_frag(&node, &usage) - 500.0).abs() < 1e-9);
+        // The same as a placement that reserves it.
+        let p = Placement {
+            reserve: Some(1),
+            ..Placement::default()
+        };
+        let after = w.parts_after(Measure::Fgd, &node, &usage, &p).total();
+        let mut reserved_both = usage.clone();
+        super::super::usage::apply(&mut reserved_both, &p);
+        assert_eq!(after, w.node_frag(&node, &reserved_both));
+        assert!((after - 1000.0).abs() < 1e-9);
+        // A share on the reserved GPU: it is no longer wholly free, and counts as any shared one.
+        usage.gpu_milli[0] = 300;
+        let shared = w.node_frag(&node, &usage);
+        usage.reserved[0] = 0;
+        assert_eq!(shared, w.node_frag(&node, &usage));
     }
 
     #[test]
@@ -584,6 +660,7 @@ mod tests {
             },
             models: vec![],
             resources: vec![],
+            pointed: false,
         };
         let mut ds = vec![d(1000, 500); 6];
         ds.extend(vec![d(2000, 250); 3]);

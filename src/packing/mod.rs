@@ -340,6 +340,44 @@ mod tests {
         );
     }
 
+    /// A share in per-GPU form (no device-plugin resource, pointed at its GPU by gpu-share)
+    /// fits only a node shared per GPU; a share that asks the device plugin for a replica never
+    /// fits one (the plugin would hand it a whole GPU).
+    #[test]
+    fn shares_fit_the_node_kind_their_form_asks_for() {
+        let mut per_gpu = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        per_gpu.sharing = Sharing::PerGpu;
+        let sliced = GpuNode::shared(
+            "ts",
+            "NVIDIA-A100-SXM4-80GB",
+            2,
+            81920,
+            Sharing::TimeSlicing { replicas: 4 },
+        );
+        let pointed = Demand {
+            pointed: true,
+            ..ts(30)
+        };
+        let replica = Demand {
+            resources: vec!["nvidia.com/gpu".into()],
+            ..ts(30)
+        };
+        let fits = |n: &GpuNode, d: &Demand| fit(n, &Usage::empty(n), d);
+        assert_eq!(fits(&per_gpu, &pointed), Ok(()));
+        assert_eq!(
+            fits(&sliced, &pointed).unwrap_err().message(),
+            "node shares GPUs by time-slicing; pod asks a GPU shared per GPU"
+        );
+        assert_eq!(fits(&sliced, &replica), Ok(()));
+        assert_eq!(
+            fits(&per_gpu, &replica).unwrap_err().message(),
+            "node shares GPUs per GPU; pod asks a replica from the device plugin"
+        );
+        // The simulator's demands name no resource and point nowhere: both kinds take them.
+        assert_eq!(fits(&per_gpu, &ts(30)), Ok(()));
+        assert_eq!(fits(&sliced, &ts(30)), Ok(()));
+    }
+
     #[test]
     fn cpu_memory_and_model() {
         let mut n = GpuNode::whole("n", "V100M16", 1, 0);

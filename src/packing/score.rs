@@ -413,6 +413,7 @@ mod tests {
             },
             models: vec![],
             resources: vec![],
+            pointed: false,
         }
     }
 
@@ -423,6 +424,7 @@ mod tests {
             gpu: GpuDemand::Whole { count },
             models: vec![],
             resources: vec![],
+            pointed: false,
         }
     }
 

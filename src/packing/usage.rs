@@ -64,6 +64,28 @@ impl Usage {
         i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)
     }
 
+    /// Whether GPU `i` takes a share of `milli` thousandths and `memory_mib` of declared memory
+    /// on a node whose GPUs have `gpu_memory_mib` each (unknown: memory is not checked): it is
+    /// not held whole, and neither its thousandths nor its memory pass the GPU's (the per-GPU
+    /// model as enforced).
+    pub fn takes_share(
+        &self,
+        i: usize,
+        milli: u32,
+        memory_mib: Option<u64>,
+        gpu_memory_mib: Option<u64>,
+    ) -> bool {
+        self.is_shareable(i)
+            && self.gpu_milli[i].saturating_add(milli) <= GPU_MILLI
+            && match (memory_mib, gpu_memory_mib) {
+                (Some(want), Some(cap)) => {
+                    let used = self.gpu_memory.get(i).copied().unwrap_or(0);
+                    used.saturating_add(want) <= cap
+                }
+                _ => true,
+            }
+    }
+
     /// Full GPUs with nothing on them (model).
     pub fn free_gpus(&self) -> u32 {
         (0..self.gpu_milli.len())

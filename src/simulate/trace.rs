@@ -117,6 +117,7 @@ pub fn trace_node(name: &str, cpu_milli: u64, memory_mib: u64, gpus: u32, model:
             Vec::new()
         },
         unreached: None,
+        per_gpu_refused: None,
     }
 }
 
@@ -213,6 +214,7 @@ pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
                 gpu,
                 models,
                 resources: Vec::new(),
+                pointed: false,
             },
         });
     }
