@@ -85,6 +85,38 @@ pub struct MpsPolicy {
     pub run_as_user: Option<i64>,
 }
 
+/// The policy file's `perGpu` section: sharing per GPU on plain nodes that opt in (node label
+/// `gpu-share.io/sharing=per-gpu`, or `nodeModes` `sharing: per-gpu`), each shared GPU held by a
+/// reservation pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PerGpuPolicy {
+    /// `timeslice-<p>` pods take the per-GPU form (no device-plugin resource; pointed at the GPU
+    /// gpu-share holds for them) and go to nodes shared per GPU only.
+    #[serde(default)]
+    pub timeslice: bool,
+    /// Seconds a reservation outlives the last share on its GPU, so that a GPU is not
+    /// re-reserved for every pod that comes and goes.
+    #[serde(default = "defaults::release_after_seconds")]
+    pub release_after_seconds: u32,
+}
+
+impl Default for PerGpuPolicy {
+    fn default() -> Self {
+        PerGpuPolicy {
+            timeslice: false,
+            release_after_seconds: defaults::release_after_seconds(),
+        }
+    }
+}
+
+impl PerGpuPolicy {
+    /// Whether pods of `class` take the per-GPU form.
+    pub fn takes(&self, class: &GpuClass) -> bool {
+        self.timeslice && matches!(class, GpuClass::Timeslice { .. })
+    }
+}
+
 /// Node packing policy names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -232,6 +264,8 @@ pub struct Policy {
     pub mps: MpsPolicy,
     #[serde(default)]
     pub packing: PackingSection,
+    #[serde(default = "defaults::per_gpu")]
+    pub per_gpu: PerGpuPolicy,
     #[serde(default)]
     pub namespaces: Vec<NamespaceRule>,
     /// How GPUs are shared on nodes whose labels do not say (no GPU Feature Discovery, not GKE),
@@ -318,6 +352,12 @@ mod defaults {
     }
     pub fn mps() -> MpsPolicy {
         DEFAULT.mps.clone()
+    }
+    pub fn per_gpu() -> PerGpuPolicy {
+        DEFAULT.per_gpu.clone()
+    }
+    pub fn release_after_seconds() -> u32 {
+        30
     }
     pub fn mps_host_ipc() -> bool {
         DEFAULT.mps.host_ipc
@@ -592,6 +632,8 @@ impl Policy {
                 MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
             GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
+            // Per-GPU form: no device-plugin resource (the pod is pointed at its GPU).
+            GpuClass::Timeslice { .. } if self.per_gpu.timeslice => (String::new(), 0),
             GpuClass::Timeslice { .. } => (self.resources.timeslice_resource().to_string(), 1),
             GpuClass::Exclusive { count } => (RESOURCE_GPU.to_string(), *count),
         }

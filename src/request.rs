@@ -25,6 +25,12 @@ pub const ANNOTATION_CONTAINER: &str = "gpu-share/container";
 pub const ANNOTATION_COUNT: &str = "gpu-share/count";
 /// The normalized request the webhook writes and the extender reads.
 pub const ANNOTATION_REQUEST: &str = "gpu-share.io/request";
+/// On a pod in per-GPU form, the ConfigMap (in the pod's namespace) whose key [`DEVICES_KEY`]
+/// its container reads `NVIDIA_VISIBLE_DEVICES` from; written by the webhook, filled by
+/// gpu-share once the pod's GPU is held.
+pub const ANNOTATION_DEVICES: &str = "gpu-share.io/devices-configmap";
+/// The key of that ConfigMap: the UUID of the pod's GPU.
+pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// The valid forms, listed in every parse denial.
 pub const VALID_FORMS: &str = "valid forms: mig-<profile> (e.g. mig-1g.10gb), mps-<1..100>, \

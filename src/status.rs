@@ -77,6 +77,9 @@ pub fn render(reports: &[NodeReport]) -> String {
         if let Some(why) = &r.unreached {
             out.push_str(&format!("unusable: {}: {why}\n", r.name));
         }
+        if let Some(why) = &r.per_gpu_refused {
+            out.push_str(&format!("not shared per GPU: {}: {why}\n", r.name));
+        }
     }
     out
 }

@@ -266,6 +266,7 @@ fn planned_pod(policy: &Policy, annotation: &str) -> Pod {
         namespace: "default",
         namespace_labels: None,
         runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
+        request_uid: "u",
     };
     let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
     let gpu_share::admission::plan::Decision::Mutate(m) = decision else {

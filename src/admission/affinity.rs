@@ -22,6 +22,10 @@ pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
     let absent = |k: &str| (k.to_string(), "DoesNotExist", Vec::new());
     match class {
         GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
+        // The per-GPU form: plain nodes, as exclusive pods (gpu-share picks those shared per GPU).
+        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => {
+            affinity_for(&GpuClass::Exclusive { count: 1 }, policy)
+        }
         GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
         // Any node whose GPUs are not shared: GFD's `none`, and nodes without GFD's label (the
         // device plugin alone, GKE) — but not GKE's shared or MIG-partitioned nodes, which carry
@@ -96,6 +100,8 @@ pub(super) fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<E
             LABEL_GKE_SHARING,
             vec!["mps".to_string(), "MPS".to_string()],
         ),
+        // GKE's own GPU stack does not honour NVIDIA_VISIBLE_DEVICES: no per-GPU sharing there.
+        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => return None,
         GpuClass::Timeslice { .. } => (
             LABEL_GKE_SHARING,
             vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],

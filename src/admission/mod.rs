@@ -1,6 +1,7 @@
 //! The mutating admission webhook: a pure planner for pod CREATEs, a pure rule for UPDATEs of
 //! gpu-share's annotations, and the AdmissionReview wire layer.
 mod affinity;
+pub mod devices;
 pub mod guard;
 mod patch;
 pub mod plan;

@@ -17,6 +17,7 @@ use crate::mig::{MigModel, MigProfile, MigTable};
 use crate::policy::{NamespaceRule, Policy};
 use crate::request::{self, ANNOTATION_REQUEST, AnnotatedRequest, GpuClass, GpuRequest};
 
+use super::devices;
 pub use super::steps::RuntimeClassState;
 use super::steps::{self, Target, fmt_num};
 
@@ -30,6 +31,8 @@ pub struct Facts<'a> {
     /// The namespace's labels; `None` when they could not be read (no cluster).
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
     pub runtime_class: RuntimeClassState,
+    /// The AdmissionRequest's uid: names a pod's devices ConfigMap (per-GPU form).
+    pub request_uid: &'a str,
 }
 
 /// Why a pod was denied: a fixed set, used as a metric label.
@@ -49,6 +52,8 @@ pub enum DenialReason {
     RequestWithoutGpuShare,
     /// An UPDATE changes an annotation fixed at admission, or one only gpu-share writes.
     AnnotationUpdate,
+    /// A gpu-share pod sets `NVIDIA_VISIBLE_DEVICES` itself.
+    VisibleDevicesSet,
 }
 
 impl DenialReason {
@@ -66,6 +71,7 @@ impl DenialReason {
             DenialReason::NamespaceUnavailable => "namespace_unavailable",
             DenialReason::RequestWithoutGpuShare => "request_without_gpu_share",
             DenialReason::AnnotationUpdate => "annotation_update",
+            DenialReason::VisibleDevicesSet => "visible_devices_set",
         }
     }
 }
@@ -229,6 +235,13 @@ impl Intake {
         check_request_annotation(&self.annotations, &normalized)?;
         let (resource, quantity) = policy.resource_for(req);
         check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
+        let devices_configmap = policy
+            .per_gpu
+            .takes(&req.class)
+            .then(|| devices::configmap_name(&self.annotations, facts.request_uid));
+        if let Some(why) = devices::set_by_user(spec, index, devices_configmap.as_deref()) {
+            return Err(Denial::new(DenialReason::VisibleDevicesSet, why));
+        }
         let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
             && policy.mps.host_ipc
             && spec.host_ipc != Some(true);
@@ -247,6 +260,8 @@ impl Intake {
             inject_host_ipc,
             normalized,
             request_annotated: self.annotations.contains_key(ANNOTATION_REQUEST),
+            devices_configmap,
+            annotations: &self.annotations,
         })
     }
 }
@@ -432,6 +447,17 @@ fn check_existing_gpu_resources(
                 if i == target && name == resource && q.0 == quantity.to_string() {
                     continue;
                 }
+                if resource.is_empty() {
+                    return Err(Denial::new(
+                        DenialReason::ConflictingLimits,
+                        format!(
+                            "gpu-share: container {:?} sets {name}: {} in resources.{field}, but on this cluster \
+                             timeslice pods are shared per GPU (policy perGpu.timeslice): gpu-share holds their GPU \
+                             and points them at it, and they ask the device plugin for nothing; remove the GPU resources",
+                            c.name, q.0
+                        ),
+                    ));
+                }
                 return Err(Denial::new(
                     DenialReason::ConflictingLimits,
                     format!(
@@ -537,6 +563,7 @@ mod tests {
             namespace: "ml",
             namespace_labels: None,
             runtime_class: RuntimeClassState::Exists,
+            request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
         }
     }
 
@@ -1102,6 +1129,7 @@ mod tests {
             namespace: "other",
             namespace_labels: Some(&labels),
             runtime_class: RuntimeClassState::Exists,
+            request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
         };
         let d = deny(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &psa);
         assert!(d.message.contains("baseline"), "{}", d.message);

@@ -397,6 +397,7 @@ async fn decide_within(
         namespace,
         namespace_labels: labels.as_ref(),
         runtime_class,
+        request_uid: &req.uid,
     };
     intake.plan(&loaded.policy, &loaded.mig, &facts)
 }

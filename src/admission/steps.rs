@@ -51,6 +51,9 @@ pub(super) struct Target<'a> {
     pub normalized: String,
     /// The pod already carries the normalized request annotation.
     pub request_annotated: bool,
+    /// Per-GPU form: the ConfigMap the pod's `NVIDIA_VISIBLE_DEVICES` is read from.
+    pub devices_configmap: Option<String>,
+    pub annotations: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// The patch and the warnings for a validated pod: every step, in order.
@@ -77,6 +80,10 @@ pub(super) fn patch(
     }
     set_scheduler_name(&mut b, &mut warnings, t.spec, policy);
     add_env(&mut b, t.container, &cpath, &workload_env(t, policy));
+    if let Some(cm) = &t.devices_configmap {
+        // Step 7b: the per-GPU form's devices (`devices.rs`).
+        super::devices::patch(&mut b, t.spec, t.index, cm, t.annotations);
+    }
     if !t.request_annotated {
         // Step 8: the normalized request annotation (the parent exists: it holds the
         // gpu-share annotation).
@@ -91,6 +98,10 @@ pub(super) fn patch(
 /// Step 1: the extended resource, as a limit of the target container.
 fn add_resource_limit(b: &mut PatchBuilder, t: &Target<'_>, cpath: &[&str]) {
     let resource = t.resource.as_str();
+    if resource.is_empty() {
+        // The per-GPU form asks the device plugin for nothing.
+        return;
+    }
     let has_limit = t
         .container
         .resources

@@ -116,6 +116,8 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         // The template is checked, not changed: whether the RuntimeClass exists only decides
         // what the pod webhook writes into each pod.
         runtime_class: RuntimeClassState::Exists,
+        // The template's pods are checked, not named: any uid names their ConfigMap alike.
+        request_uid: "template",
     };
     match templates.check(&loaded.policy, &loaded.mig, &facts) {
         Some(denial) => Decision::Deny(denial),

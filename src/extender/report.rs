@@ -50,6 +50,9 @@ pub struct NodeReport {
     /// the node does not advertise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreached: Option<String>,
+    /// Why the node, which asks for per-GPU sharing (label or policy), is not shared per GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_gpu_refused: Option<String>,
     pub pods: Vec<PodReport>,
 }
 
@@ -170,6 +173,7 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
             .unreached
             .as_ref()
             .map(crate::inventory::Unreached::sentence),
+        per_gpu_refused: n.per_gpu_refused.clone(),
         pods: nl
             .holdings
             .values()

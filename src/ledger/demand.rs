@@ -9,17 +9,10 @@ use serde::Serialize;
 
 use crate::inventory::{self, MIG_RESOURCE_PREFIX};
 use crate::packing::{Demand, GpuDemand, Placement};
-use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
+use crate::request::{ANNOTATION_DEVICES, ANNOTATION_REQUEST, GpuClass, GpuRequest};
 
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
 pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
-
-/// On a pod in per-GPU form, the ConfigMap (in the pod's namespace) whose key
-/// [`DEVICES_KEY`] its containers read `NVIDIA_VISIBLE_DEVICES` from; written by the webhook,
-/// filled by gpu-share once the pod's GPU is held.
-pub const ANNOTATION_DEVICES: &str = "gpu-share.io/devices-configmap";
-/// The key of that ConfigMap: the UUID of the pod's GPU.
-pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// A pod's identity and priority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,0 +1,375 @@
+//! Pointing a pod in per-GPU form at its GPU (PURE): `NVIDIA_VISIBLE_DEVICES` read from a key of
+//! a per-pod ConfigMap that gpu-share fills once the pod's GPU is held, and refusing the variable
+//! wherever else a gpu-share pod sets it.
+//!
+//! The gate is the ConfigMap key: kubelet does not start a container whose env names a missing
+//! ConfigMap or key (`optional: false`), so the container never starts before gpu-share has
+//! written the UUID of the GPU its ledger holds for the pod, and never on another GPU. The name
+//! is fixed here, at admission, from the AdmissionRequest's uid: the pod's own uid does not exist
+//! yet, and a name derived from the pod's name would meet a previous pod's ConfigMap (a
+//! StatefulSet reuses names before the garbage collector removes the old one).
+//!
+//! A downward-API env from an annotation written with the Binding would need no ConfigMap, but
+//! kubelet resolves a downward-API env from whatever the pod carries when the container starts,
+//! missing or not: a pod bound before its GPU's reservation knew the UUID would start on no GPU,
+//! or on every GPU when the image sets `NVIDIA_VISIBLE_DEVICES=all`. Bind cannot wait for a new
+//! reservation to start (kube-scheduler's bind timeout), so the gate must be one kubelet waits on.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+use serde_json::{Value, json};
+
+use super::patch::PatchBuilder;
+pub use crate::request::{ANNOTATION_DEVICES, DEVICES_KEY};
+
+/// The variable NVIDIA's Container Toolkit reads the visible GPUs from.
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// What the other containers of a pod in per-GPU form see: no GPU, and no driver files (an image
+/// that sets `NVIDIA_VISIBLE_DEVICES=all`, as CUDA's do, would otherwise see every GPU).
+pub const NO_DEVICES: &str = "void";
+/// The driver capabilities a share gets when its container sets none.
+pub const DRIVER_CAPABILITIES: (&str, &str) = ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility");
+/// Prefix of the per-pod ConfigMaps.
+pub const CONFIGMAP_PREFIX: &str = "gpu-share-devices-";
+
+/// The pod's ConfigMap: the one a previous pass of the webhook named (kept, so that a second
+/// pass changes nothing), else one named from the AdmissionRequest's uid.
+pub fn configmap_name(annotations: &BTreeMap<String, String>, request_uid: &str) -> String {
+    if let Some(name) = annotations
+        .get(ANNOTATION_DEVICES)
+        .filter(|n| is_configmap_name(n))
+    {
+        return name.clone();
+    }
+    let uid: String = request_uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    let uid = uid.trim_matches('-');
+    if !uid.is_empty() && uid.len() <= 64 && uid.len() == request_uid.len() {
+        return format!("{CONFIGMAP_PREFIX}{uid}");
+    }
+    // Not a UUID (the API server always sends one): a digest of it, still one name per request.
+    let digest = ring::digest::digest(&ring::digest::SHA256, request_uid.as_bytes());
+    let hex: String = digest.as_ref()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{CONFIGMAP_PREFIX}{hex}")
+}
+
+/// Whether `name` is one [`configmap_name`] gives.
+pub fn is_configmap_name(name: &str) -> bool {
+    name.strip_prefix(CONFIGMAP_PREFIX).is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.len() <= 64
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !rest.ends_with('-')
+    })
+}
+
+/// The one env entry that names the ConfigMap's key.
+fn from_configmap(name: &str) -> Value {
+    json!({
+        "name": VISIBLE_DEVICES,
+        "valueFrom": {"configMapKeyRef": {"name": name, "key": DEVICES_KEY, "optional": false}}
+    })
+}
+
+/// Whether `e` is exactly what [`patch`] writes into the target container.
+fn is_ours_target(e: &EnvVar, configmap: &str) -> bool {
+    e.value.is_none()
+        && e.value_from.as_ref().is_some_and(|f| {
+            f.field_ref.is_none()
+                && f.resource_field_ref.is_none()
+                && f.secret_key_ref.is_none()
+                && f.config_map_key_ref.as_ref().is_some_and(|r| {
+                    r.name == configmap && r.key == DEVICES_KEY && r.optional != Some(true)
+                })
+        })
+}
+
+/// A gpu-share pod never sets `NVIDIA_VISIBLE_DEVICES` itself: the device plugin or gpu-share
+/// chooses the GPU. Only what a previous pass of the webhook wrote for a pod in per-GPU form
+/// (`configmap`) stays. `Some`: why the pod is refused, in words.
+pub fn set_by_user(spec: &PodSpec, target: usize, configmap: Option<&str>) -> Option<String> {
+    let containers = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (i == target, "container", c))
+        .chain(
+            spec.init_containers
+                .iter()
+                .flatten()
+                .map(|c| (false, "init container", c)),
+        );
+    for (is_target, kind, c) in containers {
+        for e in c.env.iter().flatten().filter(|e| e.name == VISIBLE_DEVICES) {
+            let ours = match configmap {
+                Some(cm) if is_target => is_ours_target(e, cm),
+                Some(_) => e.value.as_deref() == Some(NO_DEVICES) && e.value_from.is_none(),
+                None => false,
+            };
+            if !ours {
+                return Some(format!(
+                    "gpu-share: {kind} {:?} sets {VISIBLE_DEVICES}, which chooses GPUs around the scheduler's \
+                     accounting; gpu-share (or the device plugin) sets it for the GPU the pod was given: remove it",
+                    c.name
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The per-GPU form's patch: the target container reads `NVIDIA_VISIBLE_DEVICES` from the
+/// ConfigMap's key and gets `NVIDIA_DRIVER_CAPABILITIES` unless it sets its own; every other
+/// container, init containers included, sees no GPU; the annotation names the ConfigMap.
+pub(super) fn patch(
+    b: &mut PatchBuilder,
+    spec: &PodSpec,
+    target: usize,
+    configmap: &str,
+    annotations: &BTreeMap<String, String>,
+) {
+    let containers = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ("containers", i, c, i == target))
+        .chain(
+            spec.init_containers
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, c)| ("initContainers", i, c, false)),
+        );
+    for (field, i, c, is_target) in containers {
+        let index = i.to_string();
+        let cpath = ["spec", field, index.as_str()];
+        let mut add = vec![];
+        if !has(c, VISIBLE_DEVICES) {
+            add.push(if is_target {
+                from_configmap(configmap)
+            } else {
+                json!({"name": VISIBLE_DEVICES, "value": NO_DEVICES})
+            });
+        }
+        if is_target && !has(c, DRIVER_CAPABILITIES.0) {
+            add.push(json!({"name": DRIVER_CAPABILITIES.0, "value": DRIVER_CAPABILITIES.1}));
+        }
+        if add.is_empty() {
+            continue;
+        }
+        if c.env.is_none() {
+            b.add(&[&cpath[..], &["env"]].concat(), Value::Array(add));
+        } else {
+            for e in add {
+                b.add(&[&cpath[..], &["env", "-"]].concat(), e);
+            }
+        }
+    }
+    if annotations.get(ANNOTATION_DEVICES).map(String::as_str) != Some(configmap) {
+        b.add(
+            &["metadata", "annotations", ANNOTATION_DEVICES],
+            json!(configmap),
+        );
+    }
+}
+
+fn has(c: &Container, name: &str) -> bool {
+    c.env.iter().flatten().any(|e| e.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::plan::{Decision, Denial, DenialReason, Facts, RuntimeClassState, plan};
+    use crate::policy::Policy;
+
+    fn per_gpu_policy() -> Policy {
+        Policy::load("perGpu:\n  timeslice: true\n", "p.yaml")
+            .unwrap()
+            .policy
+    }
+
+    fn facts(uid: &str) -> Facts<'_> {
+        Facts {
+            namespace: "ml",
+            namespace_labels: None,
+            runtime_class: RuntimeClassState::Exists,
+            request_uid: uid,
+        }
+    }
+
+    fn pod(request: &str, spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "p-", "namespace": "ml", "annotations": {"gpu-share": request}},
+               "spec": spec})
+    }
+
+    fn two_containers() -> Value {
+        json!({
+            "initContainers": [{"name": "fetch", "image": "x"}],
+            "containers": [
+                {"name": "server", "image": "cuda", "env": [{"name": "A", "value": "1"}]},
+                {"name": "sidecar", "image": "cuda"}
+            ]
+        })
+    }
+
+    fn run(policy: &Policy, obj: &Value, uid: &str) -> Result<Value, Denial> {
+        match plan(obj, policy, &policy.mig_table(), &facts(uid)) {
+            Decision::Mutate(m) => {
+                let mut doc = obj.clone();
+                json_patch::patch(&mut doc, &m.patch).expect("patch applies");
+                Ok(doc)
+            }
+            Decision::Deny(d) => Err(d),
+            Decision::NotRequested => panic!("not requested"),
+        }
+    }
+
+    fn env<'a>(doc: &'a Value, path: &str, name: &str) -> Option<&'a Value> {
+        doc.pointer(path)?
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)
+    }
+
+    /// A timeslice pod in per-GPU form asks the device plugin for nothing; its container reads
+    /// the GPU from the ConfigMap key named at admission, every other container sees none, and
+    /// a second pass (the API server's reinvocation) adds nothing.
+    #[test]
+    fn the_per_gpu_form_points_the_container_at_a_configmap_key() {
+        let p = per_gpu_policy();
+        let uid = "0B5E7A4C-2d1f-4e8a-9c3b-5a6d7e8f9012";
+        let doc = run(&p, &pod("timeslice-30", two_containers()), uid).unwrap();
+        let cm = "gpu-share-devices-0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012";
+        assert_eq!(doc["metadata"]["annotations"][ANNOTATION_DEVICES], cm);
+        let main = "/spec/containers/0/env";
+        assert_eq!(
+            env(&doc, main, VISIBLE_DEVICES).unwrap()["valueFrom"],
+            json!({"configMapKeyRef": {"name": cm, "key": DEVICES_KEY, "optional": false}})
+        );
+        assert_eq!(
+            env(&doc, main, DRIVER_CAPABILITIES.0).unwrap()["value"],
+            DRIVER_CAPABILITIES.1
+        );
+        assert_eq!(env(&doc, main, "A").unwrap()["value"], "1");
+        for other in ["/spec/containers/1/env", "/spec/initContainers/0/env"] {
+            assert_eq!(
+                env(&doc, other, VISIBLE_DEVICES).unwrap()["value"],
+                NO_DEVICES
+            );
+        }
+        for c in doc["spec"]["containers"].as_array().unwrap() {
+            assert!(c.pointer("/resources/limits").is_none(), "{c}");
+        }
+        assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
+        let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert!(terms.to_string().contains("NotIn"), "plain nodes: {terms}");
+        assert!(!terms.to_string().contains("time-sharing"), "{terms}");
+        // Again, under another request's uid: the name stays, nothing is added.
+        let again = run(&p, &doc, "another").unwrap();
+        assert_eq!(again, doc);
+        // The ledger reads the pod as a share in per-GPU form.
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc).unwrap();
+        let d = crate::ledger::demand_of_pod(&pod).unwrap().unwrap();
+        assert!(d.pointed && d.resources.is_empty(), "{d:?}");
+    }
+
+    /// A gpu-share pod never sets NVIDIA_VISIBLE_DEVICES itself, in either form, and a pod in
+    /// per-GPU form asks the device plugin for nothing.
+    #[test]
+    fn a_user_set_visible_devices_is_refused_in_words() {
+        let set = |value: Value| {
+            let mut spec = two_containers();
+            spec["containers"][1]["env"] = json!([{"name": VISIBLE_DEVICES, "value": value}]);
+            spec
+        };
+        for policy in [per_gpu_policy(), Policy::default_policy()] {
+            for (request, spec) in [
+                ("timeslice-30", set(json!("all"))),
+                ("exclusive", set(json!("GPU-1234"))),
+                ("mps-50", set(json!("0"))),
+            ] {
+                let d = run(&policy, &pod(request, spec), "u").unwrap_err();
+                assert_eq!(d.reason, DenialReason::VisibleDevicesSet);
+                assert!(
+                    d.message.contains("\"sidecar\"") && d.message.contains(VISIBLE_DEVICES),
+                    "{}",
+                    d.message
+                );
+            }
+        }
+        // What the webhook writes for one pod does not pass for another: a pod pointing at a
+        // ConfigMap other than its own annotation names.
+        let p = per_gpu_policy();
+        let doc = run(&p, &pod("timeslice-30", two_containers()), "u-1").unwrap();
+        let mut forged = doc.clone();
+        for e in forged["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .filter(|e| e["name"] == VISIBLE_DEVICES)
+        {
+            e["valueFrom"]["configMapKeyRef"]["name"] = json!("gpu-share-devices-someone-else");
+        }
+        assert_eq!(
+            run(&p, &forged, "u-2").unwrap_err().reason,
+            DenialReason::VisibleDevicesSet
+        );
+        // Without per-GPU sharing, the same pod's env is refused too.
+        assert_eq!(
+            run(&Policy::default_policy(), &doc, "u-3")
+                .unwrap_err()
+                .reason,
+            DenialReason::VisibleDevicesSet
+        );
+        // Limits on a pod in per-GPU form.
+        let mut spec = two_containers();
+        spec["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+        let d = run(&p, &pod("timeslice-30", spec), "u").unwrap_err();
+        assert_eq!(d.reason, DenialReason::ConflictingLimits);
+        assert!(d.message.contains("perGpu.timeslice"), "{}", d.message);
+        // Other classes keep the device plugin's form.
+        let doc = run(&p, &pod("exclusive", two_containers()), "u").unwrap();
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "1"
+        );
+        assert!(env(&doc, "/spec/containers/1/env", VISIBLE_DEVICES).is_none());
+    }
+
+    #[test]
+    fn configmap_names_are_valid_and_one_per_request() {
+        let none = BTreeMap::new();
+        let a = configmap_name(&none, "5f0c9a0e-1111-2222-3333-444455556666");
+        assert_eq!(a, "gpu-share-devices-5f0c9a0e-1111-2222-3333-444455556666");
+        for odd in ["", "---", "a/b", &"x".repeat(300), "Ünï"] {
+            let n = configmap_name(&none, odd);
+            assert!(is_configmap_name(&n), "{odd:?} gave {n:?}");
+            assert!(n.len() <= 253);
+        }
+        assert_ne!(configmap_name(&none, "a/b"), configmap_name(&none, "a/c"));
+        // A name the annotation already gives is kept; an invalid one is not.
+        let kept: BTreeMap<String, String> = [(ANNOTATION_DEVICES.to_string(), a.clone())].into();
+        assert_eq!(configmap_name(&kept, "other"), a);
+        let bad: BTreeMap<String, String> = [(
+            ANNOTATION_DEVICES.to_string(),
+            "kube-root-ca.crt".to_string(),
+        )]
+        .into();
+        assert_eq!(
+            configmap_name(&bad, "5f0c9a0e"),
+            "gpu-share-devices-5f0c9a0e"
+        );
+    }
+}
