@@ -44,6 +44,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Create a CA and a serving certificate for the webhook Service and print the caBundle.
     Certs(CertsArgs),
+    /// Run a reservation pod: find the one GPU the device plugin gave it (NVML), write its UUID
+    /// onto the pod, and hold it until stopped. gpu-share creates these pods itself.
+    Reserve(crate::reservation::agent::ReserveArgs),
     /// Replay a trace (openb CSV, or a NodeList and annotated pods) under packing policies and
     /// report unallocated GPU and fragmentation.
     Simulate(SimulateArgs),

@@ -22,6 +22,7 @@ pub mod nvidia;
 pub mod packing;
 pub mod policy;
 pub mod request;
+pub mod reservation;
 pub mod server;
 pub mod shared;
 pub mod simulate;

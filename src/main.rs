@@ -41,6 +41,25 @@ fn main() -> ExitCode {
             };
             runtime.block_on(status(args))
         }
+        Command::Reserve(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the async runtime");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(gpu_share::reservation::agent::run(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -394,3 +394,47 @@ fn version_names_the_crate_version_and_git_revision() {
         format!("gpu-share {} ({revision})", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// `gpu-share reserve` that finds no single GPU fails in words, in its termination message,
+/// before it needs the cluster; the test seam that stands in for NVML says so in the log.
+#[test]
+fn reserve_without_exactly_one_gpu_fails_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("termination-log");
+    for (seam, words) in [
+        (Some("GPU-5b3c7e0a-1,GPU-9f8e7d6c-2"), "sees 2 GPUs"),
+        (Some(""), "sees 0 GPUs"),
+        (
+            Some("error:driver/library version mismatch"),
+            "driver/library version mismatch",
+        ),
+        (None, "cannot load or start NVML (libnvidia-ml.so.1)"),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["reserve", "--termination-log"])
+            .arg(&log)
+            .env("POD_NAME", "gpu-share-n1-gpu-0")
+            .env("POD_NAMESPACE", "gpu-share-reservations")
+            .env("KUBECONFIG", dir.path().join("absent"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("GPU_SHARE_RESERVE_FAKE_NVML");
+        if let Some(s) = seam {
+            cmd.env("GPU_SHARE_RESERVE_FAKE_NVML", s);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{seam:?}");
+        let message = std::fs::read_to_string(&log).unwrap();
+        assert!(message.contains(words), "{seam:?}: {message}");
+        assert!(
+            message.contains("exactly") || message.contains("NVML failed"),
+            "{message}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.contains("replaced by the test seam"),
+            seam.is_some(),
+            "{stderr}"
+        );
+        std::fs::remove_file(&log).unwrap();
+    }
+}

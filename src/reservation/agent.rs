@@ -1,0 +1,269 @@
+//! `gpu-share reserve`: the process of a reservation pod. It asks NVML which GPU the device
+//! plugin gave the pod (exactly one, or it fails in words), writes the GPU's UUID onto its own
+//! pod, and idles until it is stopped. A failure is written where it is seen: the container's
+//! termination message, an annotation on the pod ([`model::ANNOTATION_ERROR`]) and an Event.
+//!
+//! NVML is loaded at run time (`libnvidia-ml.so.1`, which the nvidia runtime mounts into the
+//! container), so the binary runs anywhere and says plainly when the driver is not there. For
+//! tests without a GPU, [`SEAM_ENV`] replaces NVML, and the process says so in its log.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::model;
+
+/// Test seam: the GPU UUIDs NVML would list, comma-separated (empty: none), or `error:<words>`
+/// for an NVML that fails. Never set in a real reservation.
+pub const SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_NVML";
+
+/// What `gpu-share reserve` needs to know.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReserveArgs {
+    /// The reservation pod's name (the downward API's metadata.name).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: String,
+    /// Its namespace (metadata.namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: String,
+    /// Where the container's termination message goes.
+    #[arg(long, default_value = "/dev/termination-log")]
+    pub termination_log: std::path::PathBuf,
+    /// The NVML library to load.
+    #[arg(long, default_value = "libnvidia-ml.so.1")]
+    pub nvml_library: String,
+}
+
+/// Why `gpu-share reserve` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    #[error("no Kubernetes configuration: {0}")]
+    NoCluster(#[source] kube::Error),
+    #[error("cannot write the GPU's UUID onto pod {namespace}/{name}: {source}")]
+    Publish {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    NoGpu(#[from] model::NoGpu),
+}
+
+/// Why NVML could not list the GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot load or start NVML ({library}): {source}")]
+    Load {
+        library: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("cannot count GPUs: {0}")]
+    Count(#[source] nvml_wrapper::error::NvmlError),
+    #[error("cannot read GPU {index}'s UUID: {source}")]
+    Uuid {
+        index: u32,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("{0} (the test seam {SEAM_ENV})")]
+    Seam(String),
+    #[error("the NVML probe stopped: {0}")]
+    Stopped(String),
+}
+
+/// The GPU UUIDs NVML sees, or why it cannot tell.
+pub fn probe(library: &str) -> Result<Vec<String>, ProbeError> {
+    if let Ok(fake) = std::env::var(SEAM_ENV) {
+        tracing::warn!(
+            seam = SEAM_ENV,
+            value = %fake,
+            "NVML is replaced by the test seam {SEAM_ENV}: the UUIDs below are not read from a GPU"
+        );
+        if let Some(why) = fake.strip_prefix("error:") {
+            return Err(ProbeError::Seam(why.to_string()));
+        }
+        return Ok(fake
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect());
+    }
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(library))
+        .init()
+        .map_err(|source| ProbeError::Load {
+            library: library.to_string(),
+            source,
+        })?;
+    let count = nvml.device_count().map_err(ProbeError::Count)?;
+    (0..count)
+        .map(|index| {
+            nvml.device_by_index(index)
+                .and_then(|d| d.uuid())
+                .map_err(|source| ProbeError::Uuid { index, source })
+        })
+        .collect()
+}
+
+/// Runs the reservation: probe, publish, idle until SIGTERM (or fail in words).
+pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
+    let library = args.nvml_library.clone();
+    let found = tokio::task::spawn_blocking(move || probe(&library))
+        .await
+        .unwrap_or_else(|e| Err(ProbeError::Stopped(e.to_string())));
+    let outcome = model::one_gpu(found);
+    if let Err(no_gpu) = &outcome {
+        let why = no_gpu.to_string();
+        tracing::error!("{why}");
+        if let Err(e) = std::fs::write(&args.termination_log, &why) {
+            tracing::debug!(error = %e, path = %args.termination_log.display(), "no termination log");
+        }
+    }
+    let client = Client::try_default()
+        .await
+        .map_err(ReserveError::NoCluster)?;
+    match outcome {
+        Ok(uuid) => {
+            publish(&client, args, Some(&uuid), None).await?;
+            tracing::info!(uuid, pod = %args.pod_name, "holding the GPU");
+            stopped().await;
+            tracing::info!("stopping: the GPU is released with this pod");
+            Ok(())
+        }
+        Err(no_gpu) => {
+            let why = no_gpu.to_string();
+            if let Err(e) = publish(&client, args, None, Some(&why)).await {
+                tracing::error!("{e}");
+            }
+            record_event(client, args, &why).await;
+            Err(ReserveError::NoGpu(no_gpu))
+        }
+    }
+}
+
+/// Writes the UUID or the error onto the pod (the other one removed), retrying for about a
+/// minute: the API server may be a moment away when the pod starts.
+async fn publish(
+    client: &Client,
+    args: &ReserveArgs,
+    uuid: Option<&str>,
+    error: Option<&str>,
+) -> Result<(), ReserveError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
+    let patch = json!({"metadata": {"annotations": {
+        model::ANNOTATION_UUID: uuid,
+        model::ANNOTATION_ERROR: error,
+    }}});
+    let mut delay = Duration::from_millis(250);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match api
+            .patch(
+                &args.pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if attempt < 12 && retriable(&e) => {
+                tracing::warn!(error = %e, attempt, "cannot write to the pod yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            Err(source) => {
+                return Err(ReserveError::Publish {
+                    namespace: args.pod_namespace.clone(),
+                    name: args.pod_name.clone(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+/// Errors worth another try: the API server unreachable, overloaded or briefly failing; never
+/// a refusal (forbidden, not found, invalid).
+fn retriable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+async fn record_event(client: Client, args: &ReserveArgs, why: &str) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "gpu-share-reserve".into(),
+            instance: Some(args.pod_name.clone()),
+        },
+    );
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(args.pod_name.clone()),
+        namespace: Some(args.pod_namespace.clone()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "GpuReservationFailed".into(),
+        note: Some(why.chars().take(1000).collect()),
+        action: "Reserve".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, "cannot record the failure as an event");
+    }
+}
+
+/// SIGTERM (kubelet stopping the pod) or Ctrl-C.
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real NVML that cannot load says so (the seam is tested through the binary).
+    #[test]
+    fn the_probe_reads_the_seam_or_says_why_nvml_failed() {
+        // On this machine (no driver), NVML cannot load: said in words.
+        let e = probe("libnvidia-ml-absent.so.1").unwrap_err().to_string();
+        assert!(e.contains("libnvidia-ml-absent.so.1"), "{e}");
+        let e = model::one_gpu(Err(e)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("NVML failed: cannot load or start NVML"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,7 @@
+//! Reservations: on a node gpu-share shares per GPU, a pod that holds each shared GPU through
+//! NVIDIA's device plugin and tells gpu-share which GPU it is. The model is pure
+//! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
+pub mod agent;
+pub mod model;
+
+pub use model::*;

@@ -1,0 +1,272 @@
+//! PURE: reservation pods, gpu-share's hold on each GPU it shares on a node shared per GPU.
+//!
+//! A reservation asks NVIDIA's device plugin for one `nvidia.com/gpu` on its node (so the plugin
+//! gives that GPU to no other pod), learns which GPU it got with NVML (`gpu-share reserve`), and
+//! writes the GPU's UUID onto itself. Shares on that GPU read the UUID through their ConfigMap.
+//! Reservations live in their own namespace ([`NAMESPACE`]), which only gpu-share writes to:
+//! the ledger trusts a pod there that names the GPU it reserves ([`ANNOTATION_GPU`]), and no
+//! pod elsewhere.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::nvidia::RESOURCE_GPU;
+
+/// The namespace of the reservation pods (Pod Security `restricted`).
+pub const NAMESPACE: &str = "gpu-share-reservations";
+/// Their ServiceAccount: may read and patch pods, and create events, in [`NAMESPACE`] only.
+pub const SERVICE_ACCOUNT: &str = "gpu-share-reserve";
+/// Their PriorityClass: above every workload, so a reservation is never preempted for one.
+pub const PRIORITY_CLASS: &str = "gpu-share-reservation";
+/// On a reservation: the index (gpu-share's per-GPU model) of the GPU it holds.
+pub const ANNOTATION_GPU: &str = "gpu-share.io/reserve-gpu";
+/// On a reservation: the UUID of the GPU the device plugin gave it, written by the reservation.
+pub const ANNOTATION_UUID: &str = "gpu-share.io/gpu-uuid";
+/// On a reservation that failed: why, in words, written by the reservation.
+pub const ANNOTATION_ERROR: &str = "gpu-share.io/reserve-error";
+/// The label that tells reservations apart (with `app.kubernetes.io/name: gpu-share`).
+pub const LABEL_COMPONENT: (&str, &str) = ("app.kubernetes.io/component", "reservation");
+/// The label naming a reservation's node (a label value: hashed when the name is not one).
+pub const LABEL_NODE: &str = "gpu-share.io/node";
+
+/// The reservation of GPU `gpu` of `node`: the same name for the same GPU, so that two binds
+/// (or two extenders) racing to create it meet on `AlreadyExists` instead of reserving twice.
+pub fn name(node: &str, gpu: u32) -> String {
+    // Node names are DNS subdomains, as pod names are.
+    let plain = format!("gpu-share-{node}-gpu-{gpu}");
+    if plain.len() <= 253 {
+        return plain;
+    }
+    // A node name too long for a pod name with the prefix: keep its start, add a digest.
+    let start = node[..node.len().min(40)].trim_end_matches(['.', '-']);
+    format!("gpu-share-{start}-{}-gpu-{gpu}", digest(node))
+}
+
+/// A label-value form of a node name: itself when it is one, else a digest.
+pub fn node_label(node: &str) -> String {
+    if crate::nvidia::is_label_value(node) {
+        node.to_string()
+    } else {
+        format!("h-{}", digest(node))
+    }
+}
+
+fn digest(s: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the reservation pod is made of: the image (gpu-share's own), the RuntimeClass that
+/// makes the runtime inject the driver (empty: none set), and the pod's priority class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pub image: String,
+    pub runtime_class: String,
+    pub priority_class: String,
+    pub service_account: String,
+}
+
+impl Default for Template {
+    fn default() -> Self {
+        Template {
+            image: String::new(),
+            runtime_class: "nvidia".to_string(),
+            priority_class: PRIORITY_CLASS.to_string(),
+            service_account: SERVICE_ACCOUNT.to_string(),
+        }
+    }
+}
+
+/// The reservation pod of GPU `gpu` on `node`. Bound at creation (`nodeName`): gpu-share chose
+/// the node, and the GPU on it; kubelet then admits it only if the device plugin has a GPU left.
+/// It tolerates every taint (a GPU node's taints are for workloads), restarts never (a failure
+/// is handled by gpu-share, which re-points or evicts the shares), and runs as Pod Security's
+/// `restricted` level allows.
+pub fn pod(node: &str, gpu: u32, t: &Template) -> Value {
+    let mut spec = json!({
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "priorityClassName": t.priority_class,
+        "serviceAccountName": t.service_account,
+        "terminationGracePeriodSeconds": 5,
+        "enableServiceLinks": false,
+        "tolerations": [{"operator": "Exists"}],
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
+        "containers": [{
+            "name": "reserve",
+            "image": t.image,
+            "args": ["reserve"],
+            "env": [
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                // NVML only: no compute libraries are needed to read a UUID.
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"}
+            ],
+            "resources": {
+                "limits": {RESOURCE_GPU: "1", "cpu": "50m", "memory": "32Mi"},
+                "requests": {RESOURCE_GPU: "1", "cpu": "5m", "memory": "16Mi"}
+            },
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]}
+            }
+        }]
+    });
+    if !t.runtime_class.is_empty() {
+        spec["runtimeClassName"] = json!(t.runtime_class);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name(node, gpu),
+            "namespace": NAMESPACE,
+            "labels": {
+                "app.kubernetes.io/name": "gpu-share",
+                LABEL_COMPONENT.0: LABEL_COMPONENT.1,
+                LABEL_NODE: node_label(node),
+            },
+            "annotations": {ANNOTATION_GPU: gpu.to_string()},
+        },
+        "spec": spec,
+    })
+}
+
+/// The GPU a pod reserves, when it is a reservation: in [`NAMESPACE`], with [`ANNOTATION_GPU`].
+pub fn reserved_gpu(
+    namespace: &str,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Option<u32> {
+    if namespace != NAMESPACE {
+        return None;
+    }
+    annotations?.get(ANNOTATION_GPU)?.trim().parse().ok()
+}
+
+const HINT: &str = "the device plugin gives a reservation one nvidia.com/gpu, and the nvidia runtime \
+                    (Container Toolkit) makes exactly that GPU visible to it";
+
+/// Why a reservation holds no GPU it can name, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoGpu {
+    #[error("NVML failed: {0}; {HINT}")]
+    Nvml(String),
+    #[error("NVML sees {} GPUs ({}), where exactly one was expected; {HINT}", .0.len(), .0.join(", "))]
+    NotOne(Vec<String>),
+    #[error("NVML gave {0:?}, which is not a GPU UUID (GPU-...)")]
+    NotAUuid(String),
+}
+
+/// What the reservation agent found (the UUIDs NVML lists, or why NVML failed): the one GPU's
+/// UUID, or why not.
+pub fn one_gpu<E: std::fmt::Display>(found: Result<Vec<String>, E>) -> Result<String, NoGpu> {
+    match found {
+        Err(why) => Err(NoGpu::Nvml(why.to_string())),
+        Ok(uuids) if uuids.len() == 1 => {
+            let uuid = uuids.into_iter().next().unwrap_or_default();
+            if is_gpu_uuid(&uuid) {
+                Ok(uuid)
+            } else {
+                Err(NoGpu::NotAUuid(uuid))
+            }
+        }
+        Ok(uuids) => Err(NoGpu::NotOne(uuids)),
+    }
+}
+
+/// Whether `s` reads as an NVIDIA GPU UUID (`GPU-` and hex digits with dashes), which the
+/// Container Toolkit takes in `NVIDIA_VISIBLE_DEVICES`. MIG devices (`MIG-...`) are not GPUs.
+pub fn is_gpu_uuid(s: &str) -> bool {
+    s.strip_prefix("GPU-").is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.len() <= 64
+            && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_per_gpu_and_valid() {
+        assert_eq!(name("gpu-node-3", 5), "gpu-share-gpu-node-3-gpu-5");
+        assert_ne!(name("a", 1), name("a", 2));
+        let long = format!("{}.example.com", "n".repeat(240));
+        let n = name(&long, 0);
+        assert!(n.len() <= 253 && n.ends_with("-gpu-0"), "{n}");
+        assert_ne!(name(&long, 0), name(&format!("{long}x"), 0));
+        assert_eq!(
+            node_label("ip-10-0-1-2.ec2.internal"),
+            "ip-10-0-1-2.ec2.internal"
+        );
+        assert!(node_label(&long).starts_with("h-"));
+    }
+
+    #[test]
+    fn the_pod_holds_one_gpu_on_its_node_at_the_restricted_level() {
+        let t = Template {
+            image: "ghcr.io/x/gpu-share:1".into(),
+            ..Template::default()
+        };
+        let p = pod("n1", 3, &t);
+        assert_eq!(p["spec"]["nodeName"], "n1");
+        assert_eq!(p["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(p["metadata"]["annotations"][ANNOTATION_GPU], "3");
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(c["resources"]["limits"][RESOURCE_GPU], "1");
+        assert_eq!(c["args"], json!(["reserve"]));
+        assert_eq!(p["spec"]["runtimeClassName"], "nvidia");
+        assert_eq!(p["spec"]["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+        // It parses as a Pod, and the ledger knows it for a reservation.
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
+        assert_eq!(
+            reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
+            Some(3)
+        );
+        assert_eq!(
+            reserved_gpu("default", typed.metadata.annotations.as_ref()),
+            None
+        );
+        let none = Template {
+            runtime_class: String::new(),
+            ..t
+        };
+        assert!(
+            pod("n1", 0, &none)["spec"]
+                .get("runtimeClassName")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn exactly_one_gpu_or_words() {
+        let uuid = "GPU-5b3c7e0a-1f2d-4c8b-9e6a-0d1c2b3a4f5e";
+        let ok = Ok::<_, NoGpu>(vec![uuid.into()]);
+        assert_eq!(one_gpu(ok), Ok(uuid.to_string()));
+        let none = Ok::<Vec<String>, NoGpu>(vec![]);
+        let e = one_gpu(none).unwrap_err().to_string();
+        assert!(
+            e.contains("sees 0 GPUs") && e.contains("exactly one"),
+            "{e}"
+        );
+        let two = Ok::<Vec<String>, NoGpu>(vec![uuid.into(), "GPU-1".into()]);
+        let e = one_gpu(two).unwrap_err().to_string();
+        assert!(e.contains("sees 2 GPUs"), "{e}");
+        let e = one_gpu(Err("libnvidia-ml.so.1: cannot open"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NVML failed: libnvidia-ml.so.1"), "{e}");
+        let mig = Ok::<Vec<String>, NoGpu>(vec!["MIG-1234".into()]);
+        assert_eq!(one_gpu(mig), Err(NoGpu::NotAUuid("MIG-1234".into())));
+    }
+}
