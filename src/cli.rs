@@ -221,6 +221,11 @@ pub struct ServeArgs {
     #[arg(long = "annotation-writer", env = "GPU_SHARE_ANNOTATION_WRITERS", value_delimiter = ',',
           default_value = crate::admission::guard::DEFAULT_WRITER)]
     pub annotation_writers: Vec<String>,
+    /// The image of the reservation pods that hold the GPUs gpu-share shares per GPU (they run
+    /// `gpu-share reserve`). Default: this container's own image, read from its Pod (POD_NAME,
+    /// POD_NAMESPACE).
+    #[arg(long, env = "GPU_SHARE_RESERVATION_IMAGE")]
+    pub reservation_image: Option<String>,
     /// How often the extender lists nodes and pods to repair drift in its ledger, in seconds.
     #[arg(long, env = "GPU_SHARE_RECONCILE_SECONDS", default_value_t = 60)]
     pub reconcile_seconds: u64,

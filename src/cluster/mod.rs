@@ -4,6 +4,7 @@
 pub mod binder;
 #[cfg(test)]
 pub mod mock;
+pub mod reservations;
 pub mod watch;
 
 use std::collections::BTreeMap;

@@ -58,6 +58,14 @@ pub enum BindError {
     Unseen { key: String, uid: String },
     #[error(transparent)]
     Reserve(#[from] ReserveError),
+    #[error("cannot bind pod {key} to {node}: the reservation of its GPU {gpu} was not created: {source}")]
+    Reservation {
+        key: String,
+        node: String,
+        gpu: u32,
+        #[source]
+        source: crate::cluster::reservations::CreateError,
+    },
     #[error("binding pod {key} to {node} failed: {source}")]
     Failed {
         key: String,
@@ -132,10 +140,29 @@ async fn bind(
     // Settled below: committed once the API has the binding, aborted when it failed. (An early
     // return reserved nothing.)
     let mut binding = ext.begin_bind(&args.pod_uid, &args.node, cluster.is_some());
-    let annotations = match reserve_for_bind(ext, &mut binding, &policy, &pod, &args.node)? {
-        BindPlan::Plain => BTreeMap::new(),
-        BindPlan::Reserved { annotations } => annotations,
-    };
+    let (annotations, reserve) =
+        match reserve_for_bind(ext, &mut binding, &policy, &pod, &args.node)? {
+            BindPlan::Plain => (BTreeMap::new(), None),
+            BindPlan::Reserved {
+                annotations,
+                reserve,
+            } => (annotations, reserve),
+        };
+    if let (Some(c), Some(gpu)) = (cluster, reserve) {
+        let mut template = (*state.reservations).clone();
+        template.runtime_class = policy.policy.runtime_class_name.clone();
+        if let Err(source) =
+            crate::cluster::reservations::create(c.client(), &args.node, gpu, &template).await
+        {
+            binding.abort();
+            return Err(BindError::Reservation {
+                key,
+                node: args.node.clone(),
+                gpu,
+                source,
+            });
+        }
+    }
     if let Some(c) = cluster {
         let bound = tokio::time::timeout(
             BIND_API_TIMEOUT,

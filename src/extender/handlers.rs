@@ -368,9 +368,12 @@ pub fn prioritize(
 pub enum BindPlan {
     /// Nothing to account (the pod asks no GPU); bind as is.
     Plain,
-    /// Recorded; bind with these annotations.
+    /// Recorded; bind with these annotations, after creating the reservation of GPU
+    /// `reserve` of the node when it has none yet (a share in per-GPU form on a GPU that
+    /// holds no share).
     Reserved {
         annotations: BTreeMap<String, String>,
+        reserve: Option<u32>,
     },
 }
 
@@ -399,9 +402,21 @@ pub fn reserve_for_bind(
         return Ok(BindPlan::Plain);
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
+    let pointed = demand.pointed;
     match binding.reserve(&scorer, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
+            // The ledger now holds this share on the GPU, so no whole-GPU pod gets it while
+            // the reservation starts; a bind racing this one meets it on AlreadyExists.
+            reserve: p.gpus.first().map(|(i, _)| *i).filter(|i| {
+                pointed
+                    && ext
+                        .ledger()
+                        .with_node(node, |nl| {
+                            nl.usage.reserved.get(*i as usize).is_none_or(|r| *r == 0)
+                        })
+                        .unwrap_or(false)
+            }),
         }),
         Err(reason) => Err(ReserveError::NoLongerFits {
             node: node.to_string(),

@@ -25,6 +25,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// `None` in `--dev` (no cluster): bind holds capacity without an API call.
     pub cluster: Option<ClusterFacts>,
+    /// What the reservation pods bind creates are made of.
+    pub reservations: Arc<crate::reservation::Template>,
 }
 
 impl Context {
@@ -38,6 +40,7 @@ impl Context {
             policy: Arc::new(PolicyStore::new(policy)),
             metrics: Arc::new(Metrics::new()),
             cluster: None,
+            reservations: Arc::default(),
         }
     }
 }

@@ -460,6 +460,21 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
     if is_terminal(pod) {
         return Ok(None);
     }
+    // A reservation (gpu-share's own, in its namespace) holds its GPU for shares, not whole.
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    if let Some(gpu) =
+        crate::reservation::reserved_gpu(namespace, pod.metadata.annotations.as_ref())
+    {
+        return Ok(Some(ObservedPod {
+            pod: pod_ref(pod),
+            node,
+            demand: Demand {
+                cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
+                ..Demand::gpu(GpuDemand::Reserve { gpu })
+            },
+            gpus: None,
+        }));
+    }
     let Some(demand) = demand_of_pod(pod)? else {
         return Ok(None);
     };

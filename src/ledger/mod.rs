@@ -412,6 +412,34 @@ mod tests {
         assert_eq!(observed_holding(&pod(pending)).unwrap(), None);
     }
 
+    /// A reservation in gpu-share's namespace holds its GPU for shares; the same pod anywhere
+    /// else is accounted by its limits (a whole GPU).
+    #[test]
+    fn reservations_are_trusted_in_their_namespace_only() {
+        let t = crate::reservation::Template {
+            image: "gpu-share:test".into(),
+            ..Default::default()
+        };
+        let mut p = crate::reservation::pod("n1", 2, &t);
+        p["metadata"]["uid"] = "r1".into();
+        p["status"] = serde_json::json!({"phase": "Running"});
+        let o = observed_holding(&pod(p.clone())).unwrap().unwrap();
+        assert_eq!(o.demand.gpu, GpuDemand::Reserve { gpu: 2 });
+        assert_eq!((o.node.as_str(), o.gpus.clone()), ("n1", None));
+        let mut n = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 4, 81920);
+        n.sharing = crate::inventory::Sharing::PerGpu;
+        let ledger = Ledger::rebuild([n], &[o]);
+        ledger.with_node("n1", |nl| assert_eq!(nl.usage.reserved, vec![0, 0, 1, 0]));
+        let mut elsewhere = p;
+        elsewhere["metadata"]["namespace"] = "ml".into();
+        let o = observed_holding(&pod(elsewhere)).unwrap().unwrap();
+        assert!(
+            matches!(o.demand.gpu, GpuDemand::Units { count: 1, .. }),
+            "{:?}",
+            o.demand.gpu
+        );
+    }
+
     /// A gpu-share pod bound with no `gpu-share.io/gpus` went around the extender; one the
     /// extender bound (MIG: an empty annotation), a pod without gpu-share's request, a pending
     /// and a finished pod did not.

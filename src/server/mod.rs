@@ -73,6 +73,8 @@ pub struct AppState {
     pub body: Arc<body::BodyBudget>,
     /// The usernames that may write gpu-share's later annotations on admitted pods.
     pub annotation_writers: Arc<Vec<String>>,
+    /// What the reservation pods are made of (per-GPU sharing).
+    pub reservations: Arc<crate::reservation::Template>,
 }
 
 impl AppState {
@@ -89,6 +91,7 @@ impl AppState {
                 .then(|| Arc::new(ExtenderState::new(Mode::Dev, DEFAULT_ASSUME_TTL))),
             body: Arc::new(body_budget(role, 96 << 20, Duration::from_secs(10))),
             annotation_writers: Arc::new(vec![admission::guard::DEFAULT_WRITER.to_string()]),
+            reservations: Arc::default(),
         }
     }
 }
@@ -111,6 +114,7 @@ impl FromRef<AppState> for extender::Context {
             policy: app.policy.clone(),
             metrics: app.metrics.clone(),
             cluster: app.cluster.clone(),
+            reservations: app.reservations.clone(),
         }
     }
 }
@@ -400,6 +404,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
+    let reservation_image =
+        crate::cluster::reservations::image(args.reservation_image.as_deref(), cluster.as_ref())
+            .await;
     let state = AppState {
         role: args.role,
         policy: store,
@@ -413,6 +420,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             Duration::from_secs(args.body_timeout_seconds.max(1)),
         )),
         annotation_writers: Arc::new(args.annotation_writers.clone()),
+        reservations: Arc::new(crate::reservation::Template {
+            image: reservation_image,
+            ..Default::default()
+        }),
     };
     serve(&args, state, tls, shutdown_rx).await
 }

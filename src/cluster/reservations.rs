@@ -1,0 +1,166 @@
+//! Kubernetes writes for reservations: creating a GPU's reservation pod, and finding the image
+//! it runs (gpu-share's own).
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use super::ClusterFacts;
+use crate::reservation::{self, Template};
+
+/// Why a reservation pod was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error(
+        "no image for reservation pods: set --reservation-image (GPU_SHARE_RESERVATION_IMAGE), or run gpu-share in a pod with POD_NAME and POD_NAMESPACE set"
+    )]
+    NoImage,
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    #[error("no answer within {} s", CREATE_TIMEOUT.as_secs())]
+    Unanswered,
+}
+
+/// How long creating a reservation may take within a bind (kube-scheduler gives the extender
+/// 5 s, of which the binding call itself needs up to 3).
+pub const CREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Creates the reservation of GPU `gpu` on `node`; one that exists already (a racing bind, or
+/// one still in its release grace) is the same reservation.
+pub async fn create(
+    client: &Client,
+    node: &str,
+    gpu: u32,
+    template: &Template,
+) -> Result<(), CreateError> {
+    if template.image.is_empty() {
+        return Err(CreateError::NoImage);
+    }
+    let pod: Pod = serde_json::from_value(reservation::pod(node, gpu, template))
+        .expect("the reservation pod is a valid Pod (tested)");
+    let api: Api<Pod> = Api::namespaced(client.clone(), reservation::NAMESPACE);
+    match tokio::time::timeout(CREATE_TIMEOUT, api.create(&PostParams::default(), &pod)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(node, gpu, "reservation created");
+            Ok(())
+        }
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(()),
+        Ok(Err(e)) => Err(CreateError::Api(e)),
+        Err(_) => Err(CreateError::Unanswered),
+    }
+}
+
+/// The reservation pods' image: the flag's, else this process's own container image, read from
+/// its Pod (the container that runs `serve`). Empty when neither is known: binds that need a
+/// reservation then fail in words ([`CreateError::NoImage`]).
+pub async fn image(flag: Option<&str>, cluster: Option<&ClusterFacts>) -> String {
+    if let Some(image) = flag.filter(|i| !i.is_empty()) {
+        return image.to_string();
+    }
+    let (Some(c), Ok(name), Ok(namespace)) = (
+        cluster,
+        std::env::var("POD_NAME"),
+        std::env::var("POD_NAMESPACE"),
+    ) else {
+        return String::new();
+    };
+    let api: Api<Pod> = Api::namespaced(c.client().clone(), &namespace);
+    match api.get(&name).await {
+        Ok(pod) => own_image(&pod).unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, pod = %format!("{namespace}/{name}"), "cannot read this pod for the reservation image; set --reservation-image");
+            String::new()
+        }
+    }
+}
+
+/// The image of the container that runs `gpu-share serve`.
+pub fn own_image(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| {
+            c.args
+                .iter()
+                .chain(c.command.iter())
+                .flatten()
+                .any(|a| a == "serve")
+        })
+        .and_then(|c| c.image.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::mock;
+
+    fn template() -> Template {
+        Template {
+            image: "registry.example/gpu-share:1.2".into(),
+            ..Template::default()
+        }
+    }
+
+    /// The pod goes to the reservations' namespace, bound to its node; an existing one is the
+    /// same reservation; a refusal comes back in the API's words.
+    #[tokio::test]
+    async fn create_posts_the_pod_and_takes_an_existing_one_as_it() {
+        let (client, mut handle) = mock::client();
+        let server = tokio::spawn(async move {
+            for status in [201u16, 409, 403] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                assert_eq!(req.method(), "POST");
+                assert_eq!(
+                    req.uri().path(),
+                    "/api/v1/namespaces/gpu-share-reservations/pods"
+                );
+                let body = http_body_util::BodyExt::collect(req.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                let pod: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(pod["metadata"]["name"], "gpu-share-n1-gpu-3");
+                assert_eq!(pod["spec"]["nodeName"], "n1");
+                assert_eq!(
+                    pod["spec"]["containers"][0]["image"],
+                    "registry.example/gpu-share:1.2"
+                );
+                let reply = if status == 201 {
+                    pod
+                } else {
+                    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": format!("status {status}"), "reason": "x", "code": status})
+                };
+                send.send_response(mock::json(status, &reply));
+            }
+        });
+        create(&client, "n1", 3, &template()).await.unwrap();
+        create(&client, "n1", 3, &template()).await.unwrap();
+        let e = create(&client, "n1", 3, &template())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("status 403"), "{e}");
+        server.await.unwrap();
+        // Without an image nothing is sent.
+        let e = create(&client, "n1", 3, &Template::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, CreateError::NoImage), "{e}");
+        assert!(e.to_string().contains("--reservation-image"));
+    }
+
+    #[test]
+    fn the_own_image_is_the_serving_containers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "kube-scheduler", "image": "registry.k8s.io/kube-scheduler:v1.37.0"},
+                {"name": "extender", "image": "gpu-share:9", "args": ["serve", "--role", "extender"]}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(own_image(&pod).as_deref(), Some("gpu-share:9"));
+    }
+}
