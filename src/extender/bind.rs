@@ -58,7 +58,9 @@ pub enum BindError {
     Unseen { key: String, uid: String },
     #[error(transparent)]
     Reserve(#[from] ReserveError),
-    #[error("cannot bind pod {key} to {node}: the reservation of its GPU {gpu} was not created: {source}")]
+    #[error(
+        "cannot bind pod {key} to {node}: the reservation of its GPU {gpu} was not created: {source}"
+    )]
     Reservation {
         key: String,
         node: String,

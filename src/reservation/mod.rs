@@ -3,5 +3,6 @@
 //! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
 pub mod agent;
 pub mod model;
+pub mod plan;
 
 pub use model::*;

@@ -1,0 +1,286 @@
+//! PURE: what the reservation controller does for each shared GPU, from what the API shows of it
+//! (its reservation, the shares bound to it and their ConfigMaps) and the time.
+//!
+//! - A reservation that knows its GPU's UUID fills the ConfigMap of every share that has none
+//!   yet: kubelet then starts the share's container, on that GPU.
+//! - A share whose ConfigMap names another GPU (its reservation was replaced and the device
+//!   plugin gave the new one another GPU) is evicted: it may be running on a GPU no reservation
+//!   holds any more.
+//! - A reservation that fails (NVML, a GPU the plugin gave another pod first, an image that
+//!   cannot pull), or that does not start within [`START_TIMEOUT`], moves the shares that have
+//!   not started to another GPU, evicts those that have, and is deleted.
+//! - A reservation that is gone (deleted by hand) while shares are bound to its GPU is
+//!   created again.
+//! - A reservation with no share left is released after the policy's grace.
+
+use std::time::Duration;
+
+/// How long a reservation may take to publish its GPU's UUID before it counts as failed: an
+/// image pull on a fresh node, well within; a pull that cannot succeed, or a kubelet that
+/// refused the pod, is failure.
+pub const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A reservation as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub name: String,
+    pub state: ReservationState,
+    /// Since it was created.
+    pub age: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReservationState {
+    /// Created; its UUID not published yet.
+    Starting,
+    /// Holds the GPU with this UUID.
+    Ready { uuid: String },
+    /// Cannot hold a GPU: why, in words (its own annotation, or the pod's status).
+    Failed { why: String },
+}
+
+/// A share bound to the GPU (a pod in per-GPU form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// Its ConfigMap ([`crate::request::ANNOTATION_DEVICES`]).
+    pub configmap: String,
+    /// The UUID its ConfigMap holds, when it exists (its container may have started on it).
+    pub filled: Option<String>,
+}
+
+/// One shared GPU of a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub node: String,
+    pub index: u32,
+    pub reservation: Option<Reservation>,
+    pub shares: Vec<Share>,
+    /// How long the GPU has had no share (`None`: shares are on it, or it is not known when
+    /// the last one left, which counts from now).
+    pub idle_for: Option<Duration>,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create the share's ConfigMap with the GPU's UUID (owned by the pod; immutable).
+    Fill { share: Share, uuid: String },
+    /// Delete the reservation: released, or failed.
+    Delete { reservation: String, why: String },
+    /// Create the GPU's reservation again.
+    Recreate { node: String, gpu: u32 },
+    /// Move a share that has not started to another GPU of its node (or evict it if none has
+    /// room).
+    Move { share: Share, why: String },
+    /// Evict the share (delete the pod), with an event in words.
+    Evict { share: Share, why: String },
+}
+
+/// The actions for one GPU, given the release grace.
+pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
+    let mut out = Vec::new();
+    let at = format!("GPU {} of node {}", gpu.index, gpu.node);
+    match &gpu.reservation {
+        None if !gpu.shares.is_empty() => out.push(Action::Recreate {
+            node: gpu.node.clone(),
+            gpu: gpu.index,
+        }),
+        None => {}
+        Some(r) => {
+            let failed = match &r.state {
+                ReservationState::Failed { why } => Some(why.clone()),
+                ReservationState::Starting if r.age >= START_TIMEOUT => Some(format!(
+                    "its reservation {} did not hold the GPU within {} s (an image that cannot pull, or the device plugin had no GPU left for it)",
+                    r.name,
+                    START_TIMEOUT.as_secs()
+                )),
+                _ => None,
+            };
+            if let Some(why) = failed {
+                let why = format!("{at} cannot be held: {why}");
+                for s in &gpu.shares {
+                    out.push(if s.filled.is_some() {
+                        Action::Evict {
+                            share: s.clone(),
+                            why: why.clone(),
+                        }
+                    } else {
+                        Action::Move {
+                            share: s.clone(),
+                            why: why.clone(),
+                        }
+                    });
+                }
+                out.push(Action::Delete {
+                    reservation: r.name.clone(),
+                    why,
+                });
+            } else if let ReservationState::Ready { uuid } = &r.state {
+                for s in &gpu.shares {
+                    match &s.filled {
+                        None => out.push(Action::Fill {
+                            share: s.clone(),
+                            uuid: uuid.clone(),
+                        }),
+                        Some(u) if u != uuid => out.push(Action::Evict {
+                            share: s.clone(),
+                            why: format!(
+                                "{at} is now {uuid}, held by reservation {}; the pod was pointed at {u}, which gpu-share no longer holds",
+                                r.name
+                            ),
+                        }),
+                        Some(_) => {}
+                    }
+                }
+                if gpu.shares.is_empty() && gpu.idle_for.is_some_and(|d| d >= grace) {
+                    out.push(Action::Delete {
+                        reservation: r.name.clone(),
+                        why: format!("released: no share on {at} for {} s", grace.as_secs()),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(name: &str, filled: Option<&str>) -> Share {
+        Share {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            configmap: format!("gpu-share-devices-{name}"),
+            filled: filled.map(str::to_string),
+        }
+    }
+
+    fn gpu(state: Option<ReservationState>, shares: Vec<Share>) -> Gpu {
+        Gpu {
+            node: "n1".into(),
+            index: 2,
+            reservation: state.map(|state| Reservation {
+                name: "gpu-share-n1-gpu-2".into(),
+                state,
+                age: Duration::from_secs(5),
+            }),
+            shares,
+            idle_for: None,
+        }
+    }
+
+    const GRACE: Duration = Duration::from_secs(30);
+    const U: &str = "GPU-aaaa";
+
+    fn ready() -> Option<ReservationState> {
+        Some(ReservationState::Ready { uuid: U.into() })
+    }
+
+    #[test]
+    fn a_ready_reservation_fills_the_configmaps_that_are_missing() {
+        let g = gpu(ready(), vec![share("a", None), share("b", Some(U))]);
+        assert_eq!(
+            plan(&g, GRACE),
+            vec![Action::Fill {
+                share: share("a", None),
+                uuid: U.into()
+            }]
+        );
+        // Starting: the shares wait (their containers do not start without the key).
+        assert!(
+            plan(
+                &gpu(Some(ReservationState::Starting), vec![share("a", None)]),
+                GRACE
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_share_pointed_at_another_gpu_is_evicted_in_words() {
+        let g = gpu(ready(), vec![share("old", Some("GPU-bbbb"))]);
+        let actions = plan(&g, GRACE);
+        let [Action::Evict { share: s, why }] = actions.as_slice() else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(s.name, "old");
+        assert!(
+            why.contains("GPU-bbbb") && why.contains(U) && why.contains("GPU 2 of node n1"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_failed_or_stuck_reservation_moves_waiting_shares_evicts_started_ones_and_goes() {
+        for state in [
+            ReservationState::Failed {
+                why: "NVML failed: driver not loaded".into(),
+            },
+            ReservationState::Starting,
+        ] {
+            let mut g = gpu(
+                Some(state.clone()),
+                vec![share("waiting", None), share("running", Some(U))],
+            );
+            g.reservation.as_mut().unwrap().age = START_TIMEOUT;
+            let actions = plan(&g, GRACE);
+            assert_eq!(actions.len(), 3, "{actions:?}");
+            let Action::Move { share: m, why } = &actions[0] else {
+                panic!("{actions:?}")
+            };
+            assert_eq!(m.name, "waiting");
+            let expected = if matches!(state, ReservationState::Starting) {
+                "did not hold the GPU within 120 s"
+            } else {
+                "NVML failed: driver not loaded"
+            };
+            assert!(
+                why.contains(expected) && why.contains("GPU 2 of node n1"),
+                "{why}"
+            );
+            assert!(matches!(&actions[1], Action::Evict { share, .. } if share.name == "running"));
+            assert!(
+                matches!(&actions[2], Action::Delete { reservation, .. } if reservation == "gpu-share-n1-gpu-2")
+            );
+        }
+        // A reservation still starting within the timeout is waited for.
+        let g = gpu(Some(ReservationState::Starting), vec![share("a", None)]);
+        assert!(plan(&g, GRACE).is_empty());
+    }
+
+    #[test]
+    fn a_vanished_reservation_is_created_again_while_shares_need_it() {
+        let g = gpu(None, vec![share("a", Some(U))]);
+        assert_eq!(
+            plan(&g, GRACE),
+            vec![Action::Recreate {
+                node: "n1".into(),
+                gpu: 2
+            }]
+        );
+        assert!(plan(&gpu(None, vec![]), GRACE).is_empty());
+    }
+
+    #[test]
+    fn an_idle_reservation_is_released_after_the_grace_only() {
+        let mut g = gpu(ready(), vec![]);
+        assert!(
+            plan(&g, GRACE).is_empty(),
+            "idle since unknown: counts from now"
+        );
+        g.idle_for = Some(GRACE - Duration::from_secs(1));
+        assert!(plan(&g, GRACE).is_empty());
+        g.idle_for = Some(GRACE);
+        let actions = plan(&g, GRACE);
+        let [Action::Delete { why, .. }] = actions.as_slice() else {
+            panic!("{actions:?}")
+        };
+        assert!(why.starts_with("released"), "{why}");
+    }
+}
