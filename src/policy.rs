@@ -632,8 +632,11 @@ impl Policy {
                 MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
             GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
-            // Per-GPU form: no device-plugin resource (the pod is pointed at its GPU).
-            GpuClass::Timeslice { .. } if self.per_gpu.timeslice => (String::new(), 0),
+            // Per-GPU form: no device-plugin resource (the pod is pointed at its GPU), only
+            // what brings it to the extender.
+            GpuClass::Timeslice { .. } if self.per_gpu.timeslice => {
+                (crate::request::RESOURCE_SHARE.to_string(), 1)
+            }
             GpuClass::Timeslice { .. } => (self.resources.timeslice_resource().to_string(), 1),
             GpuClass::Exclusive { count } => (RESOURCE_GPU.to_string(), *count),
         }
@@ -645,6 +648,7 @@ impl Policy {
             RESOURCE_GPU.to_string(),
             self.resources.timeslice_resource().to_string(),
             self.resources.mps_resource().to_string(),
+            crate::request::RESOURCE_SHARE.to_string(),
         ];
         if self.mig.strategy == MigStrategy::Mixed {
             names.extend(

@@ -31,6 +31,11 @@ pub const ANNOTATION_REQUEST: &str = "gpu-share.io/request";
 pub const ANNOTATION_DEVICES: &str = "gpu-share.io/devices-configmap";
 /// The key of that ConfigMap: the UUID of the pod's GPU.
 pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The resource a pod in per-GPU form asks for (one unit): no node advertises it, so it is not
+/// a device. It is what makes kube-scheduler send the pod to the extender (a `managedResources`
+/// entry with `ignoredByScheduler: true`, so kube-scheduler's own fit check skips it), and kubelet
+/// drops an extended resource its node does not advertise before its own fit check.
+pub const RESOURCE_SHARE: &str = "gpu-share.io/shared-gpu";
 
 /// The valid forms, listed in every parse denial.
 pub const VALID_FORMS: &str = "valid forms: mig-<profile> (e.g. mig-1g.10gb), mps-<1..100>, \

@@ -51,6 +51,20 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 fn scheduler_configuration_is_valid() {
     let c = config();
     assert_eq!(c.validate(), Vec::<String>::new());
+    // Swapped: the per-GPU unit must be ignored by kube-scheduler, a device plugin's never.
+    let mut swapped = config();
+    for r in &mut swapped.extenders[0].managed_resources {
+        if r.name == "gpu-share.io/shared-gpu" || r.name == "nvidia.com/gpu" {
+            r.ignored_by_scheduler = !r.ignored_by_scheduler;
+        }
+    }
+    let errors = swapped.validate();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].contains("gpu-share.io/shared-gpu is advertised by no node")
+            || errors[1].contains("gpu-share.io/shared-gpu is advertised by no node"),
+        "{errors:?}"
+    );
     assert_eq!(c.extenders.len(), 1);
     let e = &c.extenders[0];
     assert!(e.node_cache_capable);

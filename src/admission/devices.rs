@@ -268,9 +268,16 @@ mod tests {
                 NO_DEVICES
             );
         }
-        for c in doc["spec"]["containers"].as_array().unwrap() {
-            assert!(c.pointer("/resources/limits").is_none(), "{c}");
-        }
+        // No device: only the unit that brings the pod to the extender.
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"],
+            json!({crate::request::RESOURCE_SHARE: "1"})
+        );
+        assert!(
+            doc["spec"]["containers"][1]
+                .pointer("/resources/limits")
+                .is_none()
+        );
         assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
         let terms = &doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];

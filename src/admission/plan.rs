@@ -447,7 +447,7 @@ fn check_existing_gpu_resources(
                 if i == target && name == resource && q.0 == quantity.to_string() {
                     continue;
                 }
-                if resource.is_empty() {
+                if resource == crate::request::RESOURCE_SHARE {
                     return Err(Denial::new(
                         DenialReason::ConflictingLimits,
                         format!(

@@ -98,10 +98,6 @@ pub(super) fn patch(
 /// Step 1: the extended resource, as a limit of the target container.
 fn add_resource_limit(b: &mut PatchBuilder, t: &Target<'_>, cpath: &[&str]) {
     let resource = t.resource.as_str();
-    if resource.is_empty() {
-        // The per-GPU form asks the device plugin for nothing.
-        return;
-    }
     let has_limit = t
         .container
         .resources

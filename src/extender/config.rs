@@ -124,6 +124,9 @@ impl KubeSchedulerConfiguration {
                         r.name
                     ));
                 }
+                if r.name == crate::request::RESOURCE_SHARE && !r.ignored_by_scheduler {
+                    errors.push(format!("extenders[{i}]: {} is advertised by no node and must be ignoredByScheduler", r.name));
+                }
                 if r.ignored_by_scheduler && r.name.starts_with("nvidia.com/") {
                     errors.push(format!("extenders[{i}]: {} is advertised by the device plugin and must not be ignoredByScheduler", r.name));
                 }

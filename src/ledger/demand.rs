@@ -449,7 +449,17 @@ pub fn bound_without_extender(pod: &Pod) -> Option<Vec<String>> {
     }
     let spec = pod.spec.as_ref()?;
     spec.node_name.as_ref()?;
-    Some(limit_totals(spec, true).into_keys().collect())
+    let mut resources: Vec<String> = limit_totals(spec, true).into_keys().collect();
+    let asks_share = spec.containers.iter().any(|c| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.contains_key(crate::request::RESOURCE_SHARE))
+    });
+    if asks_share {
+        resources.push(crate::request::RESOURCE_SHARE.to_string());
+    }
+    Some(resources)
 }
 
 /// What a pod seen in the API holds: `None` if it holds nothing (no GPU, not bound, finished).

@@ -456,6 +456,14 @@ mod tests {
             bound_without_extender(&pod(base.clone())),
             Some(vec!["nvidia.com/gpu.shared".to_string()])
         );
+        // A pod in per-GPU form asks no device; the unit that brings it to the extender is named.
+        let mut per_gpu = base.clone();
+        per_gpu["spec"]["containers"][0]["resources"]["limits"] =
+            serde_json::json!({"gpu-share.io/shared-gpu": "1"});
+        assert_eq!(
+            bound_without_extender(&pod(per_gpu)),
+            Some(vec!["gpu-share.io/shared-gpu".to_string()])
+        );
         for (path, value) in [
             (
                 "/metadata/annotations/gpu-share.io~1gpus",
