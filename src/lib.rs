@@ -25,6 +25,7 @@ pub mod request;
 pub mod reservation;
 pub mod server;
 pub mod shared;
+pub mod signal;
 pub mod simulate;
 pub mod status;
 pub mod sync;

@@ -28,56 +28,41 @@ fn main() -> ExitCode {
             "gpu-share simulate: ",
             gpu_share::simulate::driver::run(&args),
         ),
-        Command::Status(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            runtime.block_on(status(args))
-        }
-        Command::Reserve(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the async runtime");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(gpu_share::reservation::agent::run(&args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Serve(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the async runtime");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(gpu_share::server::run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::Status(args) => match runtime(false) {
+            Ok(r) => r.block_on(status(args)),
+            Err(code) => code,
+        },
+        Command::Reserve(args) => match runtime(false) {
+            Ok(r) => served(r.block_on(gpu_share::reservation::agent::run(&args))),
+            Err(code) => code,
+        },
+        Command::Serve(args) => match runtime(true) {
+            Ok(r) => served(r.block_on(gpu_share::server::run(args))),
+            Err(code) => code,
+        },
+    }
+}
+
+/// The async runtime: on every core for `serve`, on this thread for the one-shot commands.
+fn runtime(multi_thread: bool) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder.enable_all().build().map_err(|e| {
+        tracing::error!(error = %e, "cannot start the async runtime");
+        ExitCode::FAILURE
+    })
+}
+
+/// A long-running command's end: its error logged.
+fn served<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -133,7 +133,7 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
         Ok(uuid) => {
             publish(&client, args, Some(&uuid), None).await?;
             tracing::info!(uuid, pod = %args.pod_name, "holding the GPU");
-            stopped().await;
+            crate::signal::terminated().await;
             tracing::info!("stopping: the GPU is released with this pod");
             Ok(())
         }
@@ -226,37 +226,13 @@ async fn record_event(client: Client, args: &ReserveArgs, why: &str) {
     }
 }
 
-/// SIGTERM (kubelet stopping the pod) or Ctrl-C.
-async fn stopped() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on Ctrl-C only");
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A real NVML that cannot load says so (the seam is tested through the binary).
     #[test]
-    fn the_probe_reads_the_seam_or_says_why_nvml_failed() {
+    fn an_nvml_that_cannot_load_is_said_in_words() {
         // On this machine (no driver), NVML cannot load: said in words.
         let e = probe("libnvidia-ml-absent.so.1").unwrap_err().to_string();
         assert!(e.contains("libnvidia-ml-absent.so.1"), "{e}");

@@ -8,7 +8,7 @@
 
 use thiserror::Error;
 
-use crate::inventory::{GpuNode, MAX_GPUS_PER_NODE, MigLayout, RESOURCE_GPU, Sharing};
+use crate::inventory::{GpuNode, MAX_GPUS_PER_NODE, MigLayout, Sharing};
 use crate::packing::{self, Demand, GPU_MILLI, GpuDemand};
 
 /// One pod of a trace.
@@ -98,26 +98,13 @@ fn open(text: &str) -> Result<(csv::Reader<&[u8]>, csv::StringRecord), TraceErro
 /// A trace node: `gpus` GPUs of `model`, placed per GPU, with CPU and memory accounted.
 pub fn trace_node(name: &str, cpu_milli: u64, memory_mib: u64, gpus: u32, model: &str) -> GpuNode {
     GpuNode {
-        name: name.to_string(),
         product: (!model.is_empty()).then(|| model.to_string()),
-        gpus,
         gpu_memory_mib: None,
         sharing: Sharing::PerGpu,
         slots: 0,
-        pool_resource: RESOURCE_GPU.to_string(),
-        mig: MigLayout::None,
         cpu_milli: Some(cpu_milli),
         memory_mib: Some(memory_mib),
-        mode_source: crate::inventory::ModeSource::Gfd,
-        labelled_gpus: None,
-        mig_memory_mib: Default::default(),
-        advertised: if gpus > 0 {
-            vec![RESOURCE_GPU.to_string()]
-        } else {
-            Vec::new()
-        },
-        unreached: None,
-        per_gpu_refused: None,
+        ..GpuNode::whole(name, model, gpus, 0)
     }
 }
 
