@@ -226,6 +226,14 @@ pub struct ServeArgs {
     /// POD_NAMESPACE).
     #[arg(long, env = "GPU_SHARE_RESERVATION_IMAGE")]
     pub reservation_image: Option<String>,
+    /// The Lease (NAMESPACE/NAME) of kube-scheduler's leader election: only the replica whose
+    /// kube-scheduler holds it runs the reservation controller. No such Lease: this one runs it.
+    #[arg(
+        long,
+        env = "GPU_SHARE_LEADER_LEASE",
+        default_value = "gpu-share/gpu-share-scheduler"
+    )]
+    pub leader_lease: String,
     /// How often the extender lists nodes and pods to repair drift in its ledger, in seconds.
     #[arg(long, env = "GPU_SHARE_RECONCILE_SECONDS", default_value_t = 60)]
     pub reconcile_seconds: u64,

@@ -53,6 +53,12 @@ struct NodeGpuLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -73,6 +79,7 @@ pub struct Metrics {
     policy_reloads: Family<ResultLabels, Counter>,
     rejections: Family<ReasonLabels, Counter>,
     drift: Family<ResultLabels, Counter>,
+    reservation_actions: Family<ActionLabels, Counter>,
     requeues: Counter,
     fragmented_milli: Gauge,
     held_pods: Gauge,
@@ -133,6 +140,12 @@ impl Metrics {
         );
         let rejections = Family::<ReasonLabels, Counter>::default();
         let drift = Family::<ResultLabels, Counter>::default();
+        let reservation_actions = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "reservation_actions",
+            "Actions of the reservation controller (per-GPU sharing), by action and result",
+            reservation_actions.clone(),
+        );
         let requeues = Counter::default();
         let fragmented_milli = Gauge::default();
         let held_pods = Gauge::default();
@@ -250,6 +263,7 @@ impl Metrics {
             policy_reloads,
             rejections,
             drift,
+            reservation_actions,
             requeues,
             fragmented_milli,
             held_pods,
@@ -296,6 +310,17 @@ impl Metrics {
                 result: kind.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts one action of the reservation controller (`fill`, `delete`, `create`, `move`,
+    /// `evict`) and how it ended (`done`, `error`).
+    pub fn reservation_action(&self, action: &str, result: &str) {
+        self.reservation_actions
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     pub fn requeued(&self, n: u64) {

@@ -125,7 +125,7 @@ fn single_strategy_mig_is_counted_on_the_nodes_own_model() {
 fn ts_demand(resource: &str) -> Demand {
     Demand {
         resources: vec![resource.to_string()],
-        pointed: false,
+        devices: None,
         ..Demand::gpu(GpuDemand::Timeslice {
             milli: 500,
             memory_mib: None,
@@ -224,7 +224,7 @@ fn nodes_without_the_pods_resource_never_fit() {
     let mixed = inventory::read_node(&node("a100-80gb-mig-mixed-all-1g.10gb"), &reading).unwrap();
     let mig = |resource: &str| Demand {
         resources: vec![resource.to_string()],
-        pointed: false,
+        devices: None,
         ..Demand::gpu(GpuDemand::Mig {
             profile: "1g.10gb".into(),
             count: 1,
@@ -249,7 +249,7 @@ fn nodes_without_the_pods_resource_never_fit() {
     let one_full = inventory::read_node(&node("a100-80gb-mig-mixed-7mig-1full"), &reading).unwrap();
     let whole = Demand {
         resources: vec!["nvidia.com/gpu".into()],
-        pointed: false,
+        devices: None,
         ..Demand::gpu(GpuDemand::Whole { count: 1 })
     };
     assert!(packing::fit(&one_full, &Usage::empty(&one_full), &whole).is_ok());

@@ -289,7 +289,7 @@ mod tests {
         // The ledger reads the pod as a share in per-GPU form.
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc).unwrap();
         let d = crate::ledger::demand_of_pod(&pod).unwrap().unwrap();
-        assert!(d.pointed && d.resources.is_empty(), "{d:?}");
+        assert!(d.pointed() && d.resources.is_empty(), "{d:?}");
     }
 
     /// A gpu-share pod never sets NVIDIA_VISIBLE_DEVICES itself, in either form, and a pod in

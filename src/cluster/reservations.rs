@@ -1,11 +1,17 @@
-//! Kubernetes writes for reservations: creating a GPU's reservation pod, and finding the image
-//! it runs (gpu-share's own).
+//! Kubernetes writes for reservations: creating a GPU's reservation pod and finding the image
+//! it runs (gpu-share's own); and the reservation controller's writes: filling a share's devices
+//! ConfigMap, re-pointing a share, evicting one with an event in words, deleting a reservation,
+//! and reading whether this replica leads.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
+use serde_json::json;
 
 use super::ClusterFacts;
+use crate::reservation::view::{Filled, Owner, devices_configmap};
 use crate::reservation::{self, Template};
 
 /// Why a reservation pod was not created.
@@ -48,6 +54,149 @@ pub async fn create(
         Ok(Err(e)) => Err(CreateError::Api(e)),
         Err(_) => Err(CreateError::Unanswered),
     }
+}
+
+/// What filling a share's devices ConfigMap came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fill {
+    /// Written now, or found as gpu-share writes it (an earlier pass whose answer was lost).
+    Done,
+    /// A ConfigMap of that name exists and is not this share's GPU (made by someone else, or
+    /// for another GPU): it is immutable, so the share cannot be pointed at its GPU. What it is.
+    Foreign(String),
+}
+
+/// Creates the devices ConfigMap of share `owner`, holding `uuid`.
+pub async fn fill(
+    client: &Client,
+    configmap: &str,
+    owner: &Owner,
+    uuid: &str,
+    reservation: &str,
+) -> Result<Fill, kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &owner.namespace);
+    let cm: ConfigMap =
+        serde_json::from_value(devices_configmap(configmap, owner, uuid, reservation))
+            .expect("the devices ConfigMap is a valid ConfigMap (tested)");
+    match api.create(&PostParams::default(), &cm).await {
+        Ok(_) => Ok(Fill::Done),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let found = api.get(configmap).await?;
+            Ok(match Filled::of(&found) {
+                Some(f) if f.is_of(&owner.uid, configmap) && f.uuid == uuid => Fill::Done,
+                Some(f) if f.owner_uid == owner.uid => {
+                    Fill::Foreign(format!("it holds {:?}", f.uuid))
+                }
+                _ => Fill::Foreign("it was not written by gpu-share for this pod".into()),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Points share `namespace/name` at other GPUs of its node (its bind annotation).
+pub async fn repoint(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    gpus: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"metadata": {"annotations": {crate::ledger::ANNOTATION_GPUS: gpus}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The reason of the events on shares gpu-share evicts.
+pub const EVENT_EVICTED: &str = "GpuShareEvicted";
+/// The reason of the events on shares gpu-share points at another GPU.
+pub const EVENT_MOVED: &str = "GpuShareMoved";
+
+/// Records an event on pod `owner` (logged, not fatal, when it cannot be recorded).
+pub async fn note(recorder: &Recorder, owner: &Owner, warning: bool, reason: &str, note: &str) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(owner.name.clone()),
+        namespace: Some(owner.namespace.clone()),
+        uid: Some(owner.uid.clone()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "GpuReservation".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(pod = %format!("{}/{}", owner.namespace, owner.name), error = %e, "cannot record an event");
+    }
+}
+
+/// Evicts share `owner`: an event saying why, then the pod deleted (this pod only: its UID is a
+/// precondition). One already gone is evicted.
+pub async fn evict(
+    recorder: &Recorder,
+    client: &Client,
+    owner: &Owner,
+    why: &str,
+) -> Result<(), kube::Error> {
+    note(
+        recorder,
+        owner,
+        true,
+        EVENT_EVICTED,
+        &format!("gpu-share evicted the pod: {why}"),
+    )
+    .await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &owner.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(owner.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&owner.name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes reservation `name`; one already gone is deleted.
+pub async fn delete(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), reservation::NAMESPACE);
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether this replica leads: the Lease's holder is this host's kube-scheduler (its identity
+/// is `<hostname>_<uuid>`; the extender runs in the same pod, so the same hostname). No Lease
+/// (leader election off, one replica) means it leads.
+pub async fn leads(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    hostname: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    Ok(match api.get_opt(name).await? {
+        None => true,
+        Some(lease) => lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .is_some_and(|h| h == hostname || h.starts_with(&format!("{hostname}_"))),
+    })
 }
 
 /// The reservation pods' image: the flag's, else this process's own container image, read from

@@ -121,6 +121,10 @@ fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Resul
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
+            Some(Ok(())) if demand.pointed() => match ext.ledger().held_off(name) {
+                Some(why) => Err(Reason::ReservationFailed { why }),
+                None => Ok(()),
+            },
             Some(r) => r,
             None if ext.mode() == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
             None => Err(Reason::UnknownNode),
@@ -402,7 +406,7 @@ pub fn reserve_for_bind(
         return Ok(BindPlan::Plain);
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    let pointed = demand.pointed;
+    let pointed = demand.pointed();
     match binding.reserve(&scorer, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
             annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),

@@ -6,6 +6,7 @@ pub mod explain;
 pub mod handlers;
 mod online;
 pub mod report;
+pub mod reserve;
 pub mod state;
 pub mod sync;
 pub mod wire;

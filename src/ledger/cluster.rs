@@ -29,6 +29,9 @@ pub struct Ledger {
     /// Pods bound to nodes not (yet) in the inventory.
     unplaced: Mutex<HashMap<String, ObservedPod>>,
     on_release: RwLock<Option<ReleaseListener>>,
+    /// Nodes where a reservation failed a moment ago: until when, and why. Shares in per-GPU
+    /// form are not placed there meanwhile ([`Reason::ReservationFailed`]).
+    held_off: Mutex<HashMap<String, (std::time::Instant, String)>>,
 }
 
 impl Ledger {
@@ -238,6 +241,12 @@ impl Ledger {
         let n = self.node(node).ok_or(Reason::UnknownNode)?;
         let (result, moved) = {
             let mut index = lock(&self.index);
+            if demand.pointed()
+                && index.get(&pod.uid).is_none_or(|at| at != node)
+                && let Some(why) = self.held_off(node)
+            {
+                return Err(Reason::ReservationFailed { why });
+            }
             let moved = match index.get(&pod.uid) {
                 Some(prev) if prev != node => self.take(&mut index, &pod.uid),
                 _ => None,
@@ -253,6 +262,32 @@ impl Ledger {
             self.notify(&h);
         }
         result
+    }
+
+    /// Holds shares in per-GPU form off `node` until `until`: a reservation there failed (why).
+    pub fn hold_off(&self, node: &str, until: std::time::Instant, why: String) {
+        lock(&self.held_off).insert(node.to_string(), (until, why));
+    }
+
+    /// Why shares in per-GPU form are held off `node` now, if they are.
+    pub fn held_off(&self, node: &str) -> Option<String> {
+        let mut held = lock(&self.held_off);
+        match held.get(node) {
+            Some((until, why)) if *until > std::time::Instant::now() => Some(why.clone()),
+            Some(_) => {
+                held.remove(node);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Re-points the share in per-GPU form `uid` at GPU `to` of its node (its own GPU's
+    /// reservation failed): its new per-GPU model, or `None` when it is no such share or `to`
+    /// has no room for it.
+    pub fn repoint(&self, uid: &str, to: u32) -> Option<Vec<(u32, u32)>> {
+        let node = self.node_of(uid)?;
+        self.with_node(&node, |nl| nl.repoint(uid, to)).flatten()
     }
 
     /// Releases a pod's holding (and tells the release listener).

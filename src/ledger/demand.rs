@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::inventory::{self, MIG_RESOURCE_PREFIX};
 use crate::packing::{Demand, GpuDemand, Placement};
-use crate::request::{ANNOTATION_DEVICES, ANNOTATION_REQUEST, GpuClass, GpuRequest};
+use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
 pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
@@ -66,20 +66,32 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
         .as_ref()
         .map(|s| limit_totals(s, true).into_keys().collect())
         .unwrap_or_default();
-    let pointed = matches!(gpu, GpuDemand::Timeslice { .. })
-        && resources.is_empty()
-        && pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(ANNOTATION_DEVICES));
+    let devices = if matches!(gpu, GpuDemand::Timeslice { .. }) && resources.is_empty() {
+        pod.spec.as_ref().and_then(devices_configmap)
+    } else {
+        None
+    };
     Ok(Some(Demand {
         cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
         models: pod_models(pod),
         resources,
-        pointed,
+        devices,
         ..Demand::gpu(gpu)
     }))
+}
+
+/// The ConfigMap a pod's container reads `NVIDIA_VISIBLE_DEVICES` from (the per-GPU form): read
+/// from the env kubelet resolves, not from the annotation that mirrors it, which anyone who can
+/// edit the pod can change.
+pub fn devices_configmap(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<String> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .filter(|e| e.name == crate::request::DEVICES_KEY)
+        .find_map(|e| {
+            let r = e.value_from.as_ref()?.config_map_key_ref.as_ref()?;
+            (r.key == crate::request::DEVICES_KEY && !r.name.is_empty()).then(|| r.name.clone())
+        })
 }
 
 /// The terms of a pod's required node affinity (alternatives), if it has one.

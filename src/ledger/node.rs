@@ -128,6 +128,31 @@ impl NodeLedger {
         best
     }
 
+    /// Re-points a share in per-GPU form at GPU `to`, when that GPU has room for it (shareable,
+    /// within 100% and within its memory): its new per-GPU model.
+    pub fn repoint(&mut self, uid: &str, to: u32) -> Option<Vec<(u32, u32)>> {
+        let h = self.holdings.get(uid)?;
+        let [(from, milli)] = h.placement.gpus[..] else {
+            return None;
+        };
+        let memory = Some(h.placement.gpu_memory_mib).filter(|m| *m > 0);
+        if !h.demand.pointed()
+            || from == to
+            || (to as usize) >= self.usage.gpu_milli.len()
+            || !self
+                .usage
+                .takes_share(to as usize, milli, memory, self.node.gpu_memory_mib)
+        {
+            return None;
+        }
+        let mut h = self.release(uid)?;
+        h.placement.gpus = vec![(to, milli)];
+        packing::apply(&mut self.usage, &h.placement);
+        let gpus = h.placement.gpus.clone();
+        self.holdings.insert(uid.to_string(), h);
+        Some(gpus)
+    }
+
     /// Releases a pod's holding here.
     pub fn release(&mut self, uid: &str) -> Option<Holding> {
         let h = self.holdings.remove(uid)?;

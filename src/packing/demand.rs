@@ -129,10 +129,11 @@ pub struct Demand {
     /// The `nvidia.com/*` resources the pod's limits name: a node must advertise each. Empty
     /// for demands not read from a pod (the simulator's).
     pub resources: Vec<String>,
-    /// A share in per-GPU form: the pod asks the device plugin for nothing and is pointed at
-    /// the GPU gpu-share holds for it (a node shared per GPU only). Demands not read from a pod
-    /// (the simulator's) say `false` and fit either kind of node.
-    pub pointed: bool,
+    /// A share in per-GPU form: the pod asks the device plugin for nothing, and its container
+    /// reads `NVIDIA_VISIBLE_DEVICES` from this ConfigMap, which gpu-share fills with the UUID
+    /// of the GPU it holds for it (a node shared per GPU only). Demands not read from a pod (the
+    /// simulator's) have none and fit either kind of node.
+    pub devices: Option<String>,
 }
 
 impl Demand {
@@ -143,7 +144,12 @@ impl Demand {
             gpu,
             models: Vec::new(),
             resources: Vec::new(),
-            pointed: false,
+            devices: None,
         }
+    }
+
+    /// A share in per-GPU form ([`Demand::devices`]).
+    pub fn pointed(&self) -> bool {
+        self.devices.is_some()
     }
 }

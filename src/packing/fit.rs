@@ -44,9 +44,17 @@ pub enum Reason {
     ResourceNotAdvertised {
         resource: String,
     },
+    /// A reservation on the node failed a moment ago (why): shares in per-GPU form go to other
+    /// nodes for a while rather than wait on another reservation that would fail the same way.
+    ReservationFailed {
+        why: String,
+    },
     Cpu,
     Memory,
 }
+
+/// How [`Reason::ReservationFailed`]'s sentence begins, whatever the failure.
+const RESERVATION_FAILED_HEAD: &str = "a reservation of a GPU on this node failed";
 
 /// How [`Reason::ResourceNotAdvertised`]'s sentence ends, whatever the resource.
 const NOT_ADVERTISED_TAIL: &str = ", the resource the pod's limits name";
@@ -99,6 +107,10 @@ impl Reason {
             Reason::ResourceNotAdvertised { resource } => {
                 format!("node does not advertise {resource}{NOT_ADVERTISED_TAIL}").into()
             }
+            Reason::ReservationFailed { why } => format!(
+                "{RESERVATION_FAILED_HEAD} moments ago ({why}); shares in per-GPU form go to other nodes for a while"
+            )
+            .into(),
             Reason::Cpu => "not enough free CPU".into(),
             Reason::Memory => "not enough free memory".into(),
         }
@@ -136,7 +148,7 @@ impl Reason {
             std::borrow::Cow::Borrowed(m) => Some(m),
             std::borrow::Cow::Owned(_) => None,
         })
-        .chain(["; pod asks ", NOT_ADVERTISED_TAIL])
+        .chain(["; pod asks ", NOT_ADVERTISED_TAIL, RESERVATION_FAILED_HEAD])
     }
 
     /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
@@ -185,6 +197,7 @@ impl Reason {
             Reason::ResourceAbsent => "resource_absent",
             Reason::NotEnoughUnits => "not_enough_units",
             Reason::ResourceNotAdvertised { .. } => "resource_not_advertised",
+            Reason::ReservationFailed { .. } => "reservation_failed",
             Reason::Cpu => "cpu",
             Reason::Memory => "memory",
         }
@@ -222,7 +235,7 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
         demand.gpu,
         GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. }
     );
-    if demand.pointed && node.sharing != Sharing::PerGpu {
+    if demand.pointed() && node.sharing != Sharing::PerGpu {
         return Err(mismatch(node, "a GPU shared per GPU"));
     }
     if share && node.sharing == Sharing::PerGpu && !demand.resources.is_empty() {

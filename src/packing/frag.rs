@@ -660,7 +660,7 @@ mod tests {
             },
             models: vec![],
             resources: vec![],
-            pointed: false,
+            devices: None,
         };
         let mut ds = vec![d(1000, 500); 6];
         ds.extend(vec![d(2000, 250); 3]);

@@ -355,7 +355,7 @@ mod tests {
             Sharing::TimeSlicing { replicas: 4 },
         );
         let pointed = Demand {
-            pointed: true,
+            devices: Some("gpu-share-devices-x".into()),
             ..ts(30)
         };
         let replica = Demand {

@@ -413,7 +413,7 @@ mod tests {
             },
             models: vec![],
             resources: vec![],
-            pointed: false,
+            devices: None,
         }
     }
 
@@ -424,7 +424,7 @@ mod tests {
             gpu: GpuDemand::Whole { count },
             models: vec![],
             resources: vec![],
-            pointed: false,
+            devices: None,
         }
     }
 

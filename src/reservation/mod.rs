@@ -4,5 +4,6 @@
 pub mod agent;
 pub mod model;
 pub mod plan;
+pub mod view;
 
 pub use model::*;

@@ -31,12 +31,16 @@ pub struct Reservation {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReservationState {
-    /// Created; its UUID not published yet.
-    Starting,
+    /// Created; its UUID not published yet. `waiting`: why its container has not started, as
+    /// kubelet says (e.g. `ImagePullBackOff: ...`), if it says.
+    Starting { waiting: Option<String> },
     /// Holds the GPU with this UUID.
     Ready { uuid: String },
     /// Cannot hold a GPU: why, in words (its own annotation, or the pod's status).
     Failed { why: String },
+    /// Being deleted (by gpu-share, or by hand): nothing is pointed at it; once it is gone, a
+    /// GPU that still has shares gets a new one.
+    Leaving,
 }
 
 /// A share bound to the GPU (a pod in per-GPU form).
@@ -45,7 +49,7 @@ pub struct Share {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// Its ConfigMap ([`crate::request::ANNOTATION_DEVICES`]).
+    /// The ConfigMap its container reads the GPU from ([`crate::packing::Demand::devices`]).
     pub configmap: String,
     /// The UUID its ConfigMap holds, when it exists (its container may have started on it).
     pub filled: Option<String>,
@@ -68,8 +72,12 @@ pub struct Gpu {
 pub enum Action {
     /// Create the share's ConfigMap with the GPU's UUID (owned by the pod; immutable).
     Fill { share: Share, uuid: String },
-    /// Delete the reservation: released, or failed.
-    Delete { reservation: String, why: String },
+    /// Delete the reservation: released, or `failed`.
+    Delete {
+        reservation: String,
+        why: String,
+        failed: bool,
+    },
     /// Create the GPU's reservation again.
     Recreate { node: String, gpu: u32 },
     /// Move a share that has not started to another GPU of its node (or evict it if none has
@@ -92,10 +100,13 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
         Some(r) => {
             let failed = match &r.state {
                 ReservationState::Failed { why } => Some(why.clone()),
-                ReservationState::Starting if r.age >= START_TIMEOUT => Some(format!(
-                    "its reservation {} did not hold the GPU within {} s (an image that cannot pull, or the device plugin had no GPU left for it)",
+                ReservationState::Starting { waiting } if r.age >= START_TIMEOUT => Some(format!(
+                    "its reservation {} did not hold the GPU within {} s ({})",
                     r.name,
-                    START_TIMEOUT.as_secs()
+                    START_TIMEOUT.as_secs(),
+                    waiting.as_deref().unwrap_or(
+                        "an image that cannot pull, or the device plugin had no GPU left for it"
+                    )
                 )),
                 _ => None,
             };
@@ -117,6 +128,7 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                 out.push(Action::Delete {
                     reservation: r.name.clone(),
                     why,
+                    failed: true,
                 });
             } else if let ReservationState::Ready { uuid } = &r.state {
                 for s in &gpu.shares {
@@ -139,6 +151,7 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                     out.push(Action::Delete {
                         reservation: r.name.clone(),
                         why: format!("released: no share on {at} for {} s", grace.as_secs()),
+                        failed: false,
                     });
                 }
             }
@@ -195,7 +208,10 @@ mod tests {
         // Starting: the shares wait (their containers do not start without the key).
         assert!(
             plan(
-                &gpu(Some(ReservationState::Starting), vec![share("a", None)]),
+                &gpu(
+                    Some(ReservationState::Starting { waiting: None }),
+                    vec![share("a", None)]
+                ),
                 GRACE
             )
             .is_empty()
@@ -222,7 +238,7 @@ mod tests {
             ReservationState::Failed {
                 why: "NVML failed: driver not loaded".into(),
             },
-            ReservationState::Starting,
+            ReservationState::Starting { waiting: None },
         ] {
             let mut g = gpu(
                 Some(state.clone()),
@@ -235,7 +251,7 @@ mod tests {
                 panic!("{actions:?}")
             };
             assert_eq!(m.name, "waiting");
-            let expected = if matches!(state, ReservationState::Starting) {
+            let expected = if matches!(state, ReservationState::Starting { .. }) {
                 "did not hold the GPU within 120 s"
             } else {
                 "NVML failed: driver not loaded"
@@ -246,11 +262,14 @@ mod tests {
             );
             assert!(matches!(&actions[1], Action::Evict { share, .. } if share.name == "running"));
             assert!(
-                matches!(&actions[2], Action::Delete { reservation, .. } if reservation == "gpu-share-n1-gpu-2")
+                matches!(&actions[2], Action::Delete { reservation, failed: true, .. } if reservation == "gpu-share-n1-gpu-2")
             );
         }
         // A reservation still starting within the timeout is waited for.
-        let g = gpu(Some(ReservationState::Starting), vec![share("a", None)]);
+        let g = gpu(
+            Some(ReservationState::Starting { waiting: None }),
+            vec![share("a", None)],
+        );
         assert!(plan(&g, GRACE).is_empty());
     }
 
@@ -265,6 +284,10 @@ mod tests {
             }]
         );
         assert!(plan(&gpu(None, vec![]), GRACE).is_empty());
+        // One being deleted is waited for: nothing is filled from it, nothing created yet.
+        let mut g = gpu(Some(ReservationState::Leaving), vec![share("a", None)]);
+        g.reservation.as_mut().unwrap().age = START_TIMEOUT * 2;
+        assert!(plan(&g, GRACE).is_empty());
     }
 
     #[test]
@@ -278,7 +301,12 @@ mod tests {
         assert!(plan(&g, GRACE).is_empty());
         g.idle_for = Some(GRACE);
         let actions = plan(&g, GRACE);
-        let [Action::Delete { why, .. }] = actions.as_slice() else {
+        let [
+            Action::Delete {
+                why, failed: false, ..
+            },
+        ] = actions.as_slice()
+        else {
             panic!("{actions:?}")
         };
         assert!(why.starts_with("released"), "{why}");

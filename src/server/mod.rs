@@ -407,6 +407,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let reservation_image =
         crate::cluster::reservations::image(args.reservation_image.as_deref(), cluster.as_ref())
             .await;
+    let reservations = Arc::new(crate::reservation::Template {
+        image: reservation_image,
+        ..Default::default()
+    });
+    if let (Some(ext), Some(c)) = (&extender, &cluster) {
+        extender::reserve::spawn(
+            c.client().clone(),
+            ext.clone(),
+            store.clone(),
+            reservations.clone(),
+            metrics.clone(),
+            extender::reserve::Leadership::new(&args.leader_lease),
+            shutdown_rx.clone(),
+        );
+    }
     let state = AppState {
         role: args.role,
         policy: store,
@@ -420,10 +435,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             Duration::from_secs(args.body_timeout_seconds.max(1)),
         )),
         annotation_writers: Arc::new(args.annotation_writers.clone()),
-        reservations: Arc::new(crate::reservation::Template {
-            image: reservation_image,
-            ..Default::default()
-        }),
+        reservations,
     };
     serve(&args, state, tls, shutdown_rx).await
 }

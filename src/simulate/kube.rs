@@ -107,7 +107,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
                 gpu,
                 models: ledger::pod_models(&pod),
                 resources: Vec::new(),
-                pointed: false,
+                devices: None,
             },
         });
     }

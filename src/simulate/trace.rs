@@ -201,7 +201,7 @@ pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
                 gpu,
                 models,
                 resources: Vec::new(),
-                pointed: false,
+                devices: None,
             },
         });
     }
