@@ -16,9 +16,13 @@
 //!    pods, a namespace deleted, a node deleted;
 //! templates: workloads checked at `kubectl apply` (refused in the pod webhook's words with the
 //!    template's path, `--dry-run=server`, UPDATEs, CronJobs, and a workload without gpu-share
-//!    annotations never sent to gpu-share, admitted with the webhook down).
+//!    annotations never sent to gpu-share, admitted with the webhook down);
+//! per-GPU sharing: a plain node shared per GPU, its reservations run by real `gpu-share reserve`
+//!    processes (tests/workloads/per_gpu.rs).
 
 mod common;
+#[path = "workloads/per_gpu.rs"]
+mod per_gpu;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -1165,6 +1169,12 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     )
     .await;
     point(&mut failures, "lifecycle: node deleted", node_deleted(&c)).await;
+    point(
+        &mut failures,
+        "per-GPU sharing",
+        per_gpu::per_gpu_sharing(&c),
+    )
+    .await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

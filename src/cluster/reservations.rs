@@ -170,12 +170,20 @@ pub async fn evict(
     }
 }
 
-/// Deletes reservation `name`; one already gone is deleted.
-pub async fn delete(client: &Client, name: &str) -> Result<(), kube::Error> {
+/// Deletes reservation `name`, the pod `uid` (not a later one of the same name); one already
+/// gone is deleted.
+pub async fn delete(client: &Client, name: &str, uid: &str) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), reservation::NAMESPACE);
-    match api.delete(name, &DeleteParams::default()).await {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
 }

@@ -227,7 +227,20 @@ async fn run(
             ctx.policy.current().policy.per_gpu.release_after_seconds,
         ));
         for g in &gpus {
-            for action in plan::plan(g, grace) {
+            let actions = plan::plan(g, grace);
+            // A failed reservation: no new share is placed on its node while its shares are
+            // moved or evicted (their replacements would land on it again).
+            for a in &actions {
+                if let Action::Delete {
+                    why, failed: true, ..
+                } = a
+                {
+                    ctx.ext
+                        .ledger()
+                        .hold_off(&g.node, Instant::now() + HOLD_OFF, why.clone());
+                }
+            }
+            for action in actions {
                 let key = key(&action);
                 if memory.done.contains_key(&key) {
                     continue;
@@ -303,7 +316,7 @@ fn gather(
 fn key(a: &Action) -> String {
     match a {
         Action::Fill { share, .. } => format!("fill/{}", share.uid),
-        Action::Delete { reservation, .. } => format!("delete/{reservation}"),
+        Action::Delete { uid, .. } => format!("delete/{uid}"),
         Action::Recreate { node, gpu } => format!("create/{node}/{gpu}"),
         Action::Move { share, .. } => format!("move/{}", share.uid),
         Action::Evict { share, .. } => format!("evict/{}", share.uid),
@@ -360,18 +373,15 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
         }
         Action::Delete {
             reservation,
+            uid,
             why,
             failed,
         } => {
-            if failed {
-                ctx.ext
-                    .ledger()
-                    .hold_off(&gpu.node, Instant::now() + HOLD_OFF, why.clone());
-            } else if has_shares(ctx.ext.ledger(), &gpu.node, gpu.index) {
+            if !failed && has_shares(ctx.ext.ledger(), &gpu.node, gpu.index) {
                 // A bind placed a share on it since this tick began: kept.
                 return false;
             }
-            let r = api::delete(&ctx.client, &reservation).await;
+            let r = api::delete(&ctx.client, &reservation, &uid).await;
             if r.is_ok() {
                 tracing::info!(reservation, why, "reservation deleted");
             }
@@ -525,6 +535,7 @@ mod tests {
     fn reservation(gpu: u32, state: ReservationState) -> ReservationPod {
         ReservationPod {
             name: crate::reservation::name("n1", gpu),
+            uid: format!("r-{gpu}"),
             node: "n1".into(),
             gpu,
             state,

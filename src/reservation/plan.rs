@@ -24,6 +24,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     pub name: String,
+    /// Its pod's UID: a reservation deleted is this pod, not a later one of the same name.
+    pub uid: String,
     pub state: ReservationState,
     /// Since it was created.
     pub age: Duration,
@@ -75,6 +77,7 @@ pub enum Action {
     /// Delete the reservation: released, or `failed`.
     Delete {
         reservation: String,
+        uid: String,
         why: String,
         failed: bool,
     },
@@ -127,6 +130,7 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                 }
                 out.push(Action::Delete {
                     reservation: r.name.clone(),
+                    uid: r.uid.clone(),
                     why,
                     failed: true,
                 });
@@ -150,6 +154,7 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                 if gpu.shares.is_empty() && gpu.idle_for.is_some_and(|d| d >= grace) {
                     out.push(Action::Delete {
                         reservation: r.name.clone(),
+                        uid: r.uid.clone(),
                         why: format!("released: no share on {at} for {} s", grace.as_secs()),
                         failed: false,
                     });
@@ -180,6 +185,7 @@ mod tests {
             index: 2,
             reservation: state.map(|state| Reservation {
                 name: "gpu-share-n1-gpu-2".into(),
+                uid: "r-uid".into(),
                 state,
                 age: Duration::from_secs(5),
             }),

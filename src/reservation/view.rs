@@ -30,6 +30,7 @@ pub const ANNOTATION_RESERVATION: &str = "gpu-share.io/reservation";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationPod {
     pub name: String,
+    pub uid: String,
     pub node: String,
     pub gpu: u32,
     pub state: ReservationState,
@@ -50,6 +51,7 @@ impl ReservationPod {
         let state = state_of(pod, &name);
         Some(ReservationPod {
             name,
+            uid: m.uid.clone().unwrap_or_default(),
             node,
             gpu,
             state,
@@ -61,6 +63,7 @@ impl ReservationPod {
     pub fn at(&self, now: SystemTime) -> Reservation {
         Reservation {
             name: self.name.clone(),
+            uid: self.uid.clone(),
             state: self.state.clone(),
             age: self
                 .created

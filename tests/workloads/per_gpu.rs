@@ -1,0 +1,553 @@
+//! Per-GPU sharing on a plain A100 x4 node (labelled `gpu-share.io/sharing=per-gpu`), with the
+//! policy's `perGpu.timeslice` on. This test plays the one part no process here can: a kubelet
+//! that runs reservation pods. Each reservation pod KWOK marks Running gets a real
+//! `gpu-share reserve` process, under the reserve ServiceAccount's own token, whose NVML is the
+//! test seam (`GPU_SHARE_RESERVE_FAKE_NVML`): a made-up UUID per pod, or an error.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::process::{Child, Command, Stdio};
+
+use super::*;
+
+const NS: &str = "per-gpu";
+const NODE: &str = "a100-per-gpu";
+const RESERVATIONS: &str = "gpu-share-reservations";
+const GPU_MEMORY_MIB: u64 = 81920;
+
+/// The reservation pods' kubelet: a `gpu-share reserve` per Running reservation pod.
+struct Kubelet {
+    kubeconfig: String,
+    agents: HashMap<String, Child>,
+    /// Reservation pod names whose NVML fails.
+    fail: BTreeSet<String>,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        for (_, mut a) in self.agents.drain() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+}
+
+/// The UUID the seam gives reservation pod `uid`.
+fn uuid_of(uid: &str) -> String {
+    format!("GPU-{uid}")
+}
+
+impl Kubelet {
+    fn new(c: &Cluster) -> Result<Kubelet, String> {
+        let token = kubectl(
+            c,
+            &[
+                "-n",
+                RESERVATIONS,
+                "create",
+                "token",
+                "gpu-share-reserve",
+                "--duration",
+                "2h",
+            ],
+            None,
+        )?;
+        let base = std::fs::read_to_string(c.var("KUBECONFIG")).map_err(|e| e.to_string())?;
+        // The admin kubeconfig's user, replaced by the ServiceAccount's token.
+        let user = base
+            .find("  - name: user")
+            .ok_or("no user stanza in the kubeconfig")?;
+        let text = format!(
+            "{}  - name: user\n    user:\n      token: {}\n",
+            &base[..user],
+            token.trim()
+        );
+        let path = c.dir.join("kubeconfigs/reserve");
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        Ok(Kubelet {
+            kubeconfig: path.display().to_string(),
+            agents: HashMap::new(),
+            fail: BTreeSet::new(),
+        })
+    }
+
+    /// Starts an agent for every Running reservation pod that has none; reaps those whose pod is
+    /// gone.
+    async fn tick(&mut self, c: &Cluster) -> Result<(), String> {
+        let pods = pods_of(c, RESERVATIONS).await?;
+        let live: BTreeMap<String, &Pod> = pods
+            .values()
+            .filter(|p| phase(p) == "Running" && p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect();
+        self.agents.retain(|uid, a| {
+            let keep = live.contains_key(uid);
+            if !keep {
+                let _ = a.kill();
+                let _ = a.wait();
+            }
+            keep
+        });
+        for (uid, p) in live {
+            if self.agents.contains_key(&uid) {
+                continue;
+            }
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let nvml = if self.fail.contains(&name) {
+                "error:NVML_ERROR_GPU_IS_LOST (injected by the test)".to_string()
+            } else {
+                uuid_of(&uid)
+            };
+            let child = Command::new(common::BIN)
+                .args(["reserve"])
+                .env("KUBECONFIG", &self.kubeconfig)
+                .env("POD_NAME", &name)
+                .env("POD_NAMESPACE", RESERVATIONS)
+                .env("GPU_SHARE_RESERVE_FAKE_NVML", nvml)
+                .arg("--termination-log")
+                .arg(c.dir.join(format!("logs/reserve-{name}.term")))
+                .stdout(Stdio::null())
+                .stderr(
+                    std::fs::File::create(c.dir.join(format!("logs/reserve-{name}.log")))
+                        .map(Stdio::from)
+                        .unwrap_or(Stdio::null()),
+                )
+                .spawn()
+                .map_err(|e| format!("start gpu-share reserve: {e}"))?;
+            self.agents.insert(uid, child);
+        }
+        Ok(())
+    }
+}
+
+/// What the API shows of the node's per-GPU sharing.
+#[derive(Debug, Default)]
+struct View {
+    /// Per GPU index: the bound, live shares (name, thousandths, memory MiB).
+    shares: BTreeMap<u32, Vec<(String, u32, u64)>>,
+    /// Per GPU index: the reservation pod (name, uid, uuid if published, phase).
+    reservations: BTreeMap<u32, (String, String, Option<String>, String)>,
+    /// Exclusive pods bound to the node.
+    whole: usize,
+    /// Per share: its ConfigMap's UUID (None: no ConfigMap yet).
+    filled: BTreeMap<String, Option<String>>,
+}
+
+async fn view(c: &Cluster) -> Result<View, String> {
+    let mut v = View::default();
+    for p in pods_of(c, NS).await?.values().filter(|p| live(p)) {
+        if node_of(p) != Some(NODE) {
+            continue;
+        }
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let ann = p.metadata.annotations.clone().unwrap_or_default();
+        let request = ann.get(REQUEST).cloned().unwrap_or_default();
+        if request.starts_with("exclusive") {
+            v.whole += 1;
+            continue;
+        }
+        let gpus = ann
+            .get("gpu-share.io/gpus")
+            .ok_or_else(|| format!("share {name} bound without gpu-share.io/gpus"))?;
+        let (i, m) = gpus
+            .split_once(':')
+            .ok_or_else(|| format!("share {name}: gpus {gpus:?}"))?;
+        let memory = request
+            .split(',')
+            .find_map(|t| t.strip_prefix("memory="))
+            .and_then(|m| m.trim_end_matches("Mi").parse().ok())
+            .unwrap_or(0);
+        v.shares
+            .entry(i.parse().map_err(|_| gpus.clone())?)
+            .or_default()
+            .push((name.clone(), m.parse().map_err(|_| gpus.clone())?, memory));
+        let cm =
+            gpu_share::ledger::devices_configmap(p.spec.as_ref().unwrap()).ok_or_else(|| {
+                format!("share {name} reads NVIDIA_VISIBLE_DEVICES from no ConfigMap")
+            })?;
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.client.clone(), NS);
+        let found = cms
+            .get_opt(&cm)
+            .await
+            .map_err(|e| format!("get {cm}: {e}"))?;
+        v.filled.insert(
+            name,
+            found.and_then(|c| c.data?.get("NVIDIA_VISIBLE_DEVICES").cloned()),
+        );
+    }
+    for p in pods_of(c, RESERVATIONS).await?.values() {
+        if node_of(p) != Some(NODE) || p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ann = p.metadata.annotations.clone().unwrap_or_default();
+        let Some(i) = ann
+            .get("gpu-share.io/reserve-gpu")
+            .and_then(|i| i.parse().ok())
+        else {
+            continue;
+        };
+        v.reservations.insert(
+            i,
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default(),
+                ann.get("gpu-share.io/gpu-uuid").cloned(),
+                phase(p).to_string(),
+            ),
+        );
+    }
+    Ok(v)
+}
+
+/// Per GPU within 100% and its memory; no GPU both whole and shared beyond the node's four;
+/// every shared GPU held by a reservation.
+fn within_capacity(v: &View) -> Check {
+    for (i, shares) in &v.shares {
+        let milli: u32 = shares.iter().map(|s| s.1).sum();
+        let memory: u64 = shares.iter().map(|s| s.2).sum();
+        ensure(
+            milli <= 1000 && memory <= GPU_MEMORY_MIB,
+            format!("GPU {i} holds {milli}/1000 and {memory}/{GPU_MEMORY_MIB} MiB: {shares:?}"),
+        )?;
+    }
+    let reserved: BTreeSet<u32> = v.reservations.keys().copied().collect();
+    ensure(
+        v.whole + reserved.len() <= 4,
+        format!(
+            "{} whole GPUs and reservations {reserved:?} on a 4-GPU node",
+            v.whole
+        ),
+    )
+}
+
+/// Every share's ConfigMap holds the UUID its GPU's reservation published.
+fn pointed_right(v: &View) -> Result<bool, String> {
+    for (i, shares) in &v.shares {
+        let Some((_, _, Some(uuid), _)) = v.reservations.get(i) else {
+            return Ok(false);
+        };
+        for (name, ..) in shares {
+            match v.filled.get(name) {
+                Some(Some(u)) if u == uuid => {}
+                Some(Some(u)) => {
+                    return Err(format!(
+                        "{name} on GPU {i} reads {u}, its reservation holds {uuid}"
+                    ));
+                }
+                _ => return Ok(false),
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Runs the kubelet until `settled` holds of the view, checking capacity at every step.
+async fn settle(
+    c: &Cluster,
+    k: &mut Kubelet,
+    what: &str,
+    limit: Duration,
+    settled: impl Fn(&View) -> Result<bool, String>,
+) -> Result<View, String> {
+    let start = Instant::now();
+    loop {
+        k.tick(c).await?;
+        let v = view(c).await?;
+        within_capacity(&v)?;
+        if settled(&v)? {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            return Err(format!(
+                "{what}: not within {} s; last seen {v:?}",
+                limit.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// An event of `reason` on a pod of the namespace whose note contains `words`, the kubelet
+/// running meanwhile.
+async fn event_with(
+    c: &Cluster,
+    k: &mut Kubelet,
+    reason: &str,
+    words: &str,
+) -> Result<String, String> {
+    let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
+    let start = Instant::now();
+    // Events outlive their pods: only those of this step (timestamps are whole seconds).
+    let since = std::time::SystemTime::now() - Duration::from_secs(1);
+    loop {
+        k.tick(c).await?;
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("list events: {e}"))?;
+        if let Some(m) = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| {
+                e.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_some_and(|t| std::time::SystemTime::from(t.0) >= since)
+            })
+            .filter_map(|e| e.message)
+            .find(|m| m.contains(words))
+        {
+            return Ok(m);
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("no {reason} event saying {words:?} within 60 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn set_policy(c: &Cluster, per_gpu: bool) -> Check {
+    let path = c.dir.join("policy/policy.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    let pairs = [
+        ("  timeslice: false\n", "  timeslice: true\n"),
+        ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
+    ];
+    let mut out = text.clone();
+    for (off, on) in pairs {
+        let (from, to) = if per_gpu { (off, on) } else { (on, off) };
+        if out.contains(to) {
+            continue;
+        }
+        ensure(
+            out.contains(from),
+            format!("the policy file has no {from:?}"),
+        )?;
+        out = out.replacen(from, to, 1);
+    }
+    std::fs::write(&path, out).map_err(|e| e.to_string())
+}
+
+fn share_deployment(replicas: u32) -> Value {
+    let mut t = template(
+        json!({"gpu-share": "timeslice-30", "gpu-share/memory": "25000Mi"}),
+        Some(NODE),
+        "Always",
+    );
+    t["spec"]["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+    deployment("infer", replicas, t)
+}
+
+pub async fn per_gpu_sharing(c: &Cluster) -> Check {
+    // What an earlier run against this cluster left: its workloads first (they would recreate
+    // their pods), then their pods.
+    let _ = c.kubectl(&["-n", NS, "delete", "deployment", "--all"], None);
+    namespace(c, NS).await?;
+    // The node, and a RuntimeClass nvidia (the reservation pods name the policy's).
+    let nodes = std::env::var("CARGO_MANIFEST_DIR").unwrap() + "/tests/cluster/per-gpu-node.yaml";
+    let out = Command::new("python3")
+        .args([
+            &format!("{}/tests/cluster/nodes.py", env!("CARGO_MANIFEST_DIR")),
+            &c.dir.display().to_string(),
+            &nodes,
+        ])
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure(
+        out.status.success(),
+        format!("nodes.py: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    let _ = c.kubectl(
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
+    );
+    // The policy on (hot-reloaded), and the extender told the reservation image (it runs outside
+    // a pod here, so it cannot read its own).
+    set_policy(c, true)?;
+    c.stop("extender");
+    c.start_process_with(
+        "extender",
+        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
+    );
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    let probe = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "annotations": {"gpu-share": "timeslice-30"}},
+               "spec": {"containers": [{"name": "main", "image": "cuda"}]}})
+    };
+    wait_for(
+        "the webhook to take the per-GPU form",
+        Duration::from_secs(30),
+        || async {
+            let out = kubectl(
+                c,
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-n",
+                    NS,
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&probe("probe").to_string()),
+            )?;
+            Ok(out.contains("configMapKeyRef").then_some(()))
+        },
+    )
+    .await?;
+    let mut k = Kubelet::new(c)?;
+
+    // Exclusive training first, then a burst of shares: 2 whole GPUs, 3 shares on each of the
+    // other 2 (30% and 25,000 MiB each), 2 shares waiting.
+    let mut train = template(json!({"gpu-share": "exclusive-1"}), Some(NODE), "Always");
+    train["spec"]["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+    apply(c, NS, &deployment("train", 2, train))?;
+    wait_pods(c, NS, 2, 0).await?;
+    apply(c, NS, &share_deployment(8))?;
+    let v = settle(
+        c,
+        &mut k,
+        "8 shares placed",
+        Duration::from_secs(120),
+        |v| Ok(v.shares.values().map(Vec::len).sum::<usize>() == 6),
+    )
+    .await?;
+    ensure(
+        v.whole == 2,
+        format!("{} exclusive pods bound on {NODE}", v.whole),
+    )?;
+    ensure(
+        v.shares.len() == 2 && v.shares.values().all(|s| s.len() == 3),
+        format!("shares not packed 3 and 3: {:?}", v.shares),
+    )?;
+    let waiting = wait_pods(c, NS, 8, 2).await?;
+    let why = why_waiting(c, NS, &waiting[0]).await?;
+    ensure(why.contains("GPU"), format!("a waiting share says {why:?}"))?;
+    // Exclusive pods never get a reserved GPU: the device plugin (KWOK's allocatable) and the
+    // ledger both count 2 + 2.
+    let v = settle(
+        c,
+        &mut k,
+        "every share pointed at its reservation's GPU",
+        Duration::from_secs(60),
+        pointed_right,
+    )
+    .await?;
+    let held: BTreeMap<u32, String> = v
+        .reservations
+        .iter()
+        .map(|(i, r)| (*i, r.1.clone()))
+        .collect();
+
+    // The extender killed, a share deleted meanwhile: the restarted one ends where it was, with
+    // the same reservations.
+    c.kill("extender");
+    let victim = v.shares.values().next().unwrap()[0].0.clone();
+    kubectl(
+        c,
+        &["-n", NS, "delete", "pod", &victim, "--wait=false"],
+        None,
+    )?;
+    c.start_process_with(
+        "extender",
+        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
+    );
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    let v = settle(c, &mut k, "after a restart", Duration::from_secs(90), |v| {
+        Ok(v.shares.values().map(Vec::len).sum::<usize>() == 6 && pointed_right(v)?)
+    })
+    .await?;
+    let after: BTreeMap<u32, String> = v
+        .reservations
+        .iter()
+        .map(|(i, r)| (*i, r.1.clone()))
+        .collect();
+    ensure(
+        after == held,
+        format!("reservations changed over the restart: {held:?} -> {after:?}"),
+    )?;
+
+    // A reservation deleted by hand: created again; the device plugin may give it another GPU
+    // (here always: a new UUID), so the shares started on the old one are evicted in words, and
+    // their Deployment's new pods point at the new one.
+    let (&gpu, (name, ..)) = v.reservations.iter().next().unwrap();
+    kubectl(
+        c,
+        &["-n", RESERVATIONS, "delete", "pod", name, "--wait=false"],
+        None,
+    )?;
+    let note = event_with(c, &mut k, "GpuShareEvicted", "no longer holds").await?;
+    ensure(
+        note.contains(&format!("GPU {gpu} of node {NODE}")),
+        format!("eviction says {note:?}"),
+    )?;
+    let v = settle(
+        c,
+        &mut k,
+        "after a reservation was deleted by hand",
+        Duration::from_secs(120),
+        |v| {
+            Ok(v.shares.values().map(Vec::len).sum::<usize>() == 6
+                && v.reservations
+                    .get(&gpu)
+                    .is_some_and(|r| Some(&r.1) != held.get(&gpu))
+                && pointed_right(v)?)
+        },
+    )
+    .await?;
+    let _ = v;
+
+    // The last share leaving releases the reservations, after the grace (5 s here).
+    kubectl(
+        c,
+        &["-n", NS, "scale", "deployment", "infer", "--replicas=0"],
+        None,
+    )?;
+    settle(
+        c,
+        &mut k,
+        "reservations released",
+        Duration::from_secs(90),
+        |v| Ok(v.shares.is_empty() && v.reservations.is_empty()),
+    )
+    .await?;
+
+    // A reservation that fails (NVML): its shares, which never started, are evicted in words
+    // (no other GPU of the node is held), and the node is held off for shares a while.
+    for i in 0..4 {
+        k.fail.insert(gpu_share::reservation::name(NODE, i));
+    }
+    kubectl(
+        c,
+        &["-n", NS, "scale", "deployment", "infer", "--replicas=1"],
+        None,
+    )?;
+    let note = event_with(c, &mut k, "GpuShareEvicted", "NVML_ERROR_GPU_IS_LOST").await?;
+    ensure(
+        note.contains("cannot be held"),
+        format!("eviction says {note:?}"),
+    )?;
+    let waiting = wait_pods(c, NS, 2, 1).await?;
+    let why = why_waiting(c, NS, &waiting[0]).await?;
+    ensure(
+        why.contains("a reservation of a GPU on this node failed"),
+        format!("the replacement waits for {why:?}"),
+    )?;
+    settle(
+        c,
+        &mut k,
+        "the failed reservation deleted",
+        Duration::from_secs(30),
+        |v| Ok(v.reservations.is_empty()),
+    )
+    .await?;
+
+    // Put back: no shares, the policy off.
+    kubectl(c, &["delete", "namespace", NS, "--wait=false"], None)?;
+    kubectl(c, &["delete", "node", NODE, "--wait=false"], None)?;
+    set_policy(c, false)
+}
