@@ -328,6 +328,79 @@ fn set_policy(c: &Cluster, per_gpu: bool) -> Check {
     std::fs::write(&path, out).map_err(|e| e.to_string())
 }
 
+/// The shipped ValidatingAdmissionPolicies: no pod chooses a GPU with NVIDIA_VISIBLE_DEVICES,
+/// and no one but gpu-share writes a devices ConfigMap, except in a namespace opted out.
+async fn visible_devices_policy(c: &Cluster) -> Check {
+    let pod = |env: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chooser"},
+               "spec": {"containers": [{"name": "main", "image": "cuda", "env": env}]}})
+        .to_string()
+    };
+    let create = |ns: &str, obj: &str| {
+        kubectl(
+            c,
+            &["create", "--dry-run=server", "-n", ns, "-f", "-"],
+            Some(obj),
+        )
+    };
+    let chooser = pod(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-0a1b"}]));
+    let refused = create(NS, &chooser).err().unwrap_or_default();
+    ensure(
+        refused.contains("gpu-share-visible-devices") && refused.contains("chooses GPUs"),
+        format!("a pod setting NVIDIA_VISIBLE_DEVICES: {refused:?}"),
+    )?;
+    let prefixed = pod(json!([]));
+    let prefixed = prefixed.replace(
+        r#""env":[]"#,
+        r#""envFrom":[{"prefix":"NVIDIA_","configMapRef":{"name":"x"}}]"#,
+    );
+    let refused = create(NS, &prefixed).err().unwrap_or_default();
+    ensure(
+        refused.contains("envFrom prefix that spells it"),
+        format!("an envFrom prefix that can spell NVIDIA_VISIBLE_DEVICES: {refused:?}"),
+    )?;
+    ensure(
+        create(
+            NS,
+            &pod(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])),
+        )
+        .is_ok(),
+        "NVIDIA_VISIBLE_DEVICES=void (no GPU) passes",
+    )?;
+    let cm = |name: &str, key: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+               "data": {key: "GPU-0a1b"}})
+        .to_string()
+    };
+    let refused = create(NS, &cm("gpu-share-devices-mine", "x"))
+        .err()
+        .unwrap_or_default();
+    ensure(
+        refused.contains("only gpu-share writes them"),
+        format!("a devices ConfigMap by the admin: {refused:?}"),
+    )?;
+    let refused = create(NS, &cm("mine", "NVIDIA_VISIBLE_DEVICES"))
+        .err()
+        .unwrap_or_default();
+    ensure(
+        refused.contains("a key NVIDIA_VISIBLE_DEVICES"),
+        format!("a ConfigMap with a key NVIDIA_VISIBLE_DEVICES: {refused:?}"),
+    )?;
+    ensure(
+        create(NS, &cm("mine", "other")).is_ok(),
+        "any other ConfigMap passes",
+    )?;
+    c.namespace(
+        "per-gpu-opted-out",
+        json!({"gpu-share.io/visible-devices": "allowed"}),
+    )
+    .await?;
+    ensure(
+        create("per-gpu-opted-out", &chooser).is_ok(),
+        "a namespace labelled gpu-share.io/visible-devices=allowed is exempt",
+    )
+}
+
 fn share_deployment(replicas: u32) -> Value {
     let mut t = template(
         json!({"gpu-share": "timeslice-30", "gpu-share/memory": "25000Mi"}),
@@ -399,6 +472,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )
     .await?;
     let mut k = Kubelet::new(c)?;
+    visible_devices_policy(c).await?;
 
     // Exclusive training first, then a burst of shares: 2 whole GPUs, 3 shares on each of the
     // other 2 (30% and 25,000 MiB each), 2 shares waiting.
