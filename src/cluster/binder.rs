@@ -67,8 +67,20 @@ pub async fn nudge(
     name: &str,
     stamp: &str,
 ) -> Result<(), kube::Error> {
+    annotate(client, namespace, name, ANNOTATION_REQUEUE, stamp).await
+}
+
+/// Sets one annotation of a pod (a merge patch): the requeue nudge, and a share re-pointed at
+/// another GPU (`gpu-share.io/gpus`).
+pub async fn annotate(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let patch = json!({ "metadata": { "annotations": { ANNOTATION_REQUEUE: stamp } } });
+    let patch = json!({ "metadata": { "annotations": { key: value } } });
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())

@@ -1,14 +1,13 @@
 //! Kubernetes writes for reservations: creating a GPU's reservation pod and finding the image
 //! it runs (gpu-share's own); and the reservation controller's writes: filling a share's devices
-//! ConfigMap, re-pointing a share, evicting one with an event in words, deleting a reservation,
+//! ConfigMap, evicting a share with an event in words, deleting a reservation,
 //! and reading whether this replica leads.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
-use serde_json::json;
 
 use super::ClusterFacts;
 use crate::reservation::view::{Filled, Owner, devices_configmap};
@@ -92,20 +91,6 @@ pub async fn fill(
         }
         Err(e) => Err(e),
     }
-}
-
-/// Points share `namespace/name` at other GPUs of its node (its bind annotation).
-pub async fn repoint(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    gpus: &str,
-) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let patch = json!({"metadata": {"annotations": {crate::ledger::ANNOTATION_GPUS: gpus}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 /// The reason of the events on shares gpu-share evicts.

@@ -116,13 +116,18 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], reading: &crate::inventory:
 /// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
 /// nodes (cluster mode, or known as such) or unknown.
 fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
+    let held_off = if demand.pointed() {
+        ext.ledger().held_off_now()
+    } else {
+        Default::default()
+    };
     ext.ledger()
         .with_nodes_par(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
-            Some(Ok(())) if demand.pointed() => match ext.ledger().held_off(name) {
-                Some(why) => Err(Reason::ReservationFailed { why }),
+            Some(Ok(())) => match held_off.get(name) {
+                Some(why) => Err(Reason::ReservationFailed { why: why.clone() }),
                 None => Ok(()),
             },
             Some(r) => r,

@@ -331,6 +331,15 @@ fn owner(s: &Share) -> Owner {
     }
 }
 
+/// Why an action of the controller did not happen (tried again next tick).
+#[derive(Debug, thiserror::Error)]
+enum ActionError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    Create(#[from] api::CreateError),
+}
+
 /// Carries one action out; true when it is done (or needs no repeat soon).
 async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) -> bool {
     let at = format!("GPU {} of node {}", gpu.index, gpu.node);
@@ -341,7 +350,7 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
         Action::Move { .. } => "move",
         Action::Evict { .. } => "evict",
     };
-    let result = match action {
+    let result: Result<(), ActionError> = match action {
         Action::Fill { share, uuid } => {
             let reservation = gpu
                 .reservation
@@ -366,9 +375,9 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
                         "its devices ConfigMap {} already exists and {what}; it is immutable, so the pod cannot be pointed at {at} ({uuid})",
                         share.configmap
                     );
-                    api::evict(&ctx.recorder, &ctx.client, &owner(&share), &why).await
+                    evict(ctx, &share, &why).await
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             }
         }
         Action::Delete {
@@ -385,35 +394,23 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
             if r.is_ok() {
                 tracing::info!(reservation, why, "reservation deleted");
             }
-            r
+            r.map_err(ActionError::from)
         }
         Action::Recreate { node, gpu: index } => {
             let mut template = (*ctx.template).clone();
             template.runtime_class = ctx.policy.current().policy.runtime_class_name.clone();
-            match api::create(&ctx.client, &node, index, &template).await {
-                Ok(()) => {
-                    tracing::info!(
-                        node,
-                        gpu = index,
-                        "reservation created again: shares are bound to its GPU"
-                    );
-                    Ok(())
-                }
-                Err(e) => {
-                    tracing::warn!(node, gpu = index, error = %e, "cannot create the reservation again");
-                    ctx.metrics.reservation_action(kind, "error");
-                    return false;
-                }
+            let r = api::create(&ctx.client, &node, index, &template).await;
+            if r.is_ok() {
+                tracing::info!(
+                    node,
+                    gpu = index,
+                    "reservation created again: shares are bound to its GPU"
+                );
             }
+            r.map_err(ActionError::from)
         }
         Action::Move { share, why } => move_share(ctx, gpu, all, &share, &why).await,
-        Action::Evict { share, why } => {
-            let r = api::evict(&ctx.recorder, &ctx.client, &owner(&share), &why).await;
-            if r.is_ok() {
-                tracing::warn!(pod = %format!("{}/{}", share.namespace, share.name), why, "share evicted");
-            }
-            r
-        }
+        Action::Evict { share, why } => evict(ctx, &share, &why).await,
     };
     match result {
         Ok(()) => {
@@ -428,6 +425,13 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
     }
 }
 
+/// Evicts a share, with an event saying why.
+async fn evict(ctx: &Ctx, share: &Share, why: &str) -> Result<(), ActionError> {
+    api::evict(&ctx.recorder, &ctx.client, &owner(share), why).await?;
+    tracing::warn!(pod = %format!("{}/{}", share.namespace, share.name), why, "share evicted");
+    Ok(())
+}
+
 /// Whether the ledger holds a share in per-GPU form on GPU `index` of `node`.
 fn has_shares(ledger: &Ledger, node: &str, index: u32) -> bool {
     ledger
@@ -440,17 +444,15 @@ fn has_shares(ledger: &Ledger, node: &str, index: u32) -> bool {
 }
 
 /// Re-points a share whose reservation failed at another GPU of its node that a ready
-/// reservation holds and that has room (the fullest first, as binpack would); evicts it when
-/// none has.
+/// reservation holds, chosen by the packing as at bind; evicts it when none has room.
 async fn move_share(
     ctx: &Ctx,
     gpu: &plan::Gpu,
     all: &[plan::Gpu],
     share: &Share,
     why: &str,
-) -> Result<(), kube::Error> {
-    let ledger = ctx.ext.ledger();
-    let mut ready: Vec<(u32, u32)> = all
+) -> Result<(), ActionError> {
+    let ready: Vec<u32> = all
         .iter()
         .filter(|g| g.node == gpu.node && g.index != gpu.index)
         .filter(|g| {
@@ -458,45 +460,43 @@ async fn move_share(
                 .as_ref()
                 .is_some_and(|r| matches!(r.state, ReservationState::Ready { .. }))
         })
-        .map(|g| {
-            let used = ledger
-                .with_node(&g.node, |nl| {
-                    nl.usage.gpu_milli.get(g.index as usize).copied()
-                })
-                .flatten()
-                .unwrap_or(0);
-            (g.index, used)
-        })
+        .map(|g| g.index)
         .collect();
-    ready.sort_by_key(|(i, used)| (std::cmp::Reverse(*used), *i));
-    for (to, _) in ready {
-        let Some(gpus) = ledger.repoint(&share.uid, to) else {
-            continue;
-        };
-        let text = crate::packing::Placement {
-            gpus,
-            ..Default::default()
-        }
-        .gpus_text();
-        if let Err(e) = api::repoint(&ctx.client, &share.namespace, &share.name, &text).await {
-            // The API still says the old GPU: so does the ledger.
-            ledger.repoint(&share.uid, gpu.index);
-            return Err(e);
-        }
-        let note = format!("{why}; pointed at GPU {to} of the node instead");
-        api::note(&ctx.recorder, &owner(share), false, api::EVENT_MOVED, &note).await;
-        tracing::info!(pod = %format!("{}/{}", share.namespace, share.name), from = gpu.index, to, "share re-pointed");
-        return Ok(());
+    let ledger = ctx.ext.ledger();
+    let scorer = ctx
+        .ext
+        .scorer(ctx.policy.current().policy.packing.policy.into());
+    let Some(gpus) = ledger.repoint(&scorer, &share.uid, &ready) else {
+        let why = format!(
+            "{why}; no other GPU gpu-share holds on node {} has room for it",
+            gpu.node
+        );
+        return evict(ctx, share, &why).await;
+    };
+    let text = crate::packing::Placement {
+        gpus: gpus.clone(),
+        ..Default::default()
     }
-    let why = format!(
-        "{why}; no other GPU gpu-share holds on node {} has room for it",
-        gpu.node
-    );
-    let r = api::evict(&ctx.recorder, &ctx.client, &owner(share), &why).await;
-    if r.is_ok() {
-        tracing::warn!(pod = %format!("{}/{}", share.namespace, share.name), why, "share evicted");
+    .gpus_text();
+    let annotation = crate::ledger::ANNOTATION_GPUS;
+    if let Err(e) = crate::cluster::binder::annotate(
+        &ctx.client,
+        &share.namespace,
+        &share.name,
+        annotation,
+        &text,
+    )
+    .await
+    {
+        // The API still says the old GPU: so does the ledger.
+        ledger.repoint(&scorer, &share.uid, &[gpu.index]);
+        return Err(e.into());
     }
-    r
+    let to = gpus.first().map_or(gpu.index, |(i, _)| *i);
+    let note = format!("{why}; pointed at GPU {to} of the node instead");
+    api::note(&ctx.recorder, &owner(share), false, api::EVENT_MOVED, &note).await;
+    tracing::info!(pod = %format!("{}/{}", share.namespace, share.name), from = gpu.index, to, "share re-pointed");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -619,24 +619,37 @@ mod tests {
         assert!(idle.is_empty());
     }
 
-    /// A share moves only to a GPU with room for it, and the ledger follows.
+    /// A share moves only to one of the GPUs it is offered that has room for it, chosen by the
+    /// packing (binpack: the fuller), and the ledger follows.
     #[test]
     fn a_share_is_repointed_only_where_it_fits() {
         let ledger = Ledger::new();
         ledger.upsert_node(per_gpu_node());
         ledger.record(&share("a", 0, 600));
         ledger.record(&share("b", 1, 500));
-        assert_eq!(ledger.repoint("a", 1), None, "600 + 500 > 1000");
-        assert_eq!(ledger.repoint("a", 0), None, "already there");
-        assert_eq!(ledger.repoint("a", 9), None, "no such GPU");
-        assert_eq!(ledger.repoint("a", 2), Some(vec![(2, 600)]));
+        ledger.record(&share("c", 3, 300));
+        let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
+        assert_eq!(ledger.repoint(&scorer, "a", &[1]), None, "600 + 500 > 1000");
+        assert_eq!(ledger.repoint(&scorer, "a", &[]), None, "nothing offered");
+        assert_eq!(ledger.repoint(&scorer, "a", &[9]), None, "no such GPU");
+        assert_eq!(
+            ledger.repoint(&scorer, "a", &[1, 2, 3]),
+            Some(vec![(3, 600)]),
+            "GPU 3 (300 used) before the empty GPU 2; GPU 1 has no room"
+        );
         ledger
             .with_node("n1", |nl| {
                 assert_eq!(nl.usage.gpu_milli[0], 0);
-                assert_eq!(nl.usage.gpu_milli[2], 600);
+                assert_eq!(nl.usage.gpu_milli[3], 900);
                 assert!(nl.within_capacity());
             })
             .unwrap();
-        assert!(has_shares(&ledger, "n1", 2) && !has_shares(&ledger, "n1", 0));
+        assert!(has_shares(&ledger, "n1", 3) && !has_shares(&ledger, "n1", 0));
+        // Put back (a failed patch): the ledger follows the API again.
+        assert_eq!(ledger.repoint(&scorer, "a", &[0]), Some(vec![(0, 600)]));
+        assert!(has_shares(&ledger, "n1", 0) && !has_shares(&ledger, "n1", 2));
+        ledger
+            .with_node("n1", |nl| assert_eq!(nl.usage.gpu_milli[3], 300))
+            .unwrap();
     }
 }

@@ -282,12 +282,23 @@ impl Ledger {
         }
     }
 
-    /// Re-points the share in per-GPU form `uid` at GPU `to` of its node (its own GPU's
-    /// reservation failed): its new per-GPU model, or `None` when it is no such share or `to`
-    /// has no room for it.
-    pub fn repoint(&self, uid: &str, to: u32) -> Option<Vec<(u32, u32)>> {
+    /// Re-points the share in per-GPU form `uid` at one of the GPUs `to` of its node
+    /// ([`NodeLedger::repoint`]).
+    pub fn repoint(&self, scorer: &Scorer, uid: &str, to: &[u32]) -> Option<Vec<(u32, u32)>> {
         let node = self.node_of(uid)?;
-        self.with_node(&node, |nl| nl.repoint(uid, to)).flatten()
+        self.with_node(&node, |nl| nl.repoint(scorer, uid, to))
+            .flatten()
+    }
+
+    /// The nodes shares in per-GPU form are held off now, and why (usually none: one lookup
+    /// for a whole filter instead of one per node).
+    pub fn held_off_now(&self) -> HashMap<String, String> {
+        let now = std::time::Instant::now();
+        let mut held = lock(&self.held_off);
+        held.retain(|_, (until, _)| *until > now);
+        held.iter()
+            .map(|(node, (_, why))| (node.clone(), why.clone()))
+            .collect()
     }
 
     /// Releases a pod's holding (and tells the release listener).

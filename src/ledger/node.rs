@@ -128,25 +128,32 @@ impl NodeLedger {
         best
     }
 
-    /// Re-points a share in per-GPU form at GPU `to`, when that GPU has room for it (shareable,
-    /// within 100% and within its memory): its new per-GPU model.
-    pub fn repoint(&mut self, uid: &str, to: u32) -> Option<Vec<(u32, u32)>> {
+    /// Re-points a share in per-GPU form at one of the GPUs `to` (another GPU of the node that
+    /// gpu-share holds): the packing chooses among them as it would at bind, the others and the
+    /// share's own counting as taken. Its new per-GPU model, or `None` when it is no such share
+    /// or none of `to` has room for it.
+    pub fn repoint(&mut self, scorer: &Scorer, uid: &str, to: &[u32]) -> Option<Vec<(u32, u32)>> {
         let h = self.holdings.get(uid)?;
-        let [(from, milli)] = h.placement.gpus[..] else {
-            return None;
-        };
-        let memory = Some(h.placement.gpu_memory_mib).filter(|m| *m > 0);
-        if !h.demand.pointed()
-            || from == to
-            || (to as usize) >= self.usage.gpu_milli.len()
-            || !self
-                .usage
-                .takes_share(to as usize, milli, memory, self.node.gpu_memory_mib)
-        {
+        if !h.demand.pointed() {
             return None;
         }
+        let mut usage = self.usage.clone();
+        packing::unapply(&mut usage, &h.placement);
+        for (i, whole) in usage.whole.iter_mut().enumerate() {
+            if !to.contains(&(i as u32)) {
+                *whole += 1;
+            }
+        }
+        let (placement, _) = packing::place(
+            scorer,
+            &self.node,
+            &usage,
+            &h.demand,
+            &mut FragMemo::default(),
+        )
+        .ok()?;
         let mut h = self.release(uid)?;
-        h.placement.gpus = vec![(to, milli)];
+        h.placement = placement;
         packing::apply(&mut self.usage, &h.placement);
         let gpus = h.placement.gpus.clone();
         self.holdings.insert(uid.to_string(), h);

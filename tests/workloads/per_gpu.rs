@@ -132,6 +132,16 @@ struct View {
     filled: BTreeMap<String, Option<String>>,
 }
 
+impl View {
+    /// The reservation pods' UIDs, by GPU index.
+    fn reservation_uids(&self) -> BTreeMap<u32, String> {
+        self.reservations
+            .iter()
+            .map(|(i, r)| (*i, r.1.clone()))
+            .collect()
+    }
+}
+
 async fn view(c: &Cluster) -> Result<View, String> {
     let mut v = View::default();
     for p in pods_of(c, NS).await?.values().filter(|p| live(p)) {
@@ -499,7 +509,11 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )?;
     let waiting = wait_pods(c, NS, 8, 2).await?;
     let why = why_waiting(c, NS, &waiting[0]).await?;
-    ensure(why.contains("GPU"), format!("a waiting share says {why:?}"))?;
+    let full = gpu_share::packing::Reason::NoGpuWithRoom.message();
+    ensure(
+        why.contains(&full),
+        format!("a waiting share says {why:?}, not {full:?}"),
+    )?;
     // Exclusive pods never get a reserved GPU: the device plugin (KWOK's allocatable) and the
     // ledger both count 2 + 2.
     let v = settle(
@@ -510,11 +524,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         pointed_right,
     )
     .await?;
-    let held: BTreeMap<u32, String> = v
-        .reservations
-        .iter()
-        .map(|(i, r)| (*i, r.1.clone()))
-        .collect();
+    let held = v.reservation_uids();
 
     // The extender killed, a share deleted meanwhile: the restarted one ends where it was, with
     // the same reservations.
@@ -535,11 +545,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         Ok(v.shares.values().map(Vec::len).sum::<usize>() == 6 && pointed_right(v)?)
     })
     .await?;
-    let after: BTreeMap<u32, String> = v
-        .reservations
-        .iter()
-        .map(|(i, r)| (*i, r.1.clone()))
-        .collect();
+    let after = v.reservation_uids();
     ensure(
         after == held,
         format!("reservations changed over the restart: {held:?} -> {after:?}"),
@@ -559,7 +565,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         note.contains(&format!("GPU {gpu} of node {NODE}")),
         format!("eviction says {note:?}"),
     )?;
-    let v = settle(
+    settle(
         c,
         &mut k,
         "after a reservation was deleted by hand",
@@ -573,7 +579,6 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         },
     )
     .await?;
-    let _ = v;
 
     // The last share leaving releases the reservations, after the grace (5 s here).
     kubectl(
@@ -620,8 +625,19 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )
     .await?;
 
-    // Put back: no shares, the policy off.
-    kubectl(c, &["delete", "namespace", NS, "--wait=false"], None)?;
+    // Put back: no shares, the policy off. The namespace is gone before the next run can want
+    // it again.
+    kubectl(
+        c,
+        &[
+            "delete",
+            "namespace",
+            NS,
+            "per-gpu-opted-out",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
     kubectl(c, &["delete", "node", NODE, "--wait=false"], None)?;
     set_policy(c, false)
 }
