@@ -269,18 +269,34 @@ async fn preempt_keeps_only_victims_of_the_pods_class() {
         json!({"NodeNameToMetaVictims": {"a100-mig": {"Pods": [{"UID": "victim-3g-a"}], "NumPDBViolations": 0}}}),
         "the 1g victim does not make room for a 3g pod; h100-ts holds nothing of the class"
     );
-    // The full-object form gets the Meta form back.
-    let (status, r) = post(
-        s,
-        "/scheduler/preempt",
-        body(&fixture("extender/preempt-full.json")),
-    )
-    .await;
+    // The full-object form gets the Meta form back (another preemptor).
+    let mut full = fixture("extender/preempt-full.json");
+    full["Pod"]["metadata"]["uid"] = json!("e2e2e2e2-2222-4333-8444-555555555555");
+    let (status, r) = post(s.clone(), "/scheduler/preempt", body(&full)).await;
     assert_eq!(status, 200);
     assert_eq!(
         r["NodeNameToMetaVictims"]["a100-mig"]["Pods"],
         json!([{"UID": "victim-3g-a"}])
     );
+    // kube-scheduler deletes victims asynchronously and may ask again for the same pod before
+    // the pod watch has shown the deletion: no further victims while the first are leaving.
+    let (status, r) = post(
+        s.clone(),
+        "/scheduler/preempt",
+        body(&fixture("extender/preempt-meta.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        r,
+        json!({"NodeNameToMetaVictims": {}}),
+        "victims still leaving"
+    );
+    // Once the ledger has seen a victim go, a new preemption is a real one.
+    let ledger = s.extender.as_ref().unwrap().ledger();
+    assert!(ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
+    ledger.release("victim-3g-a");
+    assert!(!ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -487,6 +487,15 @@ pub fn preempt(
             });
         }
     };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if demand.is_some() && ext.ledger().victims_leaving(&uid) {
+        // kube-scheduler deletes victims asynchronously and may try the pod again before the
+        // pod watch has shown those deletions here: the room is on its way.
+        tracing::info!(pod = %ledger::pod_key(pod), "preempt: the victims of this pod's last preemption are still leaving; no more");
+        return Ok(ExtenderPreemptionResult {
+            node_name_to_meta_victims: Some(BTreeMap::new()),
+        });
+    }
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     let mut out = BTreeMap::new();
     let candidates = given.len();
@@ -518,6 +527,14 @@ pub fn preempt(
         }
     }
     tracing::info!(pod = %ledger::pod_key(pod), candidates, nodes = out.len(), victims, "preempt");
+    if demand.is_some() && !uid.is_empty() {
+        let given = out
+            .values()
+            .flat_map(|m: &MetaVictims| m.pods.iter().flatten().flatten())
+            .map(|p| p.uid.clone())
+            .collect();
+        ext.ledger().note_victims(&uid, given);
+    }
     Ok(ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(out),
     })

@@ -17,6 +17,10 @@ type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
 /// calling thread, where handing them out would cost more than it saves.
 pub const PARALLEL_CHUNK: usize = 512;
 
+/// How long a preemptor's victims are taken to be on their way out (the ledger sees a deletion
+/// within a watch event; an API that refused it is retried after this).
+pub const VICTIMS_LEAVING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
 /// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
 /// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
@@ -32,6 +36,8 @@ pub struct Ledger {
     /// Nodes where a reservation failed a moment ago: until when, and why. Shares in per-GPU
     /// form are not placed there meanwhile ([`Reason::ReservationFailed`]).
     held_off: Mutex<HashMap<String, (std::time::Instant, String)>>,
+    /// The victims each preemptor (by UID) was last given, and when.
+    preempted: Mutex<HashMap<String, (std::time::Instant, Vec<String>)>>,
 }
 
 impl Ledger {
@@ -299,6 +305,27 @@ impl Ledger {
         held.iter()
             .map(|(node, (_, why))| (node.clone(), why.clone()))
             .collect()
+    }
+
+    /// Records the victims preemptor `uid` was given (on every candidate node).
+    pub fn note_victims(&self, uid: &str, victims: Vec<String>) {
+        let now = std::time::Instant::now();
+        let mut p = lock(&self.preempted);
+        p.retain(|_, (at, _)| now.duration_since(*at) < VICTIMS_LEAVING);
+        p.insert(uid.to_string(), (now, victims));
+    }
+
+    /// Whether the victims preemptor `uid` was given less than [`VICTIMS_LEAVING`] ago are all
+    /// still held: the ledger has not yet seen the deletions kube-scheduler made on the node it
+    /// chose (its victims there gone, the others kept). Preempting again then would evict more
+    /// pods for the same room.
+    pub fn victims_leaving(&self, uid: &str) -> bool {
+        let Some((at, victims)) = lock(&self.preempted).get(uid).cloned() else {
+            return false;
+        };
+        at.elapsed() < VICTIMS_LEAVING
+            && !victims.is_empty()
+            && victims.iter().all(|v| self.node_of(v).is_some())
     }
 
     /// Releases a pod's holding (and tells the release listener).
