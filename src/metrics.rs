@@ -53,6 +53,11 @@ struct NodeGpuLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: String,
     result: String,
@@ -80,6 +85,7 @@ pub struct Metrics {
     rejections: Family<ReasonLabels, Counter>,
     drift: Family<ResultLabels, Counter>,
     reservation_actions: Family<ActionLabels, Counter>,
+    reservations: Family<StateLabels, Gauge>,
     requeues: Counter,
     fragmented_milli: Gauge,
     held_pods: Gauge,
@@ -95,6 +101,9 @@ pub struct Metrics {
     /// see a half-replaced family.
     scrape: Mutex<()>,
 }
+
+/// The states a reservation pod can be in ([`crate::reservation::plan::ReservationState::word`]).
+const RESERVATION_STATES: [&str; 4] = ["starting", "ready", "failed", "leaving"];
 
 /// One node's GPUs of one class for [`Metrics::node_gpus`].
 #[derive(Debug, Clone, PartialEq)]
@@ -146,6 +155,19 @@ impl Metrics {
             "Actions of the reservation controller (per-GPU sharing), by action and result",
             reservation_actions.clone(),
         );
+        let reservations = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "reservations",
+            "gpu-share's reservation pods (one per GPU shared per GPU), by state: starting, ready, failed, leaving",
+            reservations.clone(),
+        );
+        for state in RESERVATION_STATES {
+            reservations
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(0);
+        }
         let requeues = Counter::default();
         let fragmented_milli = Gauge::default();
         let held_pods = Gauge::default();
@@ -204,7 +226,7 @@ impl Metrics {
         );
         registry.register(
             "node_gpus",
-            "GPUs on each GPU node by the class of pod they take (exclusive, timeslice, mps, mig), allocated and free; MIG devices count by compute share",
+            "GPUs on each GPU node by the class of pod they take (exclusive, timeslice, mps, mig, shared for GPUs gpu-share shares per GPU), allocated and free; MIG devices count by compute share",
             node_gpus.clone(),
         );
         registry.register(
@@ -264,10 +286,28 @@ impl Metrics {
             rejections,
             drift,
             reservation_actions,
+            reservations,
             requeues,
             fragmented_milli,
             held_pods,
             gpu_nodes,
+        }
+    }
+
+    /// Sets the reservation gauges from the states of every reservation pod (a state with none
+    /// reads 0).
+    pub fn reservations<'a>(&self, states: impl IntoIterator<Item = &'a str>) {
+        let mut counts: std::collections::BTreeMap<&str, i64> =
+            RESERVATION_STATES.iter().map(|s| (*s, 0)).collect();
+        for s in states {
+            *counts.entry(s).or_default() += 1;
+        }
+        for (state, n) in counts {
+            self.reservations
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(n);
         }
     }
 
@@ -439,5 +479,27 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// Every reservation state has a series from the start; each setting counts anew.
+    #[test]
+    fn reservations_by_state() {
+        let m = Metrics::new();
+        let text = m.encode();
+        for state in RESERVATION_STATES {
+            assert!(
+                text.contains(&format!(r#"gpu_share_reservations{{state="{state}"}} 0"#)),
+                "{text}"
+            );
+        }
+        m.reservations(["ready", "ready", "failed"]);
+        m.reservations(["ready", "ready", "starting"]);
+        let text = m.encode();
+        for (state, n) in [("ready", 2), ("starting", 1), ("failed", 0), ("leaving", 0)] {
+            assert!(
+                text.contains(&format!(r#"gpu_share_reservations{{state="{state}"}} {n}"#)),
+                "{text}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http_body_util::{BodyExt, Empty};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::extender::report::{NodeReport, report};
+use crate::extender::report::{NodeReport, by_node, report};
 use crate::ledger::Ledger;
 use crate::policy::Policy;
 
@@ -53,25 +53,7 @@ pub fn render(reports: &[NodeReport]) -> String {
             if pods.is_empty() { "-".into() } else { pods },
         ]);
     }
-    let widths: Vec<usize> = (0..9)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i == 8 {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = table(&rows);
     out.push_str(&totals(reports));
     for r in reports {
         if let Some(why) = &r.unreached {
@@ -81,7 +63,69 @@ pub fn render(reports: &[NodeReport]) -> String {
             out.push_str(&format!("not shared per GPU: {}: {why}\n", r.name));
         }
     }
+    out.push_str(&shared_gpus(reports));
     out
+}
+
+/// Rows as aligned columns, two spaces apart; the last column is not padded.
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i + 1 == N {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The GPUs gpu-share shares per GPU, each with its reservation, its UUID and its shares, then
+/// why any reservation failed or waits; nothing when there are none.
+fn shared_gpus(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "GPU".to_string(),
+        "RESERVATION".to_string(),
+        "STATE".to_string(),
+        "UUID".to_string(),
+        "SHARES".to_string(),
+    ]];
+    let mut notes = String::new();
+    for r in reports {
+        for g in &r.shared_gpus {
+            rows.push([
+                r.name.clone(),
+                g.gpu.to_string(),
+                g.reservation.clone().unwrap_or_else(|| "-".into()),
+                g.state.clone(),
+                g.uuid.clone().unwrap_or_else(|| "-".into()),
+                if g.shares.is_empty() {
+                    "-".into()
+                } else {
+                    g.shares.join(" ")
+                },
+            ]);
+            if let Some(d) = &g.detail {
+                notes.push_str(&format!("{} GPU {}: {d}\n", r.name, g.gpu));
+            }
+        }
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    format!("\nGPUs shared per GPU:\n{}{notes}", table(&rows))
 }
 
 /// The last line of the table: physical GPUs, then use and free room in GPUs, with the MIG
@@ -405,8 +449,12 @@ pub async fn from_cluster(
     let mut reports = reports_of(policy, listed);
     if let Some(ns) = &access.namespace {
         pending.retain(|p| &p.namespace == ns);
+        let prefix = format!("{ns}/");
         for r in &mut reports {
             r.pods.retain(|p| &p.namespace == ns);
+            for g in &mut r.shared_gpus {
+                g.shares.retain(|s| s.starts_with(&prefix));
+            }
         }
     }
     Ok((reports, pending))
@@ -550,10 +598,17 @@ pub fn render_pending(pending: &[PendingPod]) -> String {
 
 /// The reports for what a list kept.
 pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec<NodeReport> {
+    let reservations = by_node(listed.reservations().to_vec());
     let (inventory, observed) = listed.into_parts();
     let l = Ledger::rebuild(inventory, &observed);
     let mig = policy.mig_table();
-    l.snapshot().values().map(|nl| report(nl, &mig)).collect()
+    l.snapshot()
+        .values()
+        .map(|nl| {
+            let r = reservations.get(&nl.node.name).map(Vec::as_slice);
+            report(nl, &mig, r.unwrap_or_default())
+        })
+        .collect()
 }
 
 /// The reports for listed nodes and pods.
@@ -609,6 +664,121 @@ mod tests {
         assert_eq!(total, 28);
         assert!(table.contains("4 GPU nodes, 28 GPUs: "), "{table}");
         assert!(table.contains("in all\n"), "{table}");
+    }
+
+    /// A node shared per GPU reports each shared GPU with its reservation, the UUID it
+    /// published and the shares bound to it, as read from the API alone: a replaced reservation
+    /// yields to its successor, a GPU whose reservation is gone says so, and a reservation that
+    /// waits says why.
+    #[test]
+    fn shared_gpus_with_their_reservations_uuids_and_shares() {
+        let nodes =
+            crate::server::parse_nodes(include_str!("../tests/cluster/per-gpu-node.yaml")).unwrap();
+        let share = |name: &str, gpus: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
+                    "annotations": {"gpu-share.io/request": "timeslice-30",
+                                    "gpu-share.io/gpus": gpus}},
+                "spec": {"nodeName": "a100-per-gpu", "containers": [{"name": "c",
+                    "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+                        {"name": format!("gpu-share-devices-{name}"),
+                         "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        let template = crate::reservation::Template {
+            image: "gpu-share:test".into(),
+            ..Default::default()
+        };
+        let reservation = |gpu: u32, uid: &str, extra: serde_json::Value| -> Pod {
+            let mut p = crate::reservation::pod("a100-per-gpu", gpu, &template);
+            p["metadata"]["uid"] = uid.into();
+            json_patch::merge(&mut p, &extra);
+            serde_json::from_value(p).unwrap()
+        };
+        let uuid = "GPU-8a3f0c52-1c2d-4e5f-9a0b-123456789abc";
+        let pods = [
+            share("a", "1:300"),
+            share("b", "1:300"),
+            share("c", "3:300"),
+            reservation(
+                1,
+                "r-old",
+                serde_json::json!({"metadata":
+                {"deletionTimestamp": "2026-11-26T10:00:00Z"}}),
+            ),
+            reservation(
+                1,
+                "r1",
+                serde_json::json!({"metadata":
+                {"annotations": {"gpu-share.io/gpu-uuid": uuid}}, "status": {"phase": "Running"}}),
+            ),
+            reservation(
+                2,
+                "r2",
+                serde_json::json!({"status": {"phase": "Pending",
+                "containerStatuses": [{"name": "reserve", "image": "gpu-share:test",
+                    "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "ImagePullBackOff",
+                                          "message": "pull access denied"}}}]}}),
+            ),
+        ];
+        let reports = reports_from(&Policy::default_policy(), &nodes, &pods);
+        let r = &reports[0];
+        let name = |gpu| Some(crate::reservation::name("a100-per-gpu", gpu));
+        let got: Vec<_> = r
+            .shared_gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.gpu,
+                    g.reservation.clone(),
+                    g.state.as_str(),
+                    g.uuid.as_deref(),
+                    g.detail.as_deref(),
+                    g.shares.join(" "),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    1,
+                    name(1),
+                    "ready",
+                    Some(uuid),
+                    None,
+                    "ml/a ml/b".to_string()
+                ),
+                (
+                    2,
+                    name(2),
+                    "starting",
+                    None,
+                    Some("ImagePullBackOff: pull access denied"),
+                    String::new()
+                ),
+                (3, None, "absent", None, None, "ml/c".to_string()),
+            ]
+        );
+        let table = render(&reports);
+        assert!(table.contains("GPUs shared per GPU:"), "{table}");
+        let row = table
+            .lines()
+            .find(|l| l.contains(uuid))
+            .expect("a row with the UUID");
+        assert!(row.contains("ready") && row.ends_with("ml/a ml/b"), "{row}");
+        assert!(
+            table.contains("a100-per-gpu GPU 2: ImagePullBackOff: pull access denied"),
+            "{table}"
+        );
+        // The JSON of `/v1/nodes` reads back the same.
+        let json = serde_json::to_string(&reports).unwrap();
+        let back: Vec<NodeReport> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, reports);
     }
 
     #[test]

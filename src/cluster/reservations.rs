@@ -7,10 +7,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
 use super::ClusterFacts;
-use crate::reservation::view::{Filled, Owner, devices_configmap};
+use crate::reservation::view::{Filled, Owner, ReservationPod, devices_configmap};
 use crate::reservation::{self, Template};
 
 /// Why a reservation pod was not created.
@@ -230,6 +231,32 @@ pub fn own_image(pod: &Pod) -> Option<String> {
                 .any(|a| a == "serve")
         })
         .and_then(|c| c.image.clone())
+}
+
+/// The reservation pods as the controller's watch keeps them, for `/v1/nodes` and the metrics
+/// (every replica watches; only the leader acts). Empty before the watch starts, and without a
+/// cluster.
+#[derive(Default)]
+pub struct Seen(std::sync::OnceLock<Store<Pod>>);
+
+impl Seen {
+    /// Reads from `store` from now on (the first store given stays).
+    pub fn watch(&self, store: Store<Pod>) {
+        let _ = self.0.set(store);
+    }
+
+    /// Every reservation pod the watch holds, in whatever state.
+    pub fn pods(&self) -> Vec<ReservationPod> {
+        self.0
+            .get()
+            .map(|s| {
+                s.state()
+                    .iter()
+                    .filter_map(|p| ReservationPod::of(p))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

@@ -631,11 +631,15 @@ pub async fn nodes_handler(State(state): State<Context>) -> Response {
         return json_error(StatusCode::NOT_FOUND, "extender role not enabled");
     };
     let policy = state.policy.current();
+    let reservations = super::report::by_node(ext.reservations.pods());
     let reports: Vec<NodeReport> = ext
         .ledger()
         .snapshot()
         .values()
-        .map(|nl| report(nl, &policy.mig))
+        .map(|nl| {
+            let r = reservations.get(&nl.node.name).map(Vec::as_slice);
+            report(nl, &policy.mig, r.unwrap_or_default())
+        })
         .collect();
     axum::Json(reports).into_response()
 }

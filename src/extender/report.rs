@@ -1,12 +1,14 @@
 //! What the extender reports of its ledger: `/v1/nodes` (each node's capacity, use and holders),
 //! each node's GPUs by class, and the fragmentation gauge.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 use crate::ledger::NodeLedger;
 use crate::packing::{self, Demand};
+use crate::reservation::plan::ReservationState;
+use crate::reservation::view::ReservationPod;
 
 /// `/v1/nodes`: every GPU node with its capacity, use and holders.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
@@ -54,6 +56,28 @@ pub struct NodeReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_gpu_refused: Option<String>,
     pub pods: Vec<PodReport>,
+    /// The GPUs gpu-share shares per GPU: each with its reservation and the shares bound to it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_gpus: Vec<SharedGpuReport>,
+}
+
+/// One GPU that gpu-share shares per GPU, as the ledger and the reservations' watch show it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedGpuReport {
+    pub gpu: u32,
+    /// The reservation pod that holds it (in `gpu-share-reservations`); none while one is
+    /// created again.
+    pub reservation: Option<String>,
+    /// `starting`, `ready`, `failed`, `leaving`, or `absent` (no reservation pod).
+    pub state: String,
+    /// The GPU's UUID, as its reservation published it.
+    pub uuid: Option<String>,
+    /// Why the reservation failed, or why its container waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The pods that share it, `namespace/name`.
+    pub shares: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
@@ -142,8 +166,58 @@ pub fn gpus_by_class(nl: &NodeLedger, mig: &crate::mig::MigTable) -> Vec<ClassGp
     out
 }
 
-/// Builds the `/v1/nodes` report for one node ledger.
-pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
+/// The GPUs of one node that gpu-share shares per GPU: those its shares in per-GPU form are
+/// bound to, and those a reservation of `reservations` (the node's) holds.
+fn shared_gpus(nl: &NodeLedger, reservations: &[ReservationPod]) -> Vec<SharedGpuReport> {
+    let mut gpus: BTreeMap<u32, SharedGpuReport> = BTreeMap::new();
+    fn entry(gpus: &mut BTreeMap<u32, SharedGpuReport>, gpu: u32) -> &mut SharedGpuReport {
+        gpus.entry(gpu).or_insert_with(|| SharedGpuReport {
+            gpu,
+            reservation: None,
+            state: "absent".into(),
+            uuid: None,
+            detail: None,
+            shares: Vec::new(),
+        })
+    }
+    for h in nl.holdings.values() {
+        if h.demand.devices.is_some() {
+            for (i, _) in &h.placement.gpus {
+                entry(&mut gpus, *i)
+                    .shares
+                    .push(format!("{}/{}", h.pod.namespace, h.pod.name));
+            }
+        }
+    }
+    for r in reservations.iter().filter(|r| r.node == nl.node.name) {
+        let e = entry(&mut gpus, r.gpu);
+        // A reservation being deleted yields to the one that replaces it.
+        if r.state == ReservationState::Leaving && e.reservation.is_some() {
+            continue;
+        }
+        e.reservation = Some(r.name.clone());
+        e.state = r.state.word().into();
+        e.uuid = r.state.uuid().map(str::to_string);
+        e.detail = r.state.detail().map(str::to_string);
+    }
+    gpus.into_values().collect()
+}
+
+/// Reservation pods by node name.
+pub fn by_node(reservations: Vec<ReservationPod>) -> HashMap<String, Vec<ReservationPod>> {
+    let mut out: HashMap<String, Vec<ReservationPod>> = HashMap::new();
+    for r in reservations {
+        out.entry(r.node.clone()).or_default().push(r);
+    }
+    out
+}
+
+/// Builds the `/v1/nodes` report for one node ledger, with the node's reservation pods.
+pub fn report(
+    nl: &NodeLedger,
+    mig: &crate::mig::MigTable,
+    reservations: &[ReservationPod],
+) -> NodeReport {
     let n = &nl.node;
     let u = &nl.usage;
     let (mig_cap, mig_used, mig_counts) = mig_use(nl, mig);
@@ -185,6 +259,7 @@ pub fn report(nl: &NodeLedger, mig: &crate::mig::MigTable) -> NodeReport {
                 model: h.placement.gpus_text(),
             })
             .collect(),
+        shared_gpus: shared_gpus(nl, reservations),
     }
 }
 
@@ -253,4 +328,6 @@ pub fn update_gauges(
         .collect();
     metrics.pending(&pending);
     metrics.contradicted(ext.contradicted_pods());
+    let reservations = ext.reservations.pods();
+    metrics.reservations(reservations.iter().map(|r| r.state.word()));
 }

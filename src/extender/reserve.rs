@@ -89,6 +89,7 @@ pub fn spawn(
         "reservations",
         shutdown.clone(),
     );
+    ext.reservations.watch(reservations.clone());
     let configmaps = reflect::<ConfigMap>(
         Api::all(client.clone()),
         watcher::Config::default().labels(DEVICES_SELECTOR),
@@ -207,11 +208,7 @@ async fn run(
             memory.idle.clear();
             continue;
         }
-        let pods: Vec<ReservationPod> = reservations
-            .state()
-            .iter()
-            .filter_map(|p| ReservationPod::of(p))
-            .collect();
+        let pods = ctx.ext.reservations.pods();
         let filled: FilledByOwner = configmaps
             .state()
             .iter()

@@ -198,6 +198,8 @@ pub struct ExtenderState {
     explainer: super::explain::Explainer,
     /// The resource sets already warned about as bound without the extender (once each).
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
+    /// The reservation pods, as the reservation controller's watch sees them.
+    pub reservations: crate::cluster::reservations::Seen,
 }
 
 impl ExtenderState {
@@ -238,6 +240,7 @@ impl ExtenderState {
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
+            reservations: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
@@ -713,13 +716,14 @@ mod tests {
             &crate::inventory::Reading::default(),
         )
         .unwrap();
-        let r = report(&NodeLedger::new(n), &crate::mig::MigTable::default());
+        let r = report(&NodeLedger::new(n), &crate::mig::MigTable::default(), &[]);
         assert_eq!(r.kind, "whole (unverified)");
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["modeSource"], "unverified");
         let gfd = report(
             &NodeLedger::new(GpuNode::whole("g", "NVIDIA-L4", 1, 23034)),
             &crate::mig::MigTable::default(),
+            &[],
         );
         assert_eq!(gfd.kind, "whole");
     }

@@ -18,6 +18,7 @@ use crate::cluster::watch;
 use crate::inventory;
 use crate::ledger::{self, ObservedPod};
 use crate::metrics::Metrics;
+use crate::reservation::view::ReservationPod;
 use crate::shared::{PolicyStore, Readiness, stopped};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 
@@ -70,6 +71,8 @@ pub struct Drift {
 pub struct Listed {
     nodes: HashMap<String, inventory::GpuNode>,
     pods: HashMap<String, ObservedPod>,
+    /// gpu-share's reservation pods, in every state.
+    reservations: Vec<ReservationPod>,
 }
 
 impl Listed {
@@ -83,6 +86,12 @@ impl Listed {
         if let Ok(Some(o)) = ledger::observed_holding(p) {
             self.pods.insert(o.pod.uid.clone(), o);
         }
+        self.reservations.extend(ReservationPod::of(p));
+    }
+
+    /// The reservation pods listed.
+    pub fn reservations(&self) -> &[ReservationPod] {
+        &self.reservations
     }
 
     /// The GPU nodes and the bound pods, pods ordered by UID.
@@ -222,6 +231,7 @@ impl ExtenderState {
         let Listed {
             nodes: mut inv,
             pods: expected,
+            ..
         } = listed;
         for name in self.ledger().node_names() {
             let listed = inv.remove(&name);

@@ -45,6 +45,35 @@ pub enum ReservationState {
     Leaving,
 }
 
+impl ReservationState {
+    /// One word for it: `starting`, `ready`, `failed` or `leaving`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            ReservationState::Starting { .. } => "starting",
+            ReservationState::Ready { .. } => "ready",
+            ReservationState::Failed { .. } => "failed",
+            ReservationState::Leaving => "leaving",
+        }
+    }
+
+    /// The UUID it holds, when ready.
+    pub fn uuid(&self) -> Option<&str> {
+        match self {
+            ReservationState::Ready { uuid } => Some(uuid),
+            _ => None,
+        }
+    }
+
+    /// Why it failed, or why its container waits, in words.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            ReservationState::Failed { why } => Some(why),
+            ReservationState::Starting { waiting } => waiting.as_deref(),
+            _ => None,
+        }
+    }
+}
+
 /// A share bound to the GPU (a pod in per-GPU form).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {

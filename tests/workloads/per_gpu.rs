@@ -20,6 +20,8 @@ struct Kubelet {
     agents: HashMap<String, Child>,
     /// Reservation pod names whose NVML fails.
     fail: BTreeSet<String>,
+    /// Reservation pod names whose process is not started yet (they stay starting).
+    hold: BTreeSet<String>,
 }
 
 impl Drop for Kubelet {
@@ -67,6 +69,7 @@ impl Kubelet {
             kubeconfig: path.display().to_string(),
             agents: HashMap::new(),
             fail: BTreeSet::new(),
+            hold: BTreeSet::new(),
         })
     }
 
@@ -92,6 +95,9 @@ impl Kubelet {
                 continue;
             }
             let name = p.metadata.name.clone().unwrap_or_default();
+            if self.hold.contains(&name) {
+                continue;
+            }
             let nvml = if self.fail.contains(&name) {
                 "error:NVML_ERROR_GPU_IS_LOST (injected by the test)".to_string()
             } else {
@@ -421,6 +427,113 @@ fn share_deployment(replicas: u32) -> Value {
     deployment("infer", replicas, t)
 }
 
+/// A bare share, as [`share_deployment`]'s pods.
+fn share_pod(name: &str) -> Value {
+    let mut p = share_deployment(1)["spec"]["template"].clone();
+    p["apiVersion"] = json!("v1");
+    p["kind"] = json!("Pod");
+    p["metadata"]["name"] = json!(name);
+    p["metadata"]["labels"] = json!({"app": "bare"});
+    p
+}
+
+/// `/v1/nodes`, `gpu-share status` (read from the cluster) and the metrics show every shared GPU
+/// with its reservation, the UUID it published and the shares bound to it, as the API does.
+async fn shown(c: &Cluster, v: &View) -> Check {
+    type Row = (Option<String>, String, Option<String>, Vec<String>);
+    let mut expected: BTreeMap<u64, Row> = BTreeMap::new();
+    for (i, (name, _, uuid, _)) in &v.reservations {
+        let on = v.shares.get(i).into_iter().flatten();
+        let mut shares: Vec<String> = on.map(|s| format!("{NS}/{}", s.0)).collect();
+        shares.sort();
+        expected.insert(
+            u64::from(*i),
+            (Some(name.clone()), "ready".into(), uuid.clone(), shares),
+        );
+    }
+    let last = std::sync::Mutex::new(BTreeMap::new());
+    let waited = wait_for(
+        "/v1/nodes to show the shared GPUs",
+        Duration::from_secs(20),
+        || async {
+            let nodes = ledger(c)?;
+            let node = nodes
+                .get(NODE)
+                .ok_or("the node is missing from /v1/nodes")?;
+            let mut reported: BTreeMap<u64, Row> = BTreeMap::new();
+            for g in node["sharedGpus"].as_array().into_iter().flatten() {
+                let text = |k: &str| g[k].as_str().map(str::to_string);
+                let mut shares: Vec<String> = g["shares"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect();
+                shares.sort();
+                let row = (
+                    text("reservation"),
+                    text("state").unwrap_or_default(),
+                    text("uuid"),
+                    shares,
+                );
+                reported.insert(g["gpu"].as_u64().unwrap_or(u64::MAX), row);
+            }
+            let same = reported == expected;
+            *last.lock().unwrap() = reported;
+            Ok(same.then_some(()))
+        },
+    )
+    .await;
+    waited.map_err(|e| {
+        format!(
+            "{e}: /v1/nodes shows {:?}, the API {expected:?}",
+            last.lock().unwrap()
+        )
+    })?;
+    let out = Command::new(common::BIN)
+        .arg("status")
+        .env("KUBECONFIG", c.var("KUBECONFIG"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    for (i, (name, _, uuid, shares)) in &expected {
+        let uuid = uuid.as_deref().unwrap_or("-");
+        // The row of the shared GPUs' table (the node's row above lists the reservation too).
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == name.as_deref());
+        ensure(
+            out.status.success()
+                && row.is_some_and(|r| {
+                    r.starts_with(NODE)
+                        && r.contains(&format!(" {i} "))
+                        && r.contains(" ready ")
+                        && r.contains(uuid)
+                        && shares.iter().all(|s| r.contains(s.as_str()))
+                }),
+            format!(
+                "gpu-share status does not show GPU {i} with {name:?}, {uuid} and {shares:?}:\n{table}{}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+    }
+    let metrics = c.admin_text("EXTENDER_ADMIN", "/metrics")?;
+    let ready = format!(
+        r#"gpu_share_reservations{{state="ready"}} {}"#,
+        expected.len()
+    );
+    ensure(
+        metrics.contains(&ready),
+        format!(
+            "the metrics lack {ready:?}: {:?}",
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("gpu_share_reservations"))
+                .collect::<Vec<_>>()
+        ),
+    )
+}
+
 pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     // What an earlier run against this cluster left: its workloads first (they would recreate
     // their pods), then their pods.
@@ -525,6 +638,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )
     .await?;
     let held = v.reservation_uids();
+    shown(c, &v).await?;
 
     // The extender killed, a share deleted meanwhile: the restarted one ends where it was, with
     // the same reservations.
@@ -595,35 +709,85 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )
     .await?;
 
-    // A reservation that fails (NVML): its shares, which never started, are evicted in words
-    // (no other GPU of the node is held), and the node is held off for shares a while.
-    for i in 0..4 {
-        k.fail.insert(gpu_share::reservation::name(NODE, i));
-    }
-    kubectl(
+    // Moving and evicting. A bare share takes a GPU (A); with every other reservation kept from
+    // starting, four more go to A and to the other shared GPU (B), whichever the packing picks,
+    // at least two on B. One share leaves A, then B's reservation fails (NVML): its shares never
+    // started, so all but one are re-pointed to A's room and read A's UUID, the last is evicted
+    // in words, and the node is held off for shares a while, even though A has room again.
+    apply(c, NS, &share_pod("bare-0"))?;
+    let v = settle(
         c,
-        &["-n", NS, "scale", "deployment", "infer", "--replicas=1"],
-        None,
+        &mut k,
+        "a bare share pointed at its GPU",
+        Duration::from_secs(60),
+        |v| Ok(v.shares.len() == 1 && pointed_right(v)?),
+    )
+    .await?;
+    let a = *v.shares.keys().next().unwrap();
+    for i in (0..4).filter(|i| *i != a) {
+        k.hold.insert(gpu_share::reservation::name(NODE, i));
+    }
+    for i in 1..5 {
+        apply(c, NS, &share_pod(&format!("bare-{i}")))?;
+    }
+    let v = settle(
+        c,
+        &mut k,
+        "five bare shares on two GPUs",
+        Duration::from_secs(60),
+        |v| Ok(v.shares.len() == 2 && v.shares.values().map(Vec::len).sum::<usize>() == 5),
+    )
+    .await?;
+    let b = *v.shares.keys().find(|i| **i != a).unwrap();
+    let on_b = v.shares[&b].len();
+    let on_a = v.shares[&a][0].0.clone();
+    kubectl(c, &["-n", NS, "delete", "pod", &on_a, "--wait=false"], None)?;
+    settle(
+        c,
+        &mut k,
+        "a share left GPU A",
+        Duration::from_secs(60),
+        |v| Ok(v.shares.get(&a).map(Vec::len) == Some(5 - on_b - 1)),
+    )
+    .await?;
+    let failing = gpu_share::reservation::name(NODE, b);
+    k.hold.remove(&failing);
+    k.fail.insert(failing);
+    let note = event_with(c, &mut k, "GpuShareMoved", &format!("GPU {a} of the node")).await?;
+    ensure(
+        note.contains("NVML_ERROR_GPU_IS_LOST"),
+        format!("the move says {note:?}"),
     )?;
     let note = event_with(c, &mut k, "GpuShareEvicted", "NVML_ERROR_GPU_IS_LOST").await?;
     ensure(
-        note.contains("cannot be held"),
+        note.contains(&format!("GPU {b} of node {NODE} cannot be held")),
         format!("eviction says {note:?}"),
-    )?;
-    let waiting = wait_pods(c, NS, 2, 1).await?;
-    let why = why_waiting(c, NS, &waiting[0]).await?;
-    ensure(
-        why.contains("a reservation of a GPU on this node failed"),
-        format!("the replacement waits for {why:?}"),
     )?;
     settle(
         c,
         &mut k,
-        "the failed reservation deleted",
-        Duration::from_secs(30),
-        |v| Ok(v.reservations.is_empty()),
+        "the moved share pointed at GPU A",
+        Duration::from_secs(60),
+        |v| {
+            Ok(v.shares.len() == 1
+                && v.shares.get(&a).map(Vec::len) == Some(3)
+                && v.shares
+                    .values()
+                    .flatten()
+                    .all(|s| s.0.starts_with("bare-"))
+                && !v.reservations.contains_key(&b)
+                && pointed_right(v)?)
+        },
     )
     .await?;
+    let on_a = view(c).await?.shares[&a][0].0.clone();
+    kubectl(c, &["-n", NS, "delete", "pod", &on_a, "--wait=false"], None)?;
+    apply(c, NS, &share_pod("bare-5"))?;
+    let why = why_waiting(c, NS, "bare-5").await?;
+    ensure(
+        why.contains("a reservation of a GPU on this node failed"),
+        format!("a new share waits for {why:?}"),
+    )?;
 
     // Put back: no shares, the policy off. The namespace is gone before the next run can want
     // it again.
