@@ -13,6 +13,7 @@ use super::Context;
 use super::handlers::{BindPlan, NOT_SYNCED, ReserveError, begin, reserve_for_bind};
 use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
+use crate::cluster::reservations as api;
 use crate::ledger;
 
 pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response {
@@ -211,7 +212,56 @@ async fn bind(
     }
     binding.commit();
     tracing::info!(pod = %key, node = %args.node, "bound");
+    if let Some(c) = cluster {
+        fill_if_held(c.client(), ext, &args.pod_uid);
+    }
     Ok(())
+}
+
+/// A share in per-GPU form bound to a GPU whose reservation has published its UUID gets its
+/// devices ConfigMap at once, so kubelet starts its container without waiting for the
+/// reservation controller's next tick. The controller fills whatever this does not (a share
+/// whose reservation is still starting, a create that failed), and handles a ConfigMap of that
+/// name that is not this one.
+fn fill_if_held(client: &kube::Client, ext: &ExtenderState, uid: &str) {
+    let Some(h) = ext.ledger().holding(uid) else {
+        return;
+    };
+    let (Some(configmap), [(gpu, _)]) = (h.demand.devices, h.placement.gpus.as_slice()) else {
+        return;
+    };
+    let held = ext.reservations.pods().into_iter().find_map(|r| {
+        let uuid = r.state.uuid()?.to_string();
+        (r.node == h.node && r.gpu == *gpu).then_some((r.name, uuid))
+    });
+    let Some((reservation, uuid)) = held else {
+        return;
+    };
+    let owner = crate::reservation::view::Owner {
+        namespace: h.pod.namespace,
+        name: h.pod.name,
+        uid: h.pod.uid,
+    };
+    let client = client.clone();
+    tokio::spawn(async move {
+        let pod = format!("{}/{}", owner.namespace, owner.name);
+        match api::fill(&client, &configmap, &owner, &uuid, &reservation).await {
+            Ok(api::Fill::Done) => {
+                tracing::info!(pod, uuid, "share pointed at its GPU at bind")
+            }
+            Ok(api::Fill::Foreign(what)) => {
+                tracing::warn!(
+                    pod,
+                    configmap,
+                    what,
+                    "a devices ConfigMap of that name exists; the reservation controller handles the share"
+                )
+            }
+            Err(e) => {
+                tracing::warn!(pod, error = %e, "cannot point the share at its GPU at bind; the reservation controller tries again")
+            }
+        }
+    });
 }
 
 /// How long bind waits for the API server's answer to a binding: within kube-scheduler's 5 s
@@ -438,5 +488,82 @@ mod tests {
         .await;
         assert!(r.is_ok(), "{r:?}");
         assert_eq!(held.as_deref(), Some("n1"));
+    }
+
+    /// A share bound to a GPU whose reservation has published its UUID gets its devices
+    /// ConfigMap right after the binding, owned by the pod and naming that UUID; a share on a
+    /// GPU whose reservation is still starting gets none at bind (the controller fills it).
+    #[tokio::test]
+    async fn a_share_on_a_held_gpu_is_pointed_at_it_at_bind() {
+        let uuid = "GPU-8a3f0c52-1c2d-4e5f-9a0b-123456789abc";
+        for ready in [true, false] {
+            let (client, mut h) = crate::cluster::mock::client();
+            let mut state = Context::dev(Policy::default_policy());
+            state.cluster = Some(ClusterFacts::new(client));
+            let ext = ExtenderState::new(Mode::Cluster, std::time::Duration::from_secs(60));
+            ext.mark_synced();
+            let mut node = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 4, 81920);
+            node.sharing = crate::inventory::Sharing::PerGpu;
+            ext.set_node("n1", Some(node));
+            // GPU 2 held by a reservation, in the ledger and in the reservations' watch.
+            let t = crate::reservation::Template {
+                image: "gpu-share:test".into(),
+                ..Default::default()
+            };
+            let mut r = crate::reservation::pod("n1", 2, &t);
+            r["metadata"]["uid"] = json!("r-1");
+            r["status"] = json!({"phase": "Running"});
+            if ready {
+                r["metadata"]["annotations"]["gpu-share.io/gpu-uuid"] = json!(uuid);
+            }
+            let r: Pod = serde_json::from_value(r).unwrap();
+            ext.ledger()
+                .record(&ledger::observed_holding(&r).unwrap().unwrap());
+            let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
+            ext.reservations.watch(store);
+            let share: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                    "annotations": {"gpu-share.io/request": "timeslice-30"}},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+                        {"name": "gpu-share-devices-a1", "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
+            }))
+            .unwrap();
+            ext.remember_pod("u-1", Arc::new(ledger::BindPod::of(&share)));
+            let ext = Arc::new(ext);
+            state.extender = Some(ext.clone());
+            let server = tokio::spawn(async move {
+                let (req, send) = h.next_request().await.unwrap();
+                assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/p/binding");
+                send.send_response(respond(201, status(201, "")));
+                let (req, send) = h.next_request().await?;
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect_bytes().await.unwrap();
+                let cm: Value = serde_json::from_slice(&body).unwrap();
+                send.send_response(respond(201, cm.clone()));
+                Some((path, cm))
+            });
+            bind(&state, &ext, &args()).await.unwrap();
+            assert_eq!(
+                ext.ledger().holding("u-1").unwrap().placement.gpus,
+                [(2, 300)],
+                "the share goes to the held GPU"
+            );
+            drop(state);
+            drop(ext);
+            let filled = server.await.unwrap();
+            if !ready {
+                assert_eq!(filled, None, "nothing to fill while the reservation starts");
+                continue;
+            }
+            let (path, cm) = filled.expect("a ConfigMap created at bind");
+            assert_eq!(path, "/api/v1/namespaces/ml/configmaps");
+            assert_eq!(cm["metadata"]["name"], "gpu-share-devices-a1");
+            assert_eq!(cm["data"]["NVIDIA_VISIBLE_DEVICES"], uuid);
+            assert_eq!(cm["metadata"]["ownerReferences"][0]["uid"], "u-1");
+            assert_eq!(cm["immutable"], true);
+        }
     }
 }

@@ -23,12 +23,15 @@ fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
 /// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
 /// demands have one candidate.
 pub(super) fn best_fit_gpu(usage: &Usage, cands: Vec<Placement>) -> Option<Placement> {
+    // The fullest GPU; among equals, one a reservation already holds (see `held_bonus`).
     let load = |p: &Placement| {
-        p.gpus
+        let milli = p
+            .gpus
             .first()
             .and_then(|(i, _)| usage.gpu_milli.get(*i as usize))
             .copied()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (milli, usage.holds_for(p))
     };
     cands.into_iter().fold(None, |best, p| match best {
         Some(b) if load(&b) >= load(&p) => Some(b),

@@ -289,6 +289,34 @@ mod tests {
         );
     }
 
+    /// A share goes to a GPU a reservation holds already (here one idle in its release grace)
+    /// rather than one that would need a new reservation, under every policy, with a workload
+    /// known or not: the grace exists so that a GPU is not reserved again for every pod.
+    #[test]
+    fn shares_take_a_held_gpu_before_opening_another() {
+        let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 4, 81920);
+        n.sharing = Sharing::PerGpu;
+        let mut u = Usage::empty(&n);
+        u.reserved[2] = 1;
+        let share = ts(30);
+        let seen = [share.clone(), Demand::gpu(GpuDemand::Whole { count: 1 })];
+        let workload = std::sync::Arc::new(frag::TargetWorkload::typical(&seen, 1.0));
+        for policy in [
+            PackingPolicy::GpuShare,
+            PackingPolicy::Fgd,
+            PackingPolicy::Binpack,
+            PackingPolicy::BestFit,
+        ] {
+            for scorer in [
+                Scorer::new(policy),
+                Scorer::with_workload(policy, workload.clone()),
+            ] {
+                let (p, _) = place(&scorer, &n, &u, &share, &mut FragMemo::default()).unwrap();
+                assert_eq!(p.gpus, [(2, 300)], "{policy:?}");
+            }
+        }
+    }
+
     /// A node gpu-share shares per GPU: each GPU is free, whole or shared. A reserved GPU is
     /// shared even with no share on it (the release grace), so whole-GPU pods never get it;
     /// shares never go to a GPU held whole; per GPU, shares stay within 100% and within the

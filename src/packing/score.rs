@@ -169,7 +169,7 @@ impl Scorer {
         if let Some((w, m)) = measure {
             let before = memo.node_frag(w, m, node, usage);
             return best_candidate(node, usage, demand, |p| {
-                frag_step_score(w, m, node, usage, p, before)
+                frag_step_score(w, m, node, usage, p, before) + held_bonus(usage, p)
             });
         }
         let cands = candidates(node, usage, demand);
@@ -224,23 +224,32 @@ impl Scorer {
     pub fn score(&self, node: &GpuNode, usage: &Usage, demand: &Demand, p: &Placement) -> f64 {
         let fill = fill_after(node, usage, demand, p);
         let gpu_fit = gpu_fit_after(usage, p);
-        match self.policy {
-            PackingPolicy::Spread => (1.0 - fill) + 0.01 * (1.0 - gpu_fit),
-            PackingPolicy::GpuShare => {
-                // Binpack, and a node that is empty now is the last resort for a shared demand
-                // (whole nodes stay free for multi-GPU pods).
-                let opens_node = usage.pods == 0 && usage.allocated_milli() == 0;
-                let shared = matches!(
-                    demand.gpu,
-                    GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } | GpuDemand::Mig { .. }
-                );
-                fill + 0.01 * gpu_fit
-                    - replica_waste(node, demand)
-                    - if opens_node && shared { 0.5 } else { 0.0 }
+        held_bonus(usage, p)
+            + match self.policy {
+                PackingPolicy::Spread => (1.0 - fill) + 0.01 * (1.0 - gpu_fit),
+                PackingPolicy::GpuShare => {
+                    // Binpack, and a node that is empty now is the last resort for a shared demand
+                    // (whole nodes stay free for multi-GPU pods).
+                    let opens_node = usage.pods == 0 && usage.allocated_milli() == 0;
+                    let shared = matches!(
+                        demand.gpu,
+                        GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } | GpuDemand::Mig { .. }
+                    );
+                    fill + 0.01 * gpu_fit
+                        - replica_waste(node, demand)
+                        - if opens_node && shared { 0.5 } else { 0.0 }
+                }
+                _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
             }
-            _ => fill + 0.01 * gpu_fit - replica_waste(node, demand),
-        }
     }
+}
+
+/// Breaks ties for a share on a node gpu-share shares per GPU: a GPU a reservation already
+/// holds (one still in its release grace, or one with shares) over a GPU that would need a new
+/// reservation. Too small to outweigh any difference of the measures, so it only chooses among
+/// equals; the simulator, which holds no reservations, never sees it.
+fn held_bonus(usage: &Usage, p: &Placement) -> f64 {
+    if usage.holds_for(p) { 1e-6 } else { 0.0 }
 }
 
 /// The first of the highest-scoring candidates, cloning a candidate only when it leads.

@@ -59,6 +59,15 @@ impl Usage {
             && self.reserved.get(i).is_none_or(|r| *r == 0)
     }
 
+    /// Whether `p` is a share on GPUs that reservations already hold.
+    pub fn holds_for(&self, p: &Placement) -> bool {
+        !p.gpus.is_empty()
+            && p.shared
+            && p.gpus
+                .iter()
+                .all(|(i, _)| self.reserved.get(*i as usize).is_some_and(|r| *r > 0))
+    }
+
     /// Whether GPU `i` can take shares: it is not held whole.
     pub fn is_shareable(&self, i: usize) -> bool {
         i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)
