@@ -8,7 +8,9 @@ use std::sync::Arc;
 use gpu_share::inventory::{GpuNode, Sharing};
 use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
 use gpu_share::packing::{self, Demand, GpuDemand, Homes, OnlineWorkload, PackingPolicy, Scorer};
+use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
+use serde_json::json;
 
 fn nodes() -> Vec<GpuNode> {
     gpu_share::fuzzing::ledger_nodes()
@@ -99,15 +101,121 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// How a test turns an operation's pod into what bind sees, and the ledger into what the API
+/// lists.
+struct Api {
+    /// The pod `uid` asking `gpu` on `node`: its reference and demand.
+    admit: fn(&str, &str, GpuDemand) -> (PodRef, Demand),
+    /// Every held pod as a replica rebuilding its ledger reads it from the API.
+    list: fn(&Ledger) -> Vec<ObservedPod>,
+}
+
+/// Pods as plain demands, and the API as the ledger's own view of its holdings.
+const PLAIN: Api = Api {
+    admit: |uid, _, gpu| {
+        let pref = PodRef {
+            uid: uid.to_string(),
+            namespace: "ml".into(),
+            name: uid.to_string(),
+            priority: 0,
+        };
+        (pref, Demand::gpu(gpu))
+    },
+    list: api_view,
+};
+
+/// Pods as the API holds them on nodes shared per GPU, read the way the extender reads them.
+const PER_GPU_OBJECTS: Api = Api {
+    admit: |uid, node, gpu| {
+        let o = observed(&per_gpu_pod(uid, node, &gpu, None));
+        (o.pod, o.demand)
+    },
+    list: listed_pods,
+};
+
+/// A pod as the API holds it once admitted and bound to `node`, on a node gpu-share shares per
+/// GPU: a share reads its GPU from its devices ConfigMap and asks gpu-share's unit; whole GPUs
+/// come from the device plugin (with gpu-share's request, or asked directly); a reservation is
+/// the pod gpu-share creates. `gpus`: the bind annotation.
+fn per_gpu_pod(uid: &str, node: &str, gpu: &GpuDemand, gpus: Option<String>) -> Pod {
+    let mut p = match gpu {
+        GpuDemand::Reserve { gpu } => {
+            let t = gpu_share::reservation::Template {
+                image: "gpu-share:test".into(),
+                ..Default::default()
+            };
+            gpu_share::reservation::pod(node, *gpu, &t)
+        }
+        GpuDemand::Timeslice { .. } => json!({
+            "metadata": {"namespace": "ml", "annotations": {"gpu-share.io/request": gpu.to_string()}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+                    {"name": format!("gpu-share-devices-{uid}"), "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
+        }),
+        GpuDemand::Whole { count } => json!({
+            "metadata": {"namespace": "ml", "annotations": {"gpu-share.io/request": gpu.to_string()}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"nvidia.com/gpu": count.to_string()}}}]}
+        }),
+        GpuDemand::Units { resource, count } => json!({
+            "metadata": {"namespace": "ml"},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {resource.as_str(): count.to_string()}}}]}
+        }),
+        other => panic!("no pod of {other:?} on a node shared per GPU"),
+    };
+    p["metadata"]["name"] = json!(uid);
+    p["metadata"]["uid"] = json!(uid);
+    p["spec"]["nodeName"] = json!(node);
+    p["status"] = json!({"phase": "Running"});
+    if let Some(g) = gpus {
+        p["metadata"]["annotations"]["gpu-share.io/gpus"] = json!(g);
+    }
+    serde_json::from_value(p).expect("a pod")
+}
+
+fn observed(p: &Pod) -> ObservedPod {
+    gpu_share::ledger::observed_holding(p)
+        .expect("a readable pod")
+        .expect("a pod that holds GPUs")
+}
+
+/// Every held pod as a Pod object (with the annotation bind wrote), read back as the extender's
+/// watch and reconcile read pods.
+fn listed_pods(l: &Ledger) -> Vec<ObservedPod> {
+    let mut out = Vec::new();
+    l.for_each_node(|nl| {
+        for h in nl.holdings.values() {
+            let gpus = (!matches!(h.demand.gpu, GpuDemand::Reserve { .. }))
+                .then(|| h.placement.gpus_text());
+            out.push(observed(&per_gpu_pod(
+                &h.pod.uid,
+                &nl.node.name,
+                &h.demand.gpu,
+                gpus,
+            )));
+        }
+    });
+    out.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+    out
+}
+
 /// One operation on the live ledger: a bind (of a pod not yet held: exactly when the packing
 /// core places it), a delete, or a restart (a replica rebuilt from the API alone, which must
 /// equal the live one). Returns the ledger to go on with.
-fn step(live: Ledger, nodes: &[GpuNode], scorer: &Scorer, op: Op) -> Result<Ledger, TestCaseError> {
+fn step(
+    live: Ledger,
+    nodes: &[GpuNode],
+    scorer: &Scorer,
+    api: &Api,
+    op: Op,
+) -> Result<Ledger, TestCaseError> {
     match op {
         Op::Bind { pod, node, demand } => {
             let node = &nodes[node as usize % nodes.len()].name;
             let uid = format!("p{pod}");
-            let demand = Demand::gpu(demand);
+            let (pref, demand) = (api.admit)(&uid, node, demand);
             let expected = live.node_of(&uid).is_none().then(|| {
                 live.with_node(node, |nl| {
                     packing::place(
@@ -121,12 +229,6 @@ fn step(live: Ledger, nodes: &[GpuNode], scorer: &Scorer, op: Op) -> Result<Ledg
                 })
                 .expect("node")
             });
-            let pref = PodRef {
-                uid: uid.clone(),
-                namespace: "ml".into(),
-                name: uid,
-                priority: 0,
-            };
             let got = live.reserve(scorer, node, pref, demand).is_ok();
             if let Some(expected) = expected {
                 prop_assert_eq!(got, expected);
@@ -138,7 +240,7 @@ fn step(live: Ledger, nodes: &[GpuNode], scorer: &Scorer, op: Op) -> Result<Ledg
             Ok(live)
         }
         Op::Restart => {
-            let rebuilt = Ledger::rebuild(nodes.to_vec(), &api_view(&live));
+            let rebuilt = Ledger::rebuild(nodes.to_vec(), &(api.list)(&live));
             prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
             Ok(rebuilt)
         }
@@ -159,7 +261,7 @@ proptest! {
         let mut live = Ledger::rebuild(nodes.clone(), &[]);
         let scorer = Scorer::new(PackingPolicy::GpuShare);
         for op in ops {
-            live = step(live, &nodes, &scorer, op)?;
+            live = step(live, &nodes, &scorer, &PLAIN, op)?;
             for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 let shared = matches!(nl.node.sharing, Sharing::TimeSlicing { .. } | Sharing::Mps { .. });
@@ -178,14 +280,16 @@ proptest! {
     /// On a node gpu-share shares per GPU, random binds of whole GPUs, device-plugin units and
     /// time-sliced shares (with and without memory), reservations and releases never put more
     /// than 100% or more than the GPU's memory on a GPU, never mix a whole holding with shares or
-    /// a reservation on one GPU, and a rebuild from the API gives the same ledger.
+    /// a reservation on one GPU, and a rebuild from the API gives the same ledger. Every pod is
+    /// the Pod object the API would hold (shares reading their GPU from a devices ConfigMap,
+    /// reservation pods as gpu-share creates them), read as the extender reads pods.
     #[test]
     fn per_gpu_budgets_and_classes_hold_per_gpu(ops in proptest::collection::vec(per_gpu_op(), 1..120)) {
         let nodes = per_gpu_nodes();
         let mut live = Ledger::rebuild(nodes.clone(), &[]);
         let scorer = Scorer::new(PackingPolicy::GpuShare);
         for op in ops {
-            live = step(live, &nodes, &scorer, op)?;
+            live = step(live, &nodes, &scorer, &PER_GPU_OBJECTS, op)?;
             for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
                 // The same, from the holdings alone.
@@ -218,7 +322,7 @@ proptest! {
                 }
             }
         }
-        let rebuilt = Ledger::rebuild(nodes, &api_view(&live));
+        let rebuilt = Ledger::rebuild(nodes, &listed_pods(&live));
         prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
     }
 
