@@ -23,7 +23,7 @@ fn cpu_left(node: &GpuNode, usage: &Usage) -> u64 {
 /// Among the candidates, the one on the fullest GPU (the least free share that fits); whole-GPU
 /// demands have one candidate.
 pub(super) fn best_fit_gpu(usage: &Usage, cands: Vec<Placement>) -> Option<Placement> {
-    // The fullest GPU; among equals, one a reservation already holds (see `held_bonus`).
+    // The fullest GPU; among equals, an idle one a reservation holds (see `held_bonus`).
     let load = |p: &Placement| {
         let milli = p
             .gpus

@@ -244,10 +244,11 @@ impl Scorer {
     }
 }
 
-/// Breaks ties for a share on a node gpu-share shares per GPU: a GPU a reservation already
-/// holds (one still in its release grace, or one with shares) over a GPU that would need a new
-/// reservation. Too small to outweigh any difference of the measures, so it only chooses among
-/// equals; the simulator, which holds no reservations, never sees it.
+/// Breaks ties for a share on a node gpu-share shares per GPU: an idle GPU a reservation
+/// already holds (in its release grace) over a free GPU that would need a new reservation. Too
+/// small to outweigh any difference of the measures, so it only chooses among equals. (A GPU
+/// with shares on it is weighed by the measures; the simulator, where nothing leaves, never has
+/// an idle reserved GPU.)
 fn held_bonus(usage: &Usage, p: &Placement) -> f64 {
     if usage.holds_for(p) { 1e-6 } else { 0.0 }
 }

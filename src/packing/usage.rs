@@ -59,13 +59,15 @@ impl Usage {
             && self.reserved.get(i).is_none_or(|r| *r == 0)
     }
 
-    /// Whether `p` is a share on GPUs that reservations already hold.
+    /// Whether `p` is a share on GPUs that reservations hold with no share on them yet (in
+    /// their release grace, or just created).
     pub fn holds_for(&self, p: &Placement) -> bool {
         !p.gpus.is_empty()
             && p.shared
-            && p.gpus
-                .iter()
-                .all(|(i, _)| self.reserved.get(*i as usize).is_some_and(|r| *r > 0))
+            && p.gpus.iter().all(|(i, _)| {
+                let i = *i as usize;
+                self.reserved.get(i).is_some_and(|r| *r > 0) && self.gpu_milli[i] == 0
+            })
     }
 
     /// Whether GPU `i` can take shares: it is not held whole.

@@ -16,10 +16,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::trace::{TracePod, gpu_request_milli};
-use crate::inventory::GpuNode;
+use crate::inventory::{GpuNode, Sharing};
 use crate::packing::frag::TargetWorkload;
 use crate::packing::{
-    self, Demand, FragMemo, Homes, OnlineWorkload, PackingPolicy, Reason, Scorer, Usage,
+    self, Demand, FragMemo, GpuDemand, Homes, OnlineWorkload, PackingPolicy, Placement, Reason,
+    Scorer, Usage,
 };
 
 /// The arrival order of one seed: indexes into the trace's pods (inflated copies repeat an
@@ -205,6 +206,8 @@ pub fn run(
     // Tie-breaking draws from their own stream, so every policy sees the same arrival order.
     let mut ties = ChaCha8Rng::seed_from_u64(seed ^ 0x7469_6573_5f67_7075);
 
+    let reservation = reservation_demand();
+
     let mut samples = Vec::with_capacity(order.pods.len() + 1);
     let mut arrived = 0u64;
     let mut allocated = 0u64;
@@ -277,8 +280,8 @@ pub fn run(
         }
         if let Some((ni, _)) = best
             && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand, &mut memos[ni])
+            && with_reservations(&nodes[ni], &mut usages[ni], &p, &reservation)
         {
-            packing::apply(&mut usages[ni], &p);
             versions[ni] = versions[ni].wrapping_add(1);
             let f = metric.node_frag(&nodes[ni], &usages[ni]);
             frag_total += f - node_frag[ni];
@@ -310,6 +313,68 @@ pub fn run(
         failed,
         unplaced,
     }
+}
+
+/// What a reservation pod asks of its node (besides its GPU): read from the pod gpu-share
+/// creates, the way the extender reads it from the API.
+fn reservation_demand() -> Demand {
+    let template = crate::reservation::Template {
+        image: "gpu-share".into(),
+        ..Default::default()
+    };
+    let pod = serde_json::from_value(crate::reservation::pod("node", 0, &template))
+        .expect("the reservation pod is a Pod (tested)");
+    crate::ledger::observed_holding(&pod)
+        .ok()
+        .flatten()
+        .expect("a reservation pod holds its GPU (tested)")
+        .demand
+}
+
+/// Applies placement `p`, and on a node gpu-share shares per GPU the reservation pod of every
+/// GPU the share is the first on (as bind creates it, with its own CPU and memory). False, and
+/// nothing applied, when the node cannot hold the reservation too: kubelet would refuse it and
+/// gpu-share evict the share.
+fn with_reservations(
+    node: &GpuNode,
+    usage: &mut Usage,
+    p: &Placement,
+    reservation: &Demand,
+) -> bool {
+    let opens: Vec<u32> = if node.sharing == Sharing::PerGpu && p.shared {
+        p.gpus
+            .iter()
+            .map(|(i, _)| *i)
+            .filter(|i| usage.reserved.get(*i as usize).is_some_and(|r| *r == 0))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    packing::apply(usage, p);
+    let mut held = Vec::with_capacity(opens.len());
+    for gpu in opens {
+        let d = Demand {
+            gpu: GpuDemand::Reserve { gpu },
+            ..reservation.clone()
+        };
+        let placed = packing::fit(node, usage, &d)
+            .ok()
+            .and_then(|()| packing::candidates(node, usage, &d).into_iter().next());
+        match placed {
+            Some(r) => {
+                packing::apply(usage, &r);
+                held.push(r);
+            }
+            None => {
+                for r in &held {
+                    packing::unapply(usage, r);
+                }
+                packing::unapply(usage, p);
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Why a demand fit no node: the most common reason among nodes that only lacked room (freed
@@ -413,5 +478,49 @@ mod tests {
             got,
             vec![(1, 2000, Reason::NoFreeGpus), (2, 4000, Reason::TooFewGpus)]
         );
+    }
+
+    /// On a node shared per GPU, the first share on a GPU brings its reservation pod, as in a
+    /// cluster: the GPU is reserved and the node's CPU pays the reservation's request; a share
+    /// whose reservation the node's CPU cannot hold too is not placed (kubelet would refuse the
+    /// reservation), and a second share on the same GPU needs no second reservation.
+    #[test]
+    fn shares_on_per_gpu_nodes_bring_their_reservations() {
+        let reservation = reservation_demand();
+        assert_eq!(reservation.cpu_milli, 5, "the reservation pod asks 5m CPU");
+        let mut node = GpuNode::whole("n", "A100", 2, 81920);
+        node.sharing = Sharing::PerGpu;
+        node.cpu_milli = Some(2005);
+        let mut usage = Usage::empty(&node);
+        let share = |cpu_milli| Demand {
+            cpu_milli,
+            ..Demand::gpu(GpuDemand::Timeslice {
+                milli: 300,
+                memory_mib: None,
+            })
+        };
+        let on = |usage: &Usage, gpu: u32, d: &Demand| {
+            let mut p = packing::candidates(&node, usage, d).remove(0);
+            p.gpus[0].0 = gpu;
+            p
+        };
+        let first = on(&usage, 0, &share(1000));
+        assert!(with_reservations(&node, &mut usage, &first, &reservation));
+        assert_eq!((usage.reserved.clone(), usage.cpu_milli), (vec![1, 0], 1005));
+        let second = on(&usage, 0, &share(500));
+        assert!(with_reservations(&node, &mut usage, &second, &reservation));
+        assert_eq!((usage.reserved.clone(), usage.cpu_milli), (vec![1, 0], 1505));
+        // 500m fit the share on GPU 1, not its reservation's 5m as well: nothing applied.
+        let before = usage.clone();
+        let third = on(&usage, 1, &share(500));
+        assert!(!with_reservations(&node, &mut usage, &third, &reservation));
+        assert_eq!(usage, before);
+        // On a node shared some other way, no reservation.
+        let mut ts = GpuNode::whole("t", "A100", 1, 81920);
+        ts.sharing = Sharing::TimeSlicing { replicas: 4 };
+        let mut u = Usage::empty(&ts);
+        let p = packing::candidates(&ts, &u, &share(0)).remove(0);
+        assert!(with_reservations(&ts, &mut u, &p, &reservation));
+        assert_eq!(u.reserved, vec![0]);
     }
 }
