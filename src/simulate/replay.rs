@@ -506,10 +506,16 @@ mod tests {
         };
         let first = on(&usage, 0, &share(1000));
         assert!(with_reservations(&node, &mut usage, &first, &reservation));
-        assert_eq!((usage.reserved.clone(), usage.cpu_milli), (vec![1, 0], 1005));
+        assert_eq!(
+            (usage.reserved.clone(), usage.cpu_milli),
+            (vec![1, 0], 1005)
+        );
         let second = on(&usage, 0, &share(500));
         assert!(with_reservations(&node, &mut usage, &second, &reservation));
-        assert_eq!((usage.reserved.clone(), usage.cpu_milli), (vec![1, 0], 1505));
+        assert_eq!(
+            (usage.reserved.clone(), usage.cpu_milli),
+            (vec![1, 0], 1505)
+        );
         // 500m fit the share on GPU 1, not its reservation's 5m as well: nothing applied.
         let before = usage.clone();
         let third = on(&usage, 1, &share(500));
