@@ -247,15 +247,29 @@ impl Seen {
 
     /// Every reservation pod the watch holds, in whatever state.
     pub fn pods(&self) -> Vec<ReservationPod> {
-        self.0
-            .get()
-            .map(|s| {
-                s.state()
-                    .iter()
-                    .filter_map(|p| ReservationPod::of(p))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pods_where(|_| true)
+    }
+
+    /// The reservation of GPU `gpu` on `node` that has published its GPU's UUID: its name and
+    /// the UUID.
+    pub fn ready(&self, node: &str, gpu: u32) -> Option<(String, String)> {
+        let on_node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+        self.pods_where(on_node).into_iter().find_map(|r| {
+            let uuid = r.state.uuid()?.to_string();
+            (r.gpu == gpu).then_some((r.name, uuid))
+        })
+    }
+
+    fn pods_where(&self, keep: impl Fn(&Pod) -> bool) -> Vec<ReservationPod> {
+        let Some(store) = self.0.get() else {
+            return Vec::new();
+        };
+        store
+            .state()
+            .iter()
+            .filter(|p| keep(p))
+            .filter_map(|p| ReservationPod::of(p))
+            .collect()
     }
 }
 

@@ -212,7 +212,8 @@ async fn bind(
     }
     binding.commit();
     tracing::info!(pod = %key, node = %args.node, "bound");
-    if let Some(c) = cluster {
+    let per_gpu = matches!(&pod.demand, Ok(Some(d)) if d.devices.is_some());
+    if let (Some(c), true) = (cluster, per_gpu) {
         fill_if_held(c.client(), ext, &args.pod_uid);
     }
     Ok(())
@@ -230,11 +231,7 @@ fn fill_if_held(client: &kube::Client, ext: &ExtenderState, uid: &str) {
     let (Some(configmap), [(gpu, _)]) = (h.demand.devices, h.placement.gpus.as_slice()) else {
         return;
     };
-    let held = ext.reservations.pods().into_iter().find_map(|r| {
-        let uuid = r.state.uuid()?.to_string();
-        (r.node == h.node && r.gpu == *gpu).then_some((r.name, uuid))
-    });
-    let Some((reservation, uuid)) = held else {
+    let Some((reservation, uuid)) = ext.reservations.ready(&h.node, *gpu) else {
         return;
     };
     let owner = crate::reservation::view::Owner {
