@@ -740,6 +740,19 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     .await?;
     let b = *v.shares.keys().find(|i| **i != a).unwrap();
     let on_b = v.shares[&b].len();
+    // The shares that joined bare-0 on A, whose reservation knew its UUID, were pointed at it
+    // at bind, not at the controller's next tick.
+    let log = c.log("extender");
+    for (name, ..) in v.shares[&a].iter().filter(|s| s.0 != "bare-0") {
+        let line = log
+            .lines()
+            .filter(|l| l.contains("share pointed at its GPU at bind"))
+            .find(|l| l.contains(&format!("\"{NS}/{name}\"")));
+        ensure(
+            line.is_some(),
+            format!("{name} joined a held GPU but was not pointed at it at bind"),
+        )?;
+    }
     let on_a = v.shares[&a][0].0.clone();
     kubectl(c, &["-n", NS, "delete", "pod", &on_a, "--wait=false"], None)?;
     settle(
