@@ -30,6 +30,7 @@ pub mod simulate;
 pub mod status;
 pub mod sync;
 pub mod telemetry;
+pub mod ui;
 pub mod workloads;
 
 /// Errors that stop the service at start, each naming what to fix.

@@ -554,15 +554,8 @@ pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
                     c.iter()
                         .find(|c| c.type_ == "PodScheduled" && c.status == "False")
                 });
-            let reason = match condition {
-                Some(c) => c
-                    .message
-                    .clone()
-                    .filter(|m| !m.is_empty())
-                    .or_else(|| c.reason.clone())
-                    .unwrap_or_else(|| "unschedulable".into()),
-                None => "not tried by the scheduler yet".into(),
-            };
+            let reason = crate::extender::pending::scheduling_reason(p)
+                .unwrap_or_else(|| "not tried by the scheduler yet".into());
             Some(PendingPod {
                 namespace: p.metadata.namespace.clone().unwrap_or_default(),
                 name: p.metadata.name.clone().unwrap_or_default(),

@@ -246,7 +246,17 @@ pub fn filter(
         && let (Some(uid), Ok(Some(demand))) = (&pod.metadata.uid, &seen.demand)
     {
         if fit == 0 && !names.is_empty() {
-            ext.note_unscheduled(uid, demand.gpu.class(), std::time::SystemTime::now());
+            let pending = super::pending::Unscheduled {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                class: demand.gpu.class(),
+                since: std::time::SystemTime::now(),
+                reason: Some(super::pending::bounded(&summary(
+                    &tags,
+                    bad_request.as_deref(),
+                ))),
+            };
+            ext.note_unscheduled(uid, pending);
         } else {
             ext.clear_unscheduled(uid);
         }
@@ -623,6 +633,22 @@ pub async fn preempt_handler(State(state): State<Context>, body: Bytes) -> Respo
         Ok((ext, args)) => reply(&state, "preempt", start, preempt(ext, args)),
         Err(r) => r,
     }
+}
+
+/// Why no node fit, as kube-scheduler words it: `0/N nodes fit: 3 <why>, 1 <why>` (most
+/// common first), or why the request itself cannot be read.
+fn summary(tags: &[Option<Reason>], bad_request: Option<&str>) -> String {
+    if let Some(bad) = bad_request {
+        return format!("the request cannot be read: {bad}");
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in tags.iter().flatten() {
+        *counts.entry(r.message()).or_default() += 1;
+    }
+    let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let parts: Vec<String> = counts.iter().map(|(m, n)| format!("{n} {m}")).collect();
+    format!("0/{} nodes fit: {}", tags.len(), parts.join(", "))
 }
 
 /// `GET /v1/nodes`.

@@ -5,6 +5,7 @@ pub mod config;
 pub mod explain;
 pub mod handlers;
 mod online;
+pub mod pending;
 pub mod report;
 pub mod reserve;
 pub mod state;

@@ -59,6 +59,23 @@ pub struct NodeReport {
     /// The GPUs gpu-share shares per GPU: each with its reservation and the shares bound to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_gpus: Vec<SharedGpuReport>,
+    /// The node's GPUs by the class of pod they take: its full GPUs under its sharing mode
+    /// (`exclusive`, `timeslice`, `mps` or `shared`), and its MIG devices as `mig`.
+    #[serde(default)]
+    pub classes: Vec<ClassReport>,
+    /// Free GPU capacity here that the most common request can no longer use, in GPUs (the
+    /// node's part of `gpu_share_fragmented_gpu_milli`); absent when no request is known yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragmented_gpus: Option<f64>,
+}
+
+/// One class of a node's GPUs ([`gpus_by_class`]), in GPUs.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassReport {
+    pub class: String,
+    pub total: f64,
+    pub used: f64,
 }
 
 /// One GPU that gpu-share shares per GPU, as the ledger and the reservations' watch show it.
@@ -89,6 +106,10 @@ pub struct PodReport {
     pub gpus: f64,
     /// The per-GPU model (`index:milli`), empty for MIG.
     pub model: String,
+    /// The class of the request: `exclusive`, `timeslice`, `mps`, `mig`, `device` (NVIDIA
+    /// resources asked directly) or `reservation`.
+    #[serde(default)]
+    pub kind: String,
 }
 
 /// One node's MIG devices in GPUs by compute share: capacity, use, and `used/total` per profile.
@@ -257,9 +278,19 @@ pub fn report(
                 class: h.demand.gpu.to_string(),
                 gpus: round(h.demand.gpu.gpus()),
                 model: h.placement.gpus_text(),
+                kind: h.demand.gpu.class().to_string(),
             })
             .collect(),
         shared_gpus: shared_gpus(nl, reservations),
+        classes: gpus_by_class(nl, mig)
+            .into_iter()
+            .map(|c| ClassReport {
+                class: c.class.to_string(),
+                total: round(c.total),
+                used: round(c.used),
+            })
+            .collect(),
+        fragmented_gpus: None,
     }
 }
 

@@ -42,17 +42,7 @@ pub struct Waiting {
     pub class: &'static str,
 }
 
-/// A gpu-share pod without a node yet: what the pending-pod gauges count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unscheduled {
-    pub class: &'static str,
-    /// Since when it waits: the pod's creation (from the API), or the first filter that found
-    /// it no node (`--dev`).
-    pub since: SystemTime,
-}
-
-/// The most pods without a node the pending gauges track (beyond it new ones are not counted).
-pub const UNSCHEDULED_CAP: usize = 100_000;
+pub use super::pending::{UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
 
 /// Pending gpu-share pods of one class: how many, and how long the oldest has waited.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,16 +256,29 @@ impl ExtenderState {
     }
 
     /// Counts a gpu-share pod as waiting for a node (keeps the earlier `since` of a pod already
-    /// counted).
-    pub fn note_unscheduled(&self, uid: &str, class: &'static str, since: SystemTime) {
+    /// counted, and its last reason when this one gives none).
+    pub fn note_unscheduled(&self, uid: &str, pending: Unscheduled) {
         let mut u = lock(&self.unscheduled);
         if let Some(e) = u.get_mut(uid) {
-            e.class = class;
+            let since = e.since.min(pending.since);
+            let reason = pending.reason.or_else(|| e.reason.take());
+            *e = Unscheduled {
+                since,
+                reason,
+                ..pending
+            };
             return;
         }
         if u.len() < UNSCHEDULED_CAP {
-            u.insert(uid.to_string(), Unscheduled { class, since });
+            u.insert(uid.to_string(), pending);
         }
+    }
+
+    /// The gpu-share pods waiting for a node, longest waiting first.
+    pub fn pending_pods(&self) -> Vec<Unscheduled> {
+        let mut out: Vec<Unscheduled> = lock(&self.unscheduled).values().cloned().collect();
+        out.sort_by(|a, b| (a.since, &a.namespace, &a.name).cmp(&(b.since, &b.namespace, &b.name)));
+        out
     }
 
     /// The pod has a node, is gone, or no longer waits.
@@ -559,7 +562,7 @@ impl ExtenderState {
         };
         self.touch(uid.clone());
         match unscheduled_of(pod) {
-            Some(u) => self.note_unscheduled(&uid, u.class, u.since),
+            Some(u) => self.note_unscheduled(&uid, u),
             None => self.clear_unscheduled(&uid),
         }
         self.note_contradicted(
@@ -658,35 +661,6 @@ impl ExtenderState {
         }
         dropped
     }
-}
-
-/// PURE: a pod gpu-share admitted (it carries `gpu-share.io/request`) that has no node yet and
-/// is neither finished nor being deleted, with its class and creation time.
-pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
-    let has_request = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(crate::request::ANNOTATION_REQUEST));
-    // A pod held by scheduling gates (Kueue, for one) is not offered to any scheduler yet.
-    let gated = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| !g.is_empty());
-    if !has_request || gated || !crate::ledger::waits_for_a_node(pod) {
-        return None;
-    }
-    let class = match crate::ledger::gpu_demand_of_pod(pod) {
-        Ok(Some(g)) if g.class() != "none" => g.class(),
-        _ => return None,
-    };
-    let since = pod
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
-    Some(Unscheduled { class, since })
 }
 
 #[cfg(test)]
@@ -930,11 +904,22 @@ mod tests {
     fn pending_pods_are_counted_by_class_with_the_oldest_wait() {
         let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-        e.note_unscheduled("a", "mps", t0);
-        e.note_unscheduled("b", "mps", t0 + Duration::from_secs(50));
-        e.note_unscheduled("c", "mig", t0 + Duration::from_secs(90));
-        // Seen again later: the first time stays.
-        e.note_unscheduled("a", "mps", t0 + Duration::from_secs(95));
+        let u = |name: &str, class, at, reason: Option<&str>| Unscheduled {
+            namespace: "ml".into(),
+            name: name.into(),
+            class,
+            since: t0 + Duration::from_secs(at),
+            reason: reason.map(str::to_string),
+        };
+        e.note_unscheduled("a", u("a", "mps", 0, Some("0/3 nodes fit")));
+        e.note_unscheduled("b", u("b", "mps", 50, None));
+        e.note_unscheduled("c", u("c", "mig", 90, None));
+        // Seen again later, saying nothing new: the first time and the last reason stay.
+        e.note_unscheduled("a", u("a", "mps", 95, None));
+        let pending = e.pending_pods();
+        let names: Vec<&str> = pending.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"], "longest waiting first");
+        assert_eq!(pending[0], u("a", "mps", 0, Some("0/3 nodes fit")));
         let now = t0 + Duration::from_secs(100);
         assert_eq!(
             e.pending_by_class(now),

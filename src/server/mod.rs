@@ -194,6 +194,7 @@ fn endpoint_of(path: &str) -> &'static str {
         "/livez" => "livez",
         "/readyz" => "readyz",
         "/metrics" => "metrics",
+        "/" => "page",
         _ => "unrouted",
     }
 }
@@ -233,9 +234,30 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/nodes", get(local_nodes))
+        .route("/", get(local_page))
+        .route("/ui/style.css", get(crate::ui::style_handler))
+        .route("/ui/page.js", get(crate::ui::script_handler))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// The occupancy page (`/`) on the plain-HTTP admin port: it names pods, so, as `/v1/nodes`,
+/// only to loopback clients (a `kubectl port-forward`, or the pod itself).
+async fn local_page(
+    state: State<extender::Context>,
+    query: axum::extract::Query<crate::ui::page::Filter>,
+    peer: Option<axum::Extension<conn::Peer>>,
+) -> Response {
+    match peer {
+        Some(axum::Extension(conn::Peer(addr))) if addr.ip().to_canonical().is_loopback() => {
+            crate::ui::page_handler(state, query).await
+        }
+        _ => json_error(
+            StatusCode::FORBIDDEN,
+            "the occupancy page names pods, so the plain-HTTP admin port serves it to loopback clients only: use kubectl port-forward to this port",
+        ),
+    }
 }
 
 /// `/v1/nodes` on the plain-HTTP admin port: it names pods, so only to loopback clients (a
