@@ -635,8 +635,8 @@ pub async fn preempt_handler(State(state): State<Context>, body: Bytes) -> Respo
     }
 }
 
-/// Why no node fit, as kube-scheduler words it: `0/N nodes fit: 3 <why>, 1 <why>` (most
-/// common first), or why the request itself cannot be read.
+/// Why no node fit, as sentences: `0/4 nodes fit. 3 nodes: <why>. 1 node: <why>.` (most common
+/// first), or why the request itself cannot be read.
 fn summary(tags: &[Option<Reason>], bad_request: Option<&str>) -> String {
     if let Some(bad) = bad_request {
         return format!("the request cannot be read: {bad}");
@@ -647,8 +647,11 @@ fn summary(tags: &[Option<Reason>], bad_request: Option<&str>) -> String {
     }
     let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
     counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let parts: Vec<String> = counts.iter().map(|(m, n)| format!("{n} {m}")).collect();
-    format!("0/{} nodes fit: {}", tags.len(), parts.join(", "))
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(m, n)| format!(" {n} node{}: {m}.", if *n == 1 { "" } else { "s" }))
+        .collect();
+    format!("0/{} nodes fit.{}", tags.len(), parts.concat())
 }
 
 /// `GET /v1/nodes`.

@@ -239,7 +239,8 @@ fn summary(nodes: &[&NodeReport], usual: Option<&str>, f: &Filter) -> Markup {
         .filter_map(|n| Some((n.name.as_str(), n.fragmented_gpus.filter(|g| *g > 0.0)?)))
         .collect();
     fragmented.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    let total_frag: f64 = fragmented.iter().map(|(_, g)| g).sum();
+    // + 0.0: an empty f64 sum is -0.0.
+    let total_frag: f64 = fragmented.iter().map(|(_, g)| g).sum::<f64>() + 0.0;
     html! {
         section #summary {
             h2 { "Summary" @if !f.is_empty() { " (nodes in view)" } }
@@ -271,18 +272,19 @@ fn summary(nodes: &[&NodeReport], usual: Option<&str>, f: &Filter) -> Markup {
             p #fragmentation {
                 @match usual {
                     None => "No request seen yet: fragmentation is measured against the most common one.",
+                    Some(u) if fragmented.is_empty() => {
+                        "No free GPU capacity is out of the usual pod's reach (" code { (u) } ")."
+                    }
                     Some(u) => {
                         strong { (gpus(total_frag)) " GPUs" }
-                        " free that the usual pod (" code { (u) } ") can no longer use"
-                        @if fragmented.is_empty() { "." } @else {
-                            ", on " (fragmented.len()) " nodes: "
-                            @for (i, (name, g)) in fragmented.iter().take(20).enumerate() {
-                                @if i > 0 { ", " }
-                                a href=(format!("/?node={}", encode(name))) { (name) } " (" (gpus(*g)) ")"
-                            }
-                            @if fragmented.len() > 20 { ", …" }
-                            "."
+                        " free that the usual pod (" code { (u) } ") can no longer use, on "
+                        (fragmented.len()) " nodes: "
+                        @for (i, (name, g)) in fragmented.iter().take(20).enumerate() {
+                            @if i > 0 { ", " }
+                            a href=(format!("/?node={}", encode(name))) { (name) } " (" (gpus(*g)) ")"
                         }
+                        @if fragmented.len() > 20 { ", …" }
+                        "."
                     }
                 }
             }
