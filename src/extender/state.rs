@@ -882,6 +882,28 @@ mod tests {
         assert_eq!(u.class, "timeslice");
         assert_eq!(u.since, created);
         assert_eq!(
+            (u.namespace.as_str(), u.name.as_str(), u.reason),
+            ("ml", "p-a", None)
+        );
+        // The scheduler's word on it, kept (cut at REASON_MAX bytes, on a character).
+        let mut said = pod_json("a", Some("timeslice-50"), None, "Pending");
+        let long = format!("0/5000 nodes are available: {}", "ü".repeat(1000));
+        said.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some(long.clone()),
+                ..Default::default()
+            }]);
+        let reason = unscheduled_of(&said).unwrap().reason.unwrap();
+        assert!(
+            reason.len() <= super::super::pending::REASON_MAX,
+            "{}",
+            reason.len()
+        );
+        assert!(reason.starts_with("0/5000 nodes are available: üü") && reason.ends_with('…'));
+        assert_eq!(
             unscheduled_of(&pod_json("b", Some("exclusive"), None, "Pending")).map(|u| u.class),
             Some("exclusive")
         );
