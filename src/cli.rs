@@ -116,9 +116,17 @@ pub struct StatusArgs {
     /// Policy file (for the shared resource name and MIG table) when reading the cluster.
     #[arg(long, env = "GPU_SHARE_POLICY")]
     pub policy: Option<PathBuf>,
-    /// Print JSON (the /v1/nodes shape) instead of a table.
-    #[arg(long)]
+    /// Output format, as kubectl's `-o`: the table, `wide` (more columns), or the `/v1/nodes`
+    /// shape as `json` or `yaml`.
+    #[arg(short = 'o', long, value_enum, default_value_t = crate::status::Output::Table)]
+    pub output: crate::status::Output,
+    /// The same as `-o json`.
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// After the first listing, read again every 2 s and print it again whenever it changed
+    /// (as `kubectl get -w`), until interrupted.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     /// The kubeconfig file to read the cluster with (default: KUBECONFIG, ~/.kube/config, or
     /// the in-cluster configuration), as kubectl's flag.
     #[arg(long)]

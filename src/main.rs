@@ -106,40 +106,57 @@ fn check_policy(file: &std::path::Path) -> ExitCode {
 }
 
 async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
-    let reports = match &args.server {
-        Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure)
-            .await
-            .map(|r| (r, None)),
-        None => {
-            let policy = match &args.policy {
-                Some(p) => match gpu_share::server::load_policy(p) {
-                    Ok(p) => p,
-                    Err(e) => return finish("", Err(e)),
-                },
-                None => gpu_share::policy::Policy::default_policy(),
-            };
-            let access = gpu_share::status::ClusterAccess {
-                kubeconfig: args.kubeconfig.clone(),
-                context: args.context.clone(),
-                namespace: args.namespace.clone(),
-            };
-            gpu_share::status::from_cluster(&policy, &access)
-                .await
-                .map(|(r, pending)| (r, Some(pending)))
-        }
+    let output = if args.json {
+        gpu_share::status::Output::Json
+    } else {
+        args.output
     };
-    let text = reports.map(|(r, pending)| {
-        if args.json {
-            serde_json::to_string_pretty(&r).unwrap_or_default() + "\n"
-        } else {
-            // Pending pods come from the cluster only: a service's /v1/nodes has its ledger.
-            gpu_share::status::render(&r)
-                + &pending
-                    .map(|p| gpu_share::status::render_pending(&p))
-                    .unwrap_or_default()
+    let policy = match (&args.server, &args.policy) {
+        (None, Some(p)) => match gpu_share::server::load_policy(p) {
+            Ok(p) => p,
+            Err(e) => return finish("", Err(e)),
+        },
+        _ => gpu_share::policy::Policy::default_policy(),
+    };
+    let access = gpu_share::status::ClusterAccess {
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
+        namespace: args.namespace.clone(),
+    };
+    let read = || async {
+        let listed = match &args.server {
+            Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure)
+                .await
+                .map(|r| (r, None)),
+            None => gpu_share::status::from_cluster(&policy, &access)
+                .await
+                .map(|(r, pending)| (r, Some(pending))),
+        };
+        listed.map(|(r, pending)| gpu_share::status::format(&r, pending.as_deref(), output))
+    };
+    if !args.watch {
+        return finish("gpu-share status: ", read().await);
+    }
+    // As `kubectl get -w`: the listing, then again each time it changes. A failed read is said
+    // and retried; the watch ends on an interrupt.
+    let mut last = String::new();
+    loop {
+        match read().await {
+            Ok(text) if text != last => {
+                if !last.is_empty() && output.is_table() {
+                    println!();
+                }
+                print!("{text}");
+                last = text;
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("gpu-share status: {e} (trying again)"),
         }
-    });
-    finish("gpu-share status: ", text)
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+            _ = tokio::time::sleep(gpu_share::status::WATCH_EVERY) => {}
+        }
+    }
 }
 
 fn certs(args: &gpu_share::cli::CertsArgs) -> ExitCode {

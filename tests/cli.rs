@@ -248,6 +248,85 @@ fn status_reads_a_dev_extender_with_example_nodes() {
         assert!(!table.contains("cpu-1"), "{table}");
         assert!(table.contains("4 GPU nodes"), "{table}");
     }
+    // kubectl's -o: wide has the mode's source and the resource; json and yaml the /v1/nodes
+    // shape, the same reports either way.
+    let server = format!("http://{admin}");
+    let wide = run_ok(["status", "--server", &server, "-o", "wide"]);
+    assert!(
+        wide.starts_with("NODE") && wide.contains("SOURCE") && wide.contains("nvidia.com/gpu"),
+        "{wide}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run_ok(["status", "--server", &server, "-o", "json"])).unwrap();
+    let yaml: serde_json::Value =
+        serde_saphyr::from_str(&run_ok(["status", "--server", &server, "-o", "yaml"])).unwrap();
+    assert_eq!(json, yaml);
+    assert_eq!(json.as_array().map(Vec::len), Some(4), "{json}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&run_ok([
+            "status", "--server", &server, "--json"
+        ]))
+        .unwrap(),
+        json,
+        "--json is -o json"
+    );
+    // --watch: the table, then again once a bind changes the ledger.
+    let mut watch = Command::new(BIN)
+        .args(["status", "--server", &server, "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let out = watch.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    let tables = |lines: &[String]| lines.iter().filter(|l| l.starts_with("NODE ")).count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tables(&lines.lock().unwrap()) < 1 {
+        assert!(Instant::now() < deadline, "no first table from --watch");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bind = |uid: &str| {
+        let pod = serde_json::json!({"Pod": {"metadata": {"name": "w", "namespace": "ml", "uid": uid,
+            "annotations": {"gpu-share": "exclusive", "gpu-share.io/request": "exclusive"}},
+            "spec": {"containers": [{"name": "c"}]}}, "NodeNames": ["l40s-plain"]});
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let f = common::serve::post(listen, "/scheduler/filter", pod.to_string().into_bytes()).await;
+            assert_eq!(f.as_ref().map(|r| r.0), Ok(200), "{f:?}");
+            let b = serde_json::json!({"PodName": "w", "PodNamespace": "ml", "PodUID": uid, "Node": "l40s-plain"});
+            let r = common::serve::post(listen, "/scheduler/bind", b.to_string().into_bytes()).await;
+            assert!(r.as_ref().is_ok_and(|r| r.1.contains("\"Error\":\"\"")), "{r:?}");
+        });
+    };
+    bind("watch-1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = lines.lock().unwrap().clone();
+        if tables(&seen) >= 2 {
+            assert!(
+                seen.iter().any(|l| l.contains("ml/w(exclusive)")),
+                "{seen:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "--watch never printed the changed table: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let _ = reader.join();
     // Without --insecure or --ca the self-signed certificate is refused, in words that say so
     // and what to do; a server that is not there is told apart.
     let stderr = run_err(["status", "--server", &format!("https://{listen}")]);

@@ -11,152 +11,8 @@ use crate::extender::report::{NodeReport, by_node, report};
 use crate::ledger::Ledger;
 use crate::policy::Policy;
 
-/// Renders the reports as a table.
-pub fn render(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "KIND".to_string(),
-        "PRODUCT".to_string(),
-        "GPUS".to_string(),
-        "USED".to_string(),
-        "FREE".to_string(),
-        "SLOTS".to_string(),
-        "MIG".to_string(),
-        "PODS".to_string(),
-    ]];
-    for r in reports {
-        let mig = r
-            .mig
-            .iter()
-            .map(|(p, c)| format!("{p}:{c}"))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let pods = r
-            .pods
-            .iter()
-            .map(|p| format!("{}/{}({})", p.namespace, p.name, p.class))
-            .collect::<Vec<_>>()
-            .join(" ");
-        rows.push([
-            r.name.clone(),
-            r.kind.clone(),
-            r.product.clone().unwrap_or_else(|| "-".into()),
-            r.gpus.to_string(),
-            format!("{:.2}", r.used_gpus),
-            format!("{:.2}", r.free_gpus),
-            r.slots.clone(),
-            if mig.is_empty() {
-                "-".into()
-            } else {
-                format!("{mig} (={:.2} GPUs)", r.mig_gpus)
-            },
-            if pods.is_empty() { "-".into() } else { pods },
-        ]);
-    }
-    let mut out = table(&rows);
-    out.push_str(&totals(reports));
-    for r in reports {
-        if let Some(why) = &r.unreached {
-            out.push_str(&format!("unusable: {}: {why}\n", r.name));
-        }
-        if let Some(why) = &r.per_gpu_refused {
-            out.push_str(&format!("not shared per GPU: {}: {why}\n", r.name));
-        }
-    }
-    out.push_str(&shared_gpus(reports));
-    out
-}
-
-/// Rows as aligned columns, two spaces apart; the last column is not padded.
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
-    let widths: Vec<usize> = (0..N)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i + 1 == N {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-/// The GPUs gpu-share shares per GPU, each with its reservation, its UUID and its shares, then
-/// why any reservation failed or waits; nothing when there are none.
-fn shared_gpus(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "GPU".to_string(),
-        "RESERVATION".to_string(),
-        "STATE".to_string(),
-        "UUID".to_string(),
-        "SHARES".to_string(),
-    ]];
-    let mut notes = String::new();
-    for r in reports {
-        for g in &r.shared_gpus {
-            rows.push([
-                r.name.clone(),
-                g.gpu.to_string(),
-                g.reservation.clone().unwrap_or_else(|| "-".into()),
-                g.state.clone(),
-                g.uuid.clone().unwrap_or_else(|| "-".into()),
-                if g.shares.is_empty() {
-                    "-".into()
-                } else {
-                    g.shares.join(" ")
-                },
-            ]);
-            if let Some(d) = &g.detail {
-                notes.push_str(&format!("{} GPU {}: {d}\n", r.name, g.gpu));
-            }
-        }
-    }
-    if rows.len() == 1 {
-        return String::new();
-    }
-    format!("\nGPUs shared per GPU:\n{}{notes}", table(&rows))
-}
-
-/// The last line of the table: physical GPUs, then use and free room in GPUs, with the MIG
-/// devices' worth apart (MIG devices that leave slices unused make used + free less than the
-/// GPUs).
-fn totals(reports: &[NodeReport]) -> String {
-    let gpus: u64 = reports.iter().map(|r| u64::from(r.gpus)).sum();
-    // + 0.0: an empty f64 sum is -0.0, which would print as -0.00.
-    let used: f64 = reports.iter().map(|r| r.used_gpus).sum::<f64>() + 0.0;
-    let free: f64 = reports.iter().map(|r| r.free_gpus).sum::<f64>() + 0.0;
-    let mig: f64 = reports.iter().map(|r| r.mig_gpus).sum::<f64>() + 0.0;
-    let mig = if mig > 0.0 {
-        format!("; MIG devices count by compute share, {mig:.2} GPUs of them in all")
-    } else {
-        String::new()
-    };
-    let unusable: u64 = reports
-        .iter()
-        .filter(|r| r.unreached.is_some())
-        .map(|r| u64::from(r.gpus))
-        .sum();
-    let unusable = if unusable > 0 {
-        format!("; {unusable} GPUs on nodes no pod of their class can use (below)")
-    } else {
-        String::new()
-    };
-    format!(
-        "{} GPU nodes, {gpus} GPUs: {used:.2} allocated, {free:.2} free{mig}{unusable}\n",
-        reports.len()
-    )
-}
+mod table;
+pub use table::*;
 
 /// Why `gpu-share status` could not read the ledger, in words, each cause chained.
 #[derive(Debug, thiserror::Error)]
@@ -502,20 +358,6 @@ impl ClusterAccess {
     }
 }
 
-/// A gpu-share pod no node has taken yet, with kube-scheduler's last word on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingPod {
-    pub namespace: String,
-    pub name: String,
-    /// The normalized request (`gpu-share.io/request`), else the `gpu-share` annotation.
-    pub class: String,
-    /// When the pod was last found unschedulable (the PodScheduled condition's transition).
-    pub since: Option<String>,
-    /// The condition's message (kube-scheduler's FailedScheduling text, gpu-share's reasons in
-    /// it), or its reason, or that the scheduler has not tried yet.
-    pub reason: String,
-}
-
 /// Lists unbound, pending pods (a page of 500 at a time) and keeps the gpu-share ones.
 async fn list_pending(client: &kube::Client) -> Result<Vec<PendingPod>, kube::Error> {
     let pods: kube::Api<Pod> = kube::Api::all(client.clone());
@@ -569,26 +411,6 @@ pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
         .collect()
 }
 
-/// The pending pods under the node table: one line per pod, its reason after it.
-pub fn render_pending(pending: &[PendingPod]) -> String {
-    if pending.is_empty() {
-        return "no gpu-share pod is pending\n".to_string();
-    }
-    let mut out = format!("{} gpu-share pods pending:\n", pending.len());
-    for p in pending {
-        let since = p
-            .since
-            .as_deref()
-            .map(|s| format!(" since {s}"))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "  {}/{} ({}){since}: {}\n",
-            p.namespace, p.name, p.class, p.reason
-        ));
-    }
-    out
-}
-
 /// The reports for what a list kept.
 pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec<NodeReport> {
     let reservations = by_node(listed.reservations().to_vec());
@@ -624,7 +446,7 @@ mod tests {
     #[test]
     fn table_from_listed_nodes_and_pods() {
         let nodes =
-            crate::server::parse_nodes(include_str!("../tests/fixtures/extender/nodes.yaml"))
+            crate::server::parse_nodes(include_str!("../../tests/fixtures/extender/nodes.yaml"))
                 .unwrap();
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "trainer", "namespace": "ml", "uid": "u1",
@@ -666,7 +488,8 @@ mod tests {
     #[test]
     fn shared_gpus_with_their_reservations_uuids_and_shares() {
         let nodes =
-            crate::server::parse_nodes(include_str!("../tests/cluster/per-gpu-node.yaml")).unwrap();
+            crate::server::parse_nodes(include_str!("../../tests/cluster/per-gpu-node.yaml"))
+                .unwrap();
         let share = |name: &str, gpus: &str| -> Pod {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
