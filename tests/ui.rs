@@ -2,7 +2,8 @@
 //! class bound through the extender (and two that fit nowhere), then headless Chromium
 //! (tests/ui/browser.mjs, playwright-core driving Debian's /usr/bin/chromium) opens the page. The
 //! nodes and pods it shows, read from the DOM, must be `/v1/nodes`'s; the class filter must
-//! narrow the nodes to those of the class, and typing a node name narrow them as one types; a
+//! narrow the nodes to those of the class (with JavaScript and without: the form alone), and
+//! typing a node name narrow them as one types; a
 //! waiting pod must show its reason; the page must log no console error. The screenshot goes to
 //! target/ui/occupancy.png.
 //!
@@ -167,6 +168,11 @@ fn the_occupancy_page_shows_the_ledger_in_a_real_browser() {
     // The class filter, and narrowing as one types.
     assert!(mig_nodes.len() < nodes.len());
     assert_eq!(strings(&seen["mig"]["nodes"]), mig_nodes);
+    assert_eq!(
+        strings(&seen["mig_without_js"]),
+        mig_nodes,
+        "the form works without JavaScript"
+    );
     let typed: Vec<String> = nodes
         .iter()
         .filter(|n| n.contains("h100"))

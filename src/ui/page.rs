@@ -597,6 +597,30 @@ mod tests {
         assert!(none.contains("No node matches."));
     }
 
+    /// A GPU shared per GPU shows its reservation, its state and the UUID it holds.
+    #[test]
+    fn a_reserved_gpu_shows_its_reservation_and_uuid() {
+        let mut o = example();
+        let n = o.nodes.iter_mut().find(|n| n.name == "l40s-plain").unwrap();
+        n.shared_gpus
+            .push(crate::extender::report::SharedGpuReport {
+                gpu: 3,
+                reservation: Some("gpu-share-l40s-plain-gpu-3".into()),
+                state: "ready".into(),
+                uuid: Some("GPU-8a3f0c52-1c2d-4e5f-9a0b-123456789abc".into()),
+                detail: None,
+                shares: vec![],
+            });
+        let html = render(&o, &Filter::default());
+        let l40s = html.split("data-node=\"l40s-plain\"").nth(1).unwrap();
+        let gpu3 = l40s.split("data-gpu=\"3\"").nth(1).unwrap();
+        assert!(
+            gpu3.contains("gpu-share-l40s-plain-gpu-3 (ready)"),
+            "{gpu3}"
+        );
+        assert!(gpu3.contains("GPU-8a3f0c52-1c2d-4e5f-9a0b-123456789abc"));
+    }
+
     #[test]
     fn waits_read_as_people_say_them() {
         assert_eq!(age(Duration::from_secs(45)), "45 s");

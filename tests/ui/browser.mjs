@@ -1,7 +1,7 @@
 // The occupancy page in headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core):
 // opens the page at argv[2], reads what it shows from the DOM, writes a screenshot to argv[3],
 // uses the filters (the form, and narrowing as one types) and prints one JSON object on stdout:
-// {all, mig, typed, errors}. tests/ui.rs starts the service and checks the result.
+// {all, mig, typed, mig_without_js, errors}. tests/ui.rs starts the service and checks the result.
 import { chromium } from "playwright-core";
 
 const [url, shot] = process.argv.slice(2);
@@ -31,7 +31,16 @@ try {
   await page.goto(url);
   await page.fill("input[name=node]", "h100");
   const typed = await read();
-  console.log(JSON.stringify({ all, mig, typed, errors }));
+  // Without JavaScript the filters still work: the form's GET, rendered by the server.
+  const plain = await browser.newContext({ javaScriptEnabled: false });
+  const noJs = await plain.newPage();
+  await noJs.goto(url);
+  await noJs.selectOption("select[name=class]", "mig");
+  await Promise.all([noJs.waitForNavigation(), noJs.click("button[type=submit]")]);
+  const mig_without_js = await noJs.evaluate(() =>
+    [...document.querySelectorAll("article.node")].map((a) => a.dataset.node));
+  await plain.close();
+  console.log(JSON.stringify({ all, mig, typed, mig_without_js, errors }));
 } finally {
   await browser.close();
 }
