@@ -73,11 +73,7 @@ pub fn render_wide(reports: &[NodeReport]) -> String {
             pods_column(r),
         ]);
     }
-    let mut out = table(&rows);
-    out.push_str(&totals(reports));
-    out.push_str(&notes(reports));
-    out.push_str(&shared_gpus(reports));
-    out
+    with_footer(&rows, reports)
 }
 
 fn mig_column(r: &NodeReport) -> String {
@@ -144,11 +140,12 @@ pub fn render(reports: &[NodeReport]) -> String {
             pods_column(r),
         ]);
     }
-    let mut out = table(&rows);
-    out.push_str(&totals(reports));
-    out.push_str(&notes(reports));
-    out.push_str(&shared_gpus(reports));
-    out
+    with_footer(&rows, reports)
+}
+
+/// The table, then the totals, the notes on nodes and the GPUs shared per GPU.
+fn with_footer<const N: usize>(rows: &[[String; N]], reports: &[NodeReport]) -> String {
+    table(rows) + &totals(reports) + &notes(reports) + &shared_gpus(reports)
 }
 
 /// Rows as aligned columns, two spaces apart; the last column is not padded.
