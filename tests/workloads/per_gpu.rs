@@ -290,10 +290,26 @@ async fn event_with(
     reason: &str,
     words: &str,
 ) -> Result<String, String> {
+    event_since(c, k, reason, words, step_start()).await
+}
+
+/// When a step begins, for [`event_since`]: events outlive their pods, so only those of this step
+/// count (their timestamps are whole seconds, cut down: a second earlier).
+fn step_start() -> std::time::SystemTime {
+    std::time::SystemTime::now() - Duration::from_secs(1)
+}
+
+/// [`event_with`] for events created from `since` on (two events of one step are looked for
+/// from the step's start: the second may be older than the moment the first was found).
+async fn event_since(
+    c: &Cluster,
+    k: &mut Kubelet,
+    reason: &str,
+    words: &str,
+    since: std::time::SystemTime,
+) -> Result<String, String> {
     let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
     let start = Instant::now();
-    // Events outlive their pods: only those of this step (timestamps are whole seconds).
-    let since = std::time::SystemTime::now() - Duration::from_secs(1);
     loop {
         k.tick(c).await?;
         let list = events
@@ -764,14 +780,23 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     )
     .await?;
     let failing = gpu_share::reservation::name(NODE, b);
+    let since = step_start();
     k.hold.remove(&failing);
     k.fail.insert(failing);
-    let note = event_with(c, &mut k, "GpuShareMoved", &format!("GPU {a} of the node")).await?;
+    let moved = format!("GPU {a} of the node");
+    let note = event_since(c, &mut k, "GpuShareMoved", &moved, since).await?;
     ensure(
         note.contains("NVML_ERROR_GPU_IS_LOST"),
         format!("the move says {note:?}"),
     )?;
-    let note = event_with(c, &mut k, "GpuShareEvicted", "NVML_ERROR_GPU_IS_LOST").await?;
+    let note = event_since(
+        c,
+        &mut k,
+        "GpuShareEvicted",
+        "NVML_ERROR_GPU_IS_LOST",
+        since,
+    )
+    .await?;
     ensure(
         note.contains(&format!("GPU {b} of node {NODE} cannot be held")),
         format!("eviction says {note:?}"),
