@@ -1,5 +1,6 @@
 //! `POST /scheduler/bind`: reserve on the node's ledger, bind through the API, and settle what
-//! the ledger holds by how the binding call ended (accepted, refused, or unknown and read back).
+//! the ledger holds by how the binding call ended (accepted, refused, or unknown: read back, and
+//! held in doubt while the read gets no answer either).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,6 +70,20 @@ pub enum BindError {
         #[source]
         source: crate::cluster::reservations::CreateError,
     },
+    #[error(
+        "binding pod {key} to {node}: {source}, and the pod could not be read back ({read}): it stays held on {node} until the API shows whether the binding took"
+    )]
+    Unsettled {
+        key: String,
+        node: String,
+        #[source]
+        source: BindCallError,
+        read: ReadBackError,
+    },
+    #[error(
+        "pod {key} is in doubt: an earlier binding to {node} got no answer, and it stays held there until the API shows whether that binding took"
+    )]
+    InDoubt { key: String, node: String },
     #[error("binding pod {key} to {node} failed: {source}")]
     Failed {
         key: String,
@@ -76,6 +91,15 @@ pub enum BindError {
         #[source]
         source: BindCallError,
     },
+}
+
+/// Why a pod could not be read back after a binding call that ended unknown.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadBackError {
+    #[error("no answer within {} s", BIND_READBACK_TIMEOUT.as_secs())]
+    Unanswered,
+    #[error(transparent)]
+    Api(#[from] kube::Error),
 }
 
 /// How a binding call failed.
@@ -98,6 +122,9 @@ async fn bind(
     let key = format!("{}/{}", args.pod_namespace, args.pod_name);
     if args.node.is_empty() || args.pod_name.is_empty() {
         return Err(BindError::NoPodOrNode { key });
+    }
+    if let Some(node) = ext.in_doubt(&args.pod_uid) {
+        return Err(BindError::InDoubt { key, node });
     }
     // The API to bind through: none in `--dev`, where bind only records.
     let cluster = match (ext.mode(), &state.cluster) {
@@ -188,25 +215,43 @@ async fn bind(
             // A server error, a lost connection or no answer: the API may have bound the pod
             // all the same. Read it back rather than guess: releasing a binding that took
             // would free capacity a running pod holds.
-            let took = outcome == BindOutcome::Unknown
-                && bound_to(
-                    c.client(),
-                    &args.pod_namespace,
-                    &args.pod_name,
-                    &args.pod_uid,
-                )
-                .await
-                .as_deref()
-                    == Some(args.node.as_str());
-            if took {
-                tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
-            } else {
-                binding.abort();
-                return Err(BindError::Failed {
-                    key,
-                    node: args.node.clone(),
-                    source: why,
-                });
+            let read = match outcome {
+                BindOutcome::Unknown => Some(
+                    read_back(
+                        c.client(),
+                        &args.pod_namespace,
+                        &args.pod_name,
+                        &args.pod_uid,
+                    )
+                    .await,
+                ),
+                BindOutcome::Refused => None,
+            };
+            match read {
+                Some(Ok(Some(n))) if n == args.node => {
+                    tracing::warn!(pod = %key, node = %args.node, error = %why, "the binding call failed but the pod is bound there: kept");
+                }
+                // No answer to the read either: in doubt, held until the API answers.
+                Some(Err(read)) => {
+                    binding.doubt();
+                    if let Some(ext) = state.extender.clone() {
+                        resolve_later(ext, c.client().clone(), args, key.clone());
+                    }
+                    return Err(BindError::Unsettled {
+                        key,
+                        node: args.node.clone(),
+                        source: why,
+                        read,
+                    });
+                }
+                _ => {
+                    binding.abort();
+                    return Err(BindError::Failed {
+                        key,
+                        node: args.node.clone(),
+                        source: why,
+                    });
+                }
             }
         }
     }
@@ -288,19 +333,61 @@ impl BindOutcome {
     }
 }
 
-/// The node the API says pod `uid` is bound to (`None` if unbound, replaced, or unreadable).
-async fn bound_to(client: &kube::Client, namespace: &str, name: &str, uid: &str) -> Option<String> {
-    let pod = tokio::time::timeout(
+/// Where the API has pod `uid`: the node it is bound to, `None` if unbound, gone or replaced;
+/// `Err` when the API gave no answer.
+async fn read_back(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Option<String>, ReadBackError> {
+    let pod = match tokio::time::timeout(
         BIND_READBACK_TIMEOUT,
         crate::cluster::binder::get_pod(client, namespace, name),
     )
     .await
-    .ok()?
-    .ok()?;
+    {
+        Err(_) => return Err(ReadBackError::Unanswered),
+        Ok(Err(kube::Error::Api(s))) if s.code == 404 => return Ok(None),
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(pod)) => pod,
+    };
     if pod.metadata.uid.as_deref() != Some(uid) {
-        return None;
+        return Ok(None);
     }
-    pod.spec?.node_name
+    Ok(pod.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()))
+}
+
+/// How often a pod in doubt is read again.
+const DOUBT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads a pod in doubt back every second until the API answers (or its assumption is gone:
+/// the watch recorded it, or it expired), and settles what the ledger holds by the answer.
+fn resolve_later(
+    ext: Arc<ExtenderState>,
+    client: kube::Client,
+    args: &ExtenderBindingArgs,
+    key: String,
+) {
+    let (namespace, name, uid) = (
+        args.pod_namespace.clone(),
+        args.pod_name.clone(),
+        args.pod_uid.clone(),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(DOUBT_RETRY).await;
+            if ext.assumption(&uid).is_none() {
+                ext.resolve(&uid, None);
+                return;
+            }
+            if let Ok(bound) = read_back(&client, &namespace, &name, &uid).await {
+                tracing::info!(pod = %key, bound = bound.as_deref().unwrap_or("nowhere"), "a binding in doubt is settled by reading the pod back");
+                ext.resolve(&uid, bound.as_deref());
+                return;
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -455,21 +542,69 @@ mod tests {
         assert_eq!(held, None);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn an_unanswered_binding_is_read_back_and_released_if_the_read_fails_too() {
-        let (r, held, _) = bind_with(|mut h| async move {
-            // Neither the binding nor the read-back is ever answered.
+    /// Neither the binding nor the read-back answered: the pod is in doubt and stays held (the
+    /// API may have bound it, and the watch may lag), a second bind of it is refused in words,
+    /// and reading it back later settles it by the API's answer.
+    async fn unsettled_then_read_back(later: Option<&'static str>) -> Option<String> {
+        let (state, mut h) = cluster_state();
+        let ext = state.extender.clone().unwrap();
+        let api = tokio::spawn(async move {
+            // Neither the binding nor the read is answered (until bind has given up on both).
             let (_, binding) = h.next_request().await.unwrap();
             let (_, read) = h.next_request().await.unwrap();
-            tokio::time::sleep(BIND_API_TIMEOUT * 2).await;
+            // Read again in the background: a server error first (no answer yet), then the pod.
+            let (_, send) = h
+                .next_request()
+                .await
+                .expect("a read-back in the background");
             drop((binding, read));
-            vec![]
-        })
-        .await;
-        assert!(r.unwrap_err().to_string().contains("no answer within 3 s"));
+            send.send_response(respond(500, status(500, "etcdserver: leader changed")));
+            let (get, send) = h.next_request().await.expect("another read-back");
+            assert_eq!(get.uri().path(), "/api/v1/namespaces/ml/pods/p");
+            send.send_response(respond(200, pod_on(later)));
+            h
+        });
+        let e = bind(&state, &ext, &args()).await.unwrap_err().to_string();
+        assert!(
+            e.contains("no answer within 3 s")
+                && e.contains("could not be read back")
+                && e.contains("stays held on n1"),
+            "{e}"
+        );
+        assert_eq!(ext.ledger().node_of("u-1").as_deref(), Some("n1"));
+        assert_eq!(ext.in_doubt("u-1").as_deref(), Some("n1"));
+        let again = bind(&state, &ext, &args()).await.unwrap_err().to_string();
+        assert!(
+            again.contains("is in doubt") && again.contains("binding to n1 got no answer"),
+            "{again}"
+        );
+        let _h = api.await.unwrap();
+        for _ in 0..100 {
+            if ext.in_doubt("u-1").is_none() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(ext.in_doubt("u-1"), None, "settled once the API answered");
+        ext.ledger().node_of("u-1")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_binding_that_cannot_be_read_back_stays_held_until_the_api_answers() {
         assert_eq!(
-            held, None,
-            "unknown either way: released, the watch records it if it took"
+            unsettled_then_read_back(None).await,
+            None,
+            "the API has the pod unbound: released"
+        );
+        assert_eq!(
+            unsettled_then_read_back(Some("n1")).await.as_deref(),
+            Some("n1"),
+            "the binding took: kept"
+        );
+        assert_eq!(
+            unsettled_then_read_back(Some("n2")).await,
+            None,
+            "bound elsewhere: released here"
         );
     }
 

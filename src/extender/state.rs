@@ -135,6 +135,15 @@ impl Binding<'_> {
         ext.clear_unscheduled(&self.uid);
     }
 
+    /// The outcome is unknown (no answer, and no read-back): the holding and its assumption
+    /// stay, in doubt until [`ExtenderState::resolve`] learns where the API has the pod (freed
+    /// now, it could be capacity a bound pod holds that the watch has not shown yet).
+    pub fn doubt(self) {
+        if self.reserved {
+            lock(&self.ext.doubt).insert(self.uid.clone(), self.node.clone());
+        }
+    }
+
     /// The binding failed: releases the holding this bind reserved, unless something confirmed
     /// it since (once the watch records the pod bound, it drops the assumption, and the holding
     /// is the pod's, not this bind's).
@@ -190,6 +199,8 @@ pub struct ExtenderState {
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
     /// The reservation pods, as the reservation controller's watch sees them.
     pub reservations: crate::cluster::reservations::Seen,
+    /// Binds whose outcome the API has not told yet ([`Binding::doubt`]): UID -> node.
+    doubt: Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl ExtenderState {
@@ -232,6 +243,7 @@ impl ExtenderState {
             explainer: super::explain::Explainer::default(),
             reservations: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
+            doubt: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -464,6 +476,28 @@ impl ExtenderState {
             node: node.to_string(),
             assume,
             reserved: false,
+        }
+    }
+
+    /// The node an earlier bind of pod `uid` is in doubt on.
+    pub fn in_doubt(&self, uid: &str) -> Option<String> {
+        lock(&self.doubt).get(uid).cloned()
+    }
+
+    /// What the API says of a pod in doubt: bound to `bound` (`None`: unbound, gone, replaced,
+    /// or no answer for an assumption's lifetime). Bound there, the holding stays for the watch
+    /// to record; otherwise it is released, unless the watch recorded the pod since.
+    pub fn resolve(&self, uid: &str, bound: Option<&str>) {
+        let Some(node) = lock(&self.doubt).remove(uid) else {
+            return;
+        };
+        let ours = self
+            .assumed
+            .get(uid)
+            .is_some_and(|a| a.node == node && a.bound_at.is_none());
+        if bound != Some(node.as_str()) && ours {
+            self.assumed.invalidate(uid);
+            self.ledger.release(uid);
         }
     }
 

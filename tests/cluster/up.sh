@@ -25,7 +25,12 @@
 # DIR/start/NAME.sh starts one gpu-share or scheduler process again (the tests restart them).
 # Environment: GPU_SHARE_BIN (a built gpu-share; default: cargo build), GPU_SHARE_CLUSTER_NODES,
 # GPU_SHARE_CACHE (the control plane's build cache, default ~/.cache/gpu-share),
-# GPU_SHARE_CLUSTER_INSTALL=none (the control plane and nodes only: nothing of gpu-share).
+# GPU_SHARE_CLUSTER_INSTALL=none (the control plane and nodes only: nothing of gpu-share),
+# GPU_SHARE_SCHEDULER_REPLICAS=2 (the scheduler Deployment's two replicas, as shipped: two
+# kube-schedulers electing a leader on the shipped Lease, each with its own extender, each pair
+# under a hostname of its own as a pod has, gpu-share-scheduler-1 and -2 (this needs
+# `unshare --uts`, i.e. root); each extender reaches the API through a proxy of its own,
+# tests/cluster/apiproxy.py, that the fault runner tests/chaos.rs slows, cuts and expires).
 set -euo pipefail
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
@@ -70,12 +75,30 @@ if [[ -z ${GPU_SHARE_BIN:-} ]]; then
   GPU_SHARE_BIN="$repo/target/debug/gpu-share"
 fi
 [[ -x $GPU_SHARE_BIN ]] || fail "GPU_SHARE_BIN=$GPU_SHARE_BIN is not an executable"
+replicas="${GPU_SHARE_SCHEDULER_REPLICAS:-1}"
+case $replicas in
+  1) ;;
+  2) unshare --uts true 2>/dev/null ||
+    fail "GPU_SHARE_SCHEDULER_REPLICAS=2 gives each replica a hostname of its own with unshare --uts, which needs root" ;;
+  *) fail "GPU_SHARE_SCHEDULER_REPLICAS=$replicas: 1 or 2" ;;
+esac
 
 # ---- free ports on loopback --------------------------------------------------------------------
 read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin kcm_port < <(
   python3 - <<'EOF'
 import socket
 socks = [socket.socket() for _ in range(9)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+)
+# The second replica's kube-scheduler, extender and admin ports, and each extender's API proxy
+# with its control port.
+read -r sched_port_2 extender_port_2 extender_admin_2 proxy_port proxy_control proxy_port_2 proxy_control_2 < <(
+  python3 - <<'EOF'
+import socket
+socks = [socket.socket() for _ in range(7)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -105,6 +128,8 @@ issue admin "/O=system:masters/CN=gpu-share-test-admin" "" clientAuth
 # kube-controller-manager's identity, as kubeadm gives it: the user system:kube-controller-manager,
 # bound by the built-in ClusterRoleBinding of the same name.
 issue controller-manager "/CN=system:kube-controller-manager" "" clientAuth
+# The extenders' API proxy (two replicas only) serves as the API server does, for 127.0.0.1.
+[[ $replicas == 2 ]] && issue apiproxy "/CN=gpu-share-test-apiproxy" "IP:127.0.0.1" serverAuth
 openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
 openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 # gpu-share's own: the CA and serving certificate a user makes with `gpu-share certs`.
@@ -310,13 +335,13 @@ mapfile -t webhook_args < <(deployment_args gpu-share-webhook webhook "127.0.0.1
 mapfile -t extender_args < <(deployment_args gpu-share-scheduler extender "127.0.0.1:$extender_port" "127.0.0.1:$extender_admin")
 [[ ${webhook_args[0]:-} == serve && ${extender_args[0]:-} == serve ]] || fail "unexpected Deployment args"
 
-say "gpu-share webhook on 127.0.0.1:$webhook_port, extender on 127.0.0.1:$extender_port"
+say "gpu-share webhook on 127.0.0.1:$webhook_port"
 launch_env="KUBECONFIG=$dir/kubeconfigs/webhook" launcher webhook "$GPU_SHARE_BIN" "${webhook_args[@]}"
-launch_env="KUBECONFIG=$dir/kubeconfigs/scheduler" launcher extender "$GPU_SHARE_BIN" "${extender_args[@]}"
 
-# ---- kube-scheduler with the shipped configuration -----------------------------------------------
-# Changed: the kubeconfig, the extender's address and its CA file. Nothing else.
-"$kubectl" -n gpu-share get configmap -l app.kubernetes.io/component=scheduler -o json | python3 -c '
+# ---- the scheduler replicas: kube-scheduler with the shipped configuration, and its extender ----
+# The configuration changes: the kubeconfig, the extender's address and its CA file. Nothing else.
+scheduler_config() { # extender-port out
+  "$kubectl" -n gpu-share get configmap -l app.kubernetes.io/component=scheduler -o json | python3 -c '
 import json, sys, yaml
 items = json.load(sys.stdin)["items"]
 cms = [c for c in items if "scheduler-config.yaml" in c.get("data", {})]
@@ -328,14 +353,49 @@ assert len(cfg["extenders"]) == 1
 cfg["extenders"][0]["urlPrefix"] = url
 cfg["extenders"][0]["tlsConfig"]["caFile"] = ca
 yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
-' "$dir/kubeconfigs/scheduler" "https://127.0.0.1:$extender_port/scheduler" "$dir/tls/ca.crt" "$dir/scheduler-config.yaml"
+' "$dir/kubeconfigs/scheduler" "https://127.0.0.1:$1/scheduler" "$dir/tls/ca.crt" "$2"
+}
 
-say "kube-scheduler on 127.0.0.1:$sched_port"
-launch_env="" launcher kube-scheduler "$bin/kube-scheduler" --config "$dir/scheduler-config.yaml" \
-  --bind-address 127.0.0.1 --secure-port "$sched_port" \
-  --authentication-kubeconfig "$dir/kubeconfigs/scheduler" \
-  --authorization-kubeconfig "$dir/kubeconfigs/scheduler" \
-  --v 2
+# One replica: kube-scheduler and extender (process names with suffix "" or "-2"). With two,
+# both run under the replica's hostname, as the containers of one pod share theirs: kube-scheduler
+# takes it as its Lease holder identity, and the extender leads the reservations when the holder
+# is its own pod.
+scheduler_replica() { # suffix scheduler-port extender-port extender-admin proxy-port proxy-control
+  local suffix="$1" sport="$2" eport="$3" eadmin="$4" pport="$5" pcontrol="$6"
+  local kubeconfig="$dir/kubeconfigs/scheduler" host=() args
+  if [[ $replicas == 2 ]]; then
+    local name="gpu-share-scheduler-${suffix#-}"
+    [[ -z $suffix ]] && name=gpu-share-scheduler-1
+    host=(unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name")
+    # The extender's API connection goes through its proxy (the kube-scheduler's does not).
+    kubeconfig="$dir/kubeconfigs/extender$suffix"
+    sed "s#server: https://127.0.0.1:$api_port#server: https://127.0.0.1:$pport#" \
+      "$dir/kubeconfigs/scheduler" >"$kubeconfig"
+    chmod 600 "$kubeconfig"
+    launch_env="" launcher "apiproxy$suffix" python3 "$here/apiproxy.py" --listen "$pport" --control "$pcontrol" \
+      --upstream "127.0.0.1:$api_port" --cert "$pki/apiproxy.crt" --key "$pki/apiproxy.key" --ca "$pki/ca.crt"
+    wait_for "API proxy$suffix" 30 curl -sf "http://127.0.0.1:$pcontrol/stats"
+    say "$name: kube-scheduler on 127.0.0.1:$sport, extender on 127.0.0.1:$eport (API through 127.0.0.1:$pport)"
+  else
+    say "kube-scheduler on 127.0.0.1:$sport, extender on 127.0.0.1:$eport"
+  fi
+  mapfile -t args < <(deployment_args gpu-share-scheduler extender "127.0.0.1:$eport" "127.0.0.1:$eadmin")
+  [[ ${args[0]:-} == serve ]] || fail "unexpected Deployment args"
+  local pod_env=""
+  [[ $replicas == 2 ]] && pod_env=" POD_NAME=${name} POD_NAMESPACE=gpu-share"
+  launch_env="KUBECONFIG=$kubeconfig$pod_env" launcher "extender$suffix" "${host[@]}" "$GPU_SHARE_BIN" "${args[@]}"
+  scheduler_config "$eport" "$dir/scheduler-config$suffix.yaml"
+  launch_env="" launcher "kube-scheduler$suffix" "${host[@]}" "$bin/kube-scheduler" \
+    --config "$dir/scheduler-config$suffix.yaml" \
+    --bind-address 127.0.0.1 --secure-port "$sport" \
+    --authentication-kubeconfig "$dir/kubeconfigs/scheduler" \
+    --authorization-kubeconfig "$dir/kubeconfigs/scheduler" \
+    --v 2
+}
+scheduler_replica "" "$sched_port" "$extender_port" "$extender_admin" "$proxy_port" "$proxy_control"
+if [[ $replicas == 2 ]]; then
+  scheduler_replica -2 "$sched_port_2" "$extender_port_2" "$extender_admin_2" "$proxy_port_2" "$proxy_control_2"
+fi
 
 # ---- nodes ---------------------------------------------------------------------------------------
 register_nodes
@@ -344,6 +404,10 @@ register_nodes
 wait_for "gpu-share webhook /readyz" 120 curl -sf "http://127.0.0.1:$webhook_admin/readyz"
 wait_for "gpu-share extender /readyz" 120 curl -sf "http://127.0.0.1:$extender_admin/readyz"
 wait_for "kube-scheduler /healthz" 120 curl -sfk "https://127.0.0.1:$sched_port/healthz"
+if [[ $replicas == 2 ]]; then
+  wait_for "gpu-share extender-2 /readyz" 120 curl -sf "http://127.0.0.1:$extender_admin_2/readyz"
+  wait_for "kube-scheduler-2 /healthz" 120 curl -sfk "https://127.0.0.1:$sched_port_2/healthz"
+fi
 holder() { "$kubectl" -n gpu-share get lease gpu-share-scheduler -o 'jsonpath={.spec.holderIdentity}'; }
 lease_wait=$SECONDS
 until [[ -n $(holder 2>/dev/null) ]]; do
@@ -362,6 +426,16 @@ EXTENDER=https://127.0.0.1:$extender_port
 EXTENDER_ADMIN=http://127.0.0.1:$extender_admin
 GPU_SHARE_CA=$dir/tls/ca.crt
 GPU_SHARE_E2E_READYZ=http://127.0.0.1:$webhook_admin/readyz,http://127.0.0.1:$extender_admin/readyz
+SCHEDULER_REPLICAS=$replicas
 EOF
+  if [[ $replicas == 2 ]]; then
+    cat <<EOF
+SCHEDULER_2=https://127.0.0.1:$sched_port_2
+EXTENDER_2=https://127.0.0.1:$extender_port_2
+EXTENDER_ADMIN_2=http://127.0.0.1:$extender_admin_2
+APIPROXY_CONTROL=http://127.0.0.1:$proxy_control
+APIPROXY_CONTROL_2=http://127.0.0.1:$proxy_control_2
+EOF
+  fi
 } >"$dir/env"
 say "ready: export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"

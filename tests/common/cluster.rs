@@ -47,6 +47,17 @@ impl Cluster {
     /// [`Cluster::start`] with the cluster to reuse named by `reuse_var` and the nodes of
     /// `nodes` (a file of tests/cluster/, or up.sh's default).
     pub async fn start_with(bin: &str, reuse_var: &str, nodes: Option<&str>) -> Cluster {
+        Cluster::start_with_env(bin, reuse_var, nodes, &[]).await
+    }
+
+    /// [`Cluster::start_with`], with up.sh given `env` too (e.g. its
+    /// `GPU_SHARE_SCHEDULER_REPLICAS`).
+    pub async fn start_with_env(
+        bin: &str,
+        reuse_var: &str,
+        nodes: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Cluster {
         let (dir, owned, tmp) = match std::env::var(reuse_var) {
             Ok(d) if !d.is_empty() => (PathBuf::from(d), false, None),
             _ => {
@@ -58,7 +69,8 @@ impl Cluster {
                 let mut up = Command::new("bash");
                 up.arg(repo().join("tests/cluster/up.sh"))
                     .arg(&dir)
-                    .env("GPU_SHARE_BIN", bin);
+                    .env("GPU_SHARE_BIN", bin)
+                    .envs(env.iter().copied());
                 if let Some(file) = nodes {
                     up.env(
                         "GPU_SHARE_CLUSTER_NODES",

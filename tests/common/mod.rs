@@ -95,4 +95,5 @@ pub fn run_err<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> 
 }
 pub mod cluster;
 pub mod nvidia;
+pub mod reserve;
 pub mod serve;

@@ -1,129 +1,17 @@
 //! Per-GPU sharing on a plain A100 x4 node (labelled `gpu-share.io/sharing=per-gpu`), with the
-//! policy's `perGpu.timeslice` on. This test plays the one part no process here can: a kubelet
-//! that runs reservation pods. Each reservation pod KWOK marks Running gets a real
-//! `gpu-share reserve` process, under the reserve ServiceAccount's own token, whose NVML is the
-//! test seam (`GPU_SHARE_RESERVE_FAKE_NVML`): a made-up UUID per pod, or an error.
+//! policy's `perGpu.timeslice` on. The reservation pods run under the test's own kubelet for
+//! them, [`common::reserve::Kubelet`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::{Child, Command, Stdio};
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use common::reserve::{Kubelet, RESERVATIONS};
 
 use super::*;
 
 const NS: &str = "per-gpu";
 const NODE: &str = "a100-per-gpu";
-const RESERVATIONS: &str = "gpu-share-reservations";
 const GPU_MEMORY_MIB: u64 = 81920;
-
-/// The reservation pods' kubelet: a `gpu-share reserve` per Running reservation pod.
-struct Kubelet {
-    kubeconfig: String,
-    agents: HashMap<String, Child>,
-    /// Reservation pod names whose NVML fails.
-    fail: BTreeSet<String>,
-    /// Reservation pod names whose process is not started yet (they stay starting).
-    hold: BTreeSet<String>,
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        for (_, mut a) in self.agents.drain() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
-    }
-}
-
-/// The UUID the seam gives reservation pod `uid`.
-fn uuid_of(uid: &str) -> String {
-    format!("GPU-{uid}")
-}
-
-impl Kubelet {
-    fn new(c: &Cluster) -> Result<Kubelet, String> {
-        let token = kubectl(
-            c,
-            &[
-                "-n",
-                RESERVATIONS,
-                "create",
-                "token",
-                "gpu-share-reserve",
-                "--duration",
-                "2h",
-            ],
-            None,
-        )?;
-        let base = std::fs::read_to_string(c.var("KUBECONFIG")).map_err(|e| e.to_string())?;
-        // The admin kubeconfig's user, replaced by the ServiceAccount's token.
-        let user = base
-            .find("  - name: user")
-            .ok_or("no user stanza in the kubeconfig")?;
-        let text = format!(
-            "{}  - name: user\n    user:\n      token: {}\n",
-            &base[..user],
-            token.trim()
-        );
-        let path = c.dir.join("kubeconfigs/reserve");
-        std::fs::write(&path, text).map_err(|e| e.to_string())?;
-        Ok(Kubelet {
-            kubeconfig: path.display().to_string(),
-            agents: HashMap::new(),
-            fail: BTreeSet::new(),
-            hold: BTreeSet::new(),
-        })
-    }
-
-    /// Starts an agent for every Running reservation pod that has none; reaps those whose pod is
-    /// gone.
-    async fn tick(&mut self, c: &Cluster) -> Result<(), String> {
-        let pods = pods_of(c, RESERVATIONS).await?;
-        let live: BTreeMap<String, &Pod> = pods
-            .values()
-            .filter(|p| phase(p) == "Running" && p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
-            .collect();
-        self.agents.retain(|uid, a| {
-            let keep = live.contains_key(uid);
-            if !keep {
-                let _ = a.kill();
-                let _ = a.wait();
-            }
-            keep
-        });
-        for (uid, p) in live {
-            if self.agents.contains_key(&uid) {
-                continue;
-            }
-            let name = p.metadata.name.clone().unwrap_or_default();
-            if self.hold.contains(&name) {
-                continue;
-            }
-            let nvml = if self.fail.contains(&name) {
-                "error:NVML_ERROR_GPU_IS_LOST (injected by the test)".to_string()
-            } else {
-                uuid_of(&uid)
-            };
-            let child = Command::new(common::BIN)
-                .args(["reserve"])
-                .env("KUBECONFIG", &self.kubeconfig)
-                .env("POD_NAME", &name)
-                .env("POD_NAMESPACE", RESERVATIONS)
-                .env("GPU_SHARE_RESERVE_FAKE_NVML", nvml)
-                .arg("--termination-log")
-                .arg(c.dir.join(format!("logs/reserve-{name}.term")))
-                .stdout(Stdio::null())
-                .stderr(
-                    std::fs::File::create(c.dir.join(format!("logs/reserve-{name}.log")))
-                        .map(Stdio::from)
-                        .unwrap_or(Stdio::null()),
-                )
-                .spawn()
-                .map_err(|e| format!("start gpu-share reserve: {e}"))?;
-            self.agents.insert(uid, child);
-        }
-        Ok(())
-    }
-}
 
 /// What the API shows of the node's per-GPU sharing.
 #[derive(Debug, Default)]
