@@ -31,9 +31,12 @@ pub enum Kind {
     WatchExpired,
     /// The webhook SIGKILLed while pods are created.
     WebhookKilled,
+    /// A rolling upgrade of the scheduler Deployment: each replica's kube-scheduler and
+    /// extender stopped gracefully (SIGTERM) and started again, the follower first.
+    RollingUpgrade,
 }
 
-pub const ALL: [Kind; 7] = [
+pub const ALL: [Kind; 8] = [
     Kind::LeaderKilled,
     Kind::LeaderExtenderKilled,
     Kind::ApiServerRestarted,
@@ -41,6 +44,7 @@ pub const ALL: [Kind; 7] = [
     Kind::ApiSlowThenCut,
     Kind::WatchExpired,
     Kind::WebhookKilled,
+    Kind::RollingUpgrade,
 ];
 
 impl Kind {
@@ -53,6 +57,7 @@ impl Kind {
             Kind::ApiSlowThenCut => "extender's API connection slowed, then cut",
             Kind::WatchExpired => "watches expired (410), relist",
             Kind::WebhookKilled => "webhook SIGKILLed during pod creation",
+            Kind::RollingUpgrade => "rolling upgrade of both scheduler replicas",
         }
     }
 }
@@ -203,6 +208,32 @@ fn release(s: &Shared, names: &[String]) {
     }
 }
 
+/// Stops `names` gracefully (SIGTERM to all at once, as kubelet stops a pod's containers) and
+/// waits for them to exit.
+fn stop_together(s: &Shared, names: &[String]) {
+    std::thread::scope(|scope| {
+        for n in names {
+            scope.spawn(|| s.c.stop(n));
+        }
+    });
+}
+
+/// Waits until the Lease is held by someone other than `holder`: seconds since `since`.
+async fn lease_moved(s: &Shared, holder: &str, since: Instant) -> Result<f64, String> {
+    let api: Api<Lease> = Api::namespaced(s.c.client.clone(), "gpu-share");
+    while since.elapsed() < Duration::from_secs(90) {
+        if let Ok(l) = api.get("gpu-share-scheduler").await
+            && let Some(h) = l.spec.and_then(|s| s.holder_identity)
+            && !h.is_empty()
+            && h != holder
+        {
+            return Ok(since.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err("the Lease did not change hands within 90 s".into())
+}
+
 /// Injects one fault, waits out its seeded hold, heals it, and measures.
 pub async fn inject(
     s: &Shared,
@@ -227,18 +258,7 @@ pub async fn inject(
                 s.c.kill(n);
             }
             probes(s, serial).await;
-            let mut lease_s = None;
-            let api: Api<Lease> = Api::namespaced(s.c.client.clone(), "gpu-share");
-            while t0.elapsed() < Duration::from_secs(90) {
-                if let Ok(l) = api.get("gpu-share-scheduler").await
-                    && l.spec.and_then(|s| s.holder_identity).as_deref() != Some(&holder)
-                {
-                    lease_s = Some(t0.elapsed().as_secs_f64());
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let lease_s = lease_s.ok_or("the Lease did not change hands within 90 s")?;
+            let lease_s = lease_moved(s, &holder, t0).await?;
             let bound_s = next_bind(s, t0, wall, Duration::from_secs(90)).await?;
             m.insert("lease_taken_s".into(), lease_s);
             m.insert("failover_s".into(), bound_s);
@@ -376,6 +396,35 @@ pub async fn inject(
             }
             detail = format!(
                 "each extender's watches answered 410 Expired once; {relists} lists followed"
+            );
+        }
+        Kind::RollingUpgrade => {
+            let (leading, holder) = leader(s).await?;
+            let following = if leading.is_empty() { "-2" } else { "" };
+            let mut lease_s = 0.0;
+            let mut bound_s = 0.0;
+            for suffix in [following, leading.as_str()] {
+                let names = [
+                    format!("kube-scheduler{suffix}"),
+                    format!("extender{suffix}"),
+                ];
+                hold(s, &names);
+                s.scrape_drift(suffix);
+                let (t0, wall) = (Instant::now(), Timestamp::now());
+                stop_together(s, &names);
+                release(s, &names);
+                if suffix == leading {
+                    probes(s, serial).await;
+                    lease_s = lease_moved(s, &holder, t0).await?;
+                    bound_s = next_bind(s, t0, wall, Duration::from_secs(90)).await?;
+                }
+                s.c.wait_ready(&admin_var(suffix), Duration::from_secs(90))
+                    .await?;
+            }
+            m.insert("lease_taken_s".into(), lease_s);
+            m.insert("handover_s".into(), bound_s);
+            detail = format!(
+                "follower then leader stopped (SIGTERM) and started again; the Lease changed hands {lease_s:.1} s after the leader's stop, next pod bound after {bound_s:.1} s"
             );
         }
         Kind::WebhookKilled => {
