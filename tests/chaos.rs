@@ -578,17 +578,20 @@ fn report(s: &Shared, seed: u64, records: &[faults::Record], settles: &[f64]) ->
             "measures": r.measures,
         }));
     }
-    let failovers: Vec<f64> = records
-        .iter()
-        .filter_map(|r| r.measures.get("failover_s").copied())
-        .collect();
+    let measured = |key: &str| -> Vec<f64> {
+        records
+            .iter()
+            .filter_map(|r| r.measures.get(key).copied())
+            .collect()
+    };
     let counts = s.counts.lock().unwrap().clone();
     json!({
         "seed": seed,
         "seconds": s.started.elapsed().as_secs(),
         "faults_injected": records.len(),
         "faults": by_kind,
-        "failover_s": failovers,
+        "failover_s": measured("failover_s"),
+        "handover_s": measured("handover_s"),
         "checks": {
             "capacity_checks": s.capacity_checks.load(Ordering::Relaxed),
             "settled_checks": settles.len(),

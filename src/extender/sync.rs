@@ -63,6 +63,20 @@ pub struct Drift {
     pub missing: usize,
     /// Node inventories that differed: replaced.
     pub nodes: usize,
+    /// The first pods repaired, in words (`phantom ml/a on n1`), for the log.
+    pub pods: Vec<String>,
+}
+
+/// How many repaired pods a reconcile names in its log.
+const DRIFT_NAMED: usize = 20;
+
+impl Drift {
+    fn name(&mut self, what: &str, h: Option<crate::ledger::Holding>) {
+        if let (true, Some(h)) = (self.pods.len() < DRIFT_NAMED, h) {
+            let (ns, name, node) = (h.pod.namespace, h.pod.name, h.node);
+            self.pods.push(format!("{what} {ns}/{name} on {node}"));
+        }
+    }
 }
 
 /// What a reconcile keeps of a list: GPU nodes' inventories and bound pods' holdings, not the
@@ -265,6 +279,7 @@ impl ExtenderState {
         for uid in self.ledger().uids() {
             if !expected.contains_key(&uid) && !self.bound_after(&uid, listed_at) && !newer(&uid) {
                 drift.phantom += 1;
+                drift.name("phantom", self.ledger().holding(&uid));
                 self.release(&uid);
             }
         }
@@ -287,6 +302,7 @@ impl ExtenderState {
             if !same {
                 drift.missing += 1;
                 self.record(o);
+                drift.name("missing", self.ledger().holding(uid));
             }
         }
         drift
@@ -404,6 +420,7 @@ pub fn spawn_reconcile(
                             phantom = d.phantom,
                             missing = d.missing,
                             nodes = d.nodes,
+                            pods = ?d.pods,
                             "reconcile repaired ledger drift"
                         );
                     } else {

@@ -559,6 +559,50 @@ mod tests {
         );
     }
 
+    /// A running share recorded where the model has no room (holdings the API no longer has are
+    /// still held, say, until a reconcile releases them) keeps the GPU its bind annotation
+    /// names: the model shows that GPU over full, and no next pod is given it as free.
+    #[test]
+    fn a_share_recorded_without_room_keeps_its_annotated_gpu() {
+        let l = Ledger::new();
+        let mut n = GpuNode::whole("n", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = crate::inventory::Sharing::PerGpu;
+        l.upsert_node(n);
+        let share = |uid: &str, milli: u32, gpus: Vec<(u32, u32)>| ObservedPod {
+            pod: pref(uid),
+            node: "n".into(),
+            demand: Demand::gpu(GpuDemand::Timeslice {
+                milli,
+                memory_mib: None,
+            }),
+            gpus: Some(gpus),
+        };
+        // GPU 1 whole, GPU 0 full of shares: the model has no room for one more share.
+        l.record(&ObservedPod {
+            node: "n".into(),
+            ..ObservedPod {
+                pod: pref("whole"),
+                node: "n".into(),
+                demand: Demand::gpu(GpuDemand::Whole { count: 1 }),
+                gpus: Some(vec![(1, 1000)]),
+            }
+        });
+        l.record(&share("a", 500, vec![(0, 500)]));
+        l.record(&share("b", 500, vec![(0, 500)]));
+        l.record(&share("late", 250, vec![(0, 250)]));
+        assert_eq!(l.holding("late").unwrap().placement.gpus, vec![(0, 250)]);
+        assert_eq!(
+            l.with_node("n", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![1250, 1000])
+        );
+        // Once the stale holding goes, the GPU is exactly as full as the API says.
+        l.release("a");
+        assert_eq!(
+            l.with_node("n", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![750, 1000])
+        );
+    }
+
     #[test]
     fn a_huge_recorded_unit_count_is_bounded_by_the_node() {
         let mut nl = NodeLedger::new(GpuNode::shared(

@@ -113,15 +113,21 @@ impl NodeLedger {
     /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
     fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
         let scorer = Scorer::new(packing::PackingPolicy::Binpack);
-        // The pod is running: when the model has no room for it, it still holds its units.
-        let mut best = scorer
+        // The pod is running: when the model has no room for it, it still holds its units, and
+        // the GPUs its bind annotation names (the model then shows the overcommit rather than
+        // hide it: a holding without its GPUs would let the next pod have them too).
+        let fitted = scorer
             .evaluate(&self.node, &self.usage, demand, &mut FragMemo::default())
-            .map_or_else(|| packing::node_level(&self.node, demand), |(p, _)| p);
+            .map(|(p, _)| p);
+        let room = fitted.is_some();
+        let mut best = fitted.unwrap_or_else(|| packing::node_level(&self.node, demand));
         if let Some(gpus) = gpus
+            && !gpus.is_empty()
             && gpus.iter().all(|(i, _)| *i < self.node.gpus)
             && no_gpu_over_full(gpus)
-            && gpus.iter().map(|(_, m)| m).sum::<u32>()
-                == best.gpus.iter().map(|(_, m)| m).sum::<u32>()
+            && (!room
+                || gpus.iter().map(|(_, m)| m).sum::<u32>()
+                    == best.gpus.iter().map(|(_, m)| m).sum::<u32>())
         {
             best.gpus = gpus.to_vec();
         }

@@ -350,8 +350,15 @@ impl World {
     }
 
     /// How a ledger (an extender's `/v1/nodes`) differs from the allocation the API implies:
-    /// per node, the set of live gpu-share pods and reservation pods bound there.
+    /// per node, the live gpu-share pods bound there, each with the GPUs it holds
+    /// (`gpu-share.io/gpus` against the ledger's model), and the reservation pods.
     pub fn ledger_differences(&self, ledger: &Value) -> Vec<String> {
+        let entry = |key: String, gpus: &[(u32, u32)]| {
+            let mut gpus = gpus.to_vec();
+            gpus.sort();
+            let model: Vec<String> = gpus.iter().map(|(i, m)| format!("{i}:{m}")).collect();
+            format!("{key} [{}]", model.join(","))
+        };
         let held: BTreeMap<String, BTreeSet<String>> = ledger
             .as_array()
             .into_iter()
@@ -362,11 +369,13 @@ impl World {
                     .into_iter()
                     .flatten()
                     .map(|p| {
-                        format!(
-                            "{}/{}",
-                            p["namespace"].as_str().unwrap_or_default(),
-                            p["name"].as_str().unwrap_or_default()
-                        )
+                        let ns = p["namespace"].as_str().unwrap_or_default();
+                        let key = format!("{ns}/{}", p["name"].as_str().unwrap_or_default());
+                        if ns == RESERVATIONS {
+                            key
+                        } else {
+                            entry(key, &parse_gpus(p["model"].as_str().unwrap_or_default()))
+                        }
                     })
                     .collect();
                 Some((n["name"].as_str()?.to_string(), pods))
@@ -376,7 +385,12 @@ impl World {
         let mut api: BTreeMap<String, BTreeSet<String>> = self
             .bound()
             .into_iter()
-            .map(|(n, pods)| (n.to_string(), pods.iter().map(|p| p.key()).collect()))
+            .map(|(n, pods)| {
+                (
+                    n.to_string(),
+                    pods.iter().map(|p| entry(p.key(), &p.gpus)).collect(),
+                )
+            })
             .collect();
         for r in &self.reservations {
             api.entry(r.node.clone())
