@@ -65,8 +65,20 @@ def summary(r):
     lines.append(f"drift repaired by reconcile: {r['drift']}")
     lines.append(f"churn: {r['churn']}")
     lines.append(f"processes that exited by themselves: {len(r['unexpected_exits'])}")
+    # "NAME at T s: LOG | LOG | LOG": grouped by process and the first words of why.
+    groups = {}
     for e in r["unexpected_exits"]:
-        lines.append(f"  {e[:200]}")
+        name, _, rest = e.partition(" at ")
+        why = rest.split(": ", 1)[-1]
+        for key in ("Leaderelection lost", "leaderelection lost", "command failed"):
+            if key in why:
+                why = key
+                break
+        else:
+            why = why[:80]
+        groups[(name, why)] = groups.get((name, why), 0) + 1
+    for (name, why), n in sorted(groups.items()):
+        lines.append(f"  {name}: {n} x {why}")
     return "\n".join(lines)
 
 

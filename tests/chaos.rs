@@ -128,7 +128,8 @@ impl Shared {
         }
     }
 
-    fn alive(&self, name: &str) -> Option<bool> {
+    /// Whether a process of up.sh's runs (`None`: no PID file, so not started or stopped).
+    pub fn alive(&self, name: &str) -> Option<bool> {
         let pid =
             std::fs::read_to_string(self.c.dir.join("pids").join(format!("{name}.pid"))).ok()?;
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok();

@@ -208,14 +208,29 @@ fn release(s: &Shared, names: &[String]) {
     }
 }
 
-/// Stops `names` gracefully (SIGTERM to all at once, as kubelet stops a pod's containers) and
-/// waits for them to exit.
-fn stop_together(s: &Shared, names: &[String]) {
-    std::thread::scope(|scope| {
-        for n in names {
-            scope.spawn(|| s.c.stop(n));
+/// Sends SIGTERM to each of `names` at once, as kubelet stops a pod's containers, without
+/// waiting.
+fn terminate(s: &Shared, names: &[String]) {
+    for n in names {
+        if let Ok(pid) = std::fs::read_to_string(s.c.dir.join("pids").join(format!("{n}.pid"))) {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", pid.trim()])
+                .status();
         }
-    });
+    }
+}
+
+/// Waits until `names` (terminated) have exited, as kubelet waits out the grace period, then
+/// SIGKILLs what is left; their PID files go, so that the runner's kubelet starts them again
+/// once released.
+async fn wait_exited(s: &Shared, names: &[String], grace: Duration) {
+    let start = Instant::now();
+    while names.iter().any(|n| s.alive(n) == Some(true)) && start.elapsed() < grace {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in names {
+        s.c.kill(n);
+    }
 }
 
 /// Waits until the Lease is held by someone other than `holder`: seconds since `since`.
@@ -403,6 +418,7 @@ pub async fn inject(
             let following = if leading.is_empty() { "-2" } else { "" };
             let mut lease_s = 0.0;
             let mut bound_s = 0.0;
+            let mut stopped_s = 0.0;
             for suffix in [following, leading.as_str()] {
                 let names = [
                     format!("kube-scheduler{suffix}"),
@@ -411,20 +427,26 @@ pub async fn inject(
                 hold(s, &names);
                 s.scrape_drift(suffix);
                 let (t0, wall) = (Instant::now(), Timestamp::now());
-                stop_together(s, &names);
-                release(s, &names);
+                terminate(s, &names);
                 if suffix == leading {
                     probes(s, serial).await;
                     lease_s = lease_moved(s, &holder, t0).await?;
                     bound_s = next_bind(s, t0, wall, Duration::from_secs(90)).await?;
                 }
+                // The Deployment's terminationGracePeriodSeconds.
+                wait_exited(s, &names, Duration::from_secs(30)).await;
+                if suffix == leading {
+                    stopped_s = t0.elapsed().as_secs_f64();
+                }
+                release(s, &names);
                 s.c.wait_ready(&admin_var(suffix), Duration::from_secs(90))
                     .await?;
             }
             m.insert("lease_taken_s".into(), lease_s);
             m.insert("handover_s".into(), bound_s);
+            m.insert("old_leader_gone_s".into(), stopped_s);
             detail = format!(
-                "follower then leader stopped (SIGTERM) and started again; the Lease changed hands {lease_s:.1} s after the leader's stop, next pod bound after {bound_s:.1} s"
+                "follower then leader stopped (SIGTERM) and started again; the Lease changed hands {lease_s:.1} s after the leader's SIGTERM, the next pod was bound after {bound_s:.1} s, the old leader's processes were gone after {stopped_s:.1} s"
             );
         }
         Kind::WebhookKilled => {
