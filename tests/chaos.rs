@@ -87,7 +87,8 @@ pub struct Shared {
     /// `gpu_share_ledger_drift_total` by kind, summed over the extenders' lifetimes.
     drift: Mutex<BTreeMap<String, f64>>,
     capacity_checks: AtomicU64,
-    mismatch_since: Mutex<BTreeMap<String, (Instant, String)>>,
+    /// Since when each reservation mismatch (by UID) has been seen.
+    mismatch_since: Mutex<BTreeMap<String, Instant>>,
 }
 
 /// How many lines of a process's log contain `words`.
@@ -205,20 +206,27 @@ impl Shared {
         }
     }
 
+    /// A reservation without shares, or a share without its reservation, counts once it has
+    /// lasted [`RESERVATION_GRACE`] (and again each grace after).
     fn check_reservations(&self, w: &world::World) {
         let now = Instant::now();
         let found = w.reservation_mismatches();
-        let mut since = self.mismatch_since.lock().unwrap();
-        since.retain(|k, _| found.contains_key(k));
-        for (k, words) in found {
-            let e = since.entry(k).or_insert((now, words.clone()));
-            if now - e.0 > RESERVATION_GRACE {
-                let words = format!("{words} for over {} s", RESERVATION_GRACE.as_secs());
-                e.0 = now;
-                drop(since);
-                self.violation(words);
-                since = self.mismatch_since.lock().unwrap();
-            }
+        let overdue: Vec<String> = {
+            let mut since = self.mismatch_since.lock().unwrap();
+            since.retain(|k, _| found.contains_key(k));
+            found
+                .into_iter()
+                .filter_map(|(k, words)| {
+                    let first = since.entry(k).or_insert(now);
+                    (now - *first > RESERVATION_GRACE).then(|| {
+                        *first = now;
+                        format!("{words} for over {} s", RESERVATION_GRACE.as_secs())
+                    })
+                })
+                .collect()
+        };
+        for words in overdue {
+            self.violation(words);
         }
     }
 }
@@ -293,7 +301,6 @@ fn set_per_gpu(c: &Cluster, on: bool) -> Result<(), String> {
 async fn settle(s: &Shared) -> Result<f64, String> {
     s.paused.store(true, Ordering::Relaxed);
     let start = Instant::now();
-    let mut last = Vec::new();
     let outcome = loop {
         let mut diffs = Vec::new();
         match world::read(&s.c).await {
@@ -323,17 +330,15 @@ async fn settle(s: &Shared) -> Result<f64, String> {
                 diffs.join("; ")
             );
         }
-        last = diffs;
         if start.elapsed() > SETTLE {
             break Err(format!(
                 "not settled within {} s: {}",
                 SETTLE.as_secs(),
-                last.join("; ")
+                diffs.join("; ")
             ));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let _ = last;
     s.paused.store(false, Ordering::Relaxed);
     outcome
 }

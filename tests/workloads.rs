@@ -225,15 +225,8 @@ async fn api_view(c: &Cluster) -> Result<ApiView, String> {
     };
     for n in nodes.items {
         let name = n.metadata.name.clone().unwrap_or_default();
-        let alloc = n
-            .status
-            .and_then(|s| s.allocatable)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("nvidia.com/"))
-            .map(|(k, q)| (k, q.0.parse().unwrap_or(0)))
-            .collect();
-        view.allocatable.insert(name.clone(), alloc);
+        view.allocatable
+            .insert(name.clone(), common::cluster::nvidia_allocatable(&n));
         view.pods.insert(name.clone(), BTreeSet::new());
         view.units.insert(name, BTreeMap::new());
     }
@@ -259,19 +252,9 @@ async fn api_view(c: &Cluster) -> Result<ApiView, String> {
             p.metadata.name.clone().unwrap_or_default()
         );
         view.pods.get_mut(&node).unwrap().insert(key);
-        for c in p
-            .spec
-            .as_ref()
-            .map(|s| s.containers.as_slice())
-            .unwrap_or(&[])
-        {
-            let limits = c.resources.as_ref().and_then(|r| r.limits.clone());
-            for (k, q) in limits.unwrap_or_default() {
-                if k.starts_with("nvidia.com/") {
-                    *view.units.get_mut(&node).unwrap().entry(k).or_default() +=
-                        q.0.parse::<u64>().unwrap_or(0);
-                }
-            }
+        let units = view.units.get_mut(&node).unwrap();
+        for (k, q) in common::cluster::nvidia_limits(&p) {
+            *units.entry(k).or_default() += q;
         }
     }
     Ok(view)

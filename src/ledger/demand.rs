@@ -524,6 +524,30 @@ pub struct ObservedPod {
     pub gpus: Option<Vec<(u32, u32)>>,
 }
 
+/// Whether a bind annotation can be what `demand` holds on a node of `node_gpus` GPUs, where
+/// the model's own choice for it takes `model_milli` thousandths: each GPU on the node and none
+/// over full, and either as much as the model's choice (the model may round a share up to a
+/// replica, and sizes device-plugin units by the node) or the demand's own footprint (a share on
+/// one GPU, whole GPUs whole), which holds where the model has no room for the pod.
+pub(super) fn annotation_fits(
+    gpus: &[(u32, u32)],
+    demand: &GpuDemand,
+    node_gpus: u32,
+    model_milli: u32,
+) -> bool {
+    let own = match demand {
+        GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => gpus.len() == 1,
+        GpuDemand::Whole { count } => {
+            gpus.len() == *count as usize && gpus.iter().all(|(_, m)| *m == 1000)
+        }
+        _ => false,
+    };
+    !gpus.is_empty()
+        && gpus.iter().all(|(i, m)| *i < node_gpus && *m > 0)
+        && no_gpu_over_full(gpus)
+        && (own || gpus.iter().map(|(_, m)| m).sum::<u32>() == model_milli)
+}
+
 /// A bind annotation's per-GPU shares add up to at most one GPU on every GPU it names.
 pub(super) fn no_gpu_over_full(gpus: &[(u32, u32)]) -> bool {
     let mut per: BTreeMap<u32, u32> = BTreeMap::new();

@@ -601,6 +601,20 @@ mod tests {
             l.with_node("n", |nl| nl.usage.gpu_milli.clone()),
             Some(vec![750, 1000])
         );
+        // A whole GPU the same, where no GPU is free; an annotation that is not the demand's
+        // (half a GPU for a whole one) is not believed.
+        let whole = |uid: &str, gpus: Vec<(u32, u32)>| ObservedPod {
+            pod: pref(uid),
+            node: "n".into(),
+            demand: Demand::gpu(GpuDemand::Whole { count: 1 }),
+            gpus: Some(gpus),
+        };
+        l.record(&whole("second", vec![(1, 1000)]));
+        assert_eq!(l.holding("second").unwrap().placement.gpus, vec![(1, 1000)]);
+        l.release("whole");
+        l.release("second");
+        l.record(&whole("half", vec![(1, 500)]));
+        assert_ne!(l.holding("half").unwrap().placement.gpus, vec![(1, 500)]);
     }
 
     #[test]

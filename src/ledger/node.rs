@@ -110,24 +110,23 @@ impl NodeLedger {
     }
 
     /// The placement of a demand recorded from the API: the node-level part from the demand, the
-    /// per-GPU part from the bind annotation when it is valid, else the binpack choice.
+    /// per-GPU part from the bind annotation when it fits the demand, else the binpack choice.
+    /// The annotation wins even where the model has no room: the pod runs on those GPUs, and a
+    /// holding without them would let the next pod have them too (the model shows the GPU over
+    /// full instead, until what overfills it goes).
     fn placement_for(&self, demand: &Demand, gpus: Option<&[(u32, u32)]>) -> Placement {
         let scorer = Scorer::new(packing::PackingPolicy::Binpack);
-        // The pod is running: when the model has no room for it, it still holds its units, and
-        // the GPUs its bind annotation names (the model then shows the overcommit rather than
-        // hide it: a holding without its GPUs would let the next pod have them too).
-        let fitted = scorer
+        // The pod is running: when the model has no room for it, it still holds its units.
+        let mut best = scorer
             .evaluate(&self.node, &self.usage, demand, &mut FragMemo::default())
-            .map(|(p, _)| p);
-        let room = fitted.is_some();
-        let mut best = fitted.unwrap_or_else(|| packing::node_level(&self.node, demand));
+            .map_or_else(|| packing::node_level(&self.node, demand), |(p, _)| p);
         if let Some(gpus) = gpus
-            && !gpus.is_empty()
-            && gpus.iter().all(|(i, _)| *i < self.node.gpus)
-            && no_gpu_over_full(gpus)
-            && (!room
-                || gpus.iter().map(|(_, m)| m).sum::<u32>()
-                    == best.gpus.iter().map(|(_, m)| m).sum::<u32>())
+            && annotation_fits(
+                gpus,
+                &demand.gpu,
+                self.node.gpus,
+                best.gpus.iter().map(|(_, m)| m).sum(),
+            )
         {
             best.gpus = gpus.to_vec();
         }

@@ -179,21 +179,20 @@ async fn next_bind(
 }
 
 /// Waits until the API server answers /readyz.
-async fn api_ready(s: &Shared, limit: Duration) -> Result<f64, String> {
+async fn api_ready(s: &Shared, limit: Duration) -> Result<(), String> {
     let start = Instant::now();
-    loop {
-        if s.c
-            .kubectl(&["get", "--raw", "/readyz"], None)
-            .status
-            .success()
-        {
-            return Ok(start.elapsed().as_secs_f64());
-        }
+    while !s
+        .c
+        .kubectl(&["get", "--raw", "/readyz"], None)
+        .status
+        .success()
+    {
         if start.elapsed() > limit {
             return Err(format!("kube-apiserver not ready within {limit:?}"));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
 }
 
 /// Keeps `names` down until released: the runner's kubelet does not restart them meanwhile.
@@ -206,6 +205,29 @@ fn release(s: &Shared, names: &[String]) {
     for n in names {
         held.remove(n);
     }
+}
+
+/// Stops a control-plane process (SIGTERM, SIGKILL after 40 s), keeps it down for `down`, starts
+/// it again, and times the API's return and the first bind after it (with probes waiting):
+/// (seconds from the stop until the API answered /readyz, seconds from then to the next bind).
+async fn restart_control_plane(
+    s: &Shared,
+    name: &str,
+    down: Duration,
+    serial: &str,
+) -> Result<(f64, f64), String> {
+    let t0 = Instant::now();
+    s.c.stop(name);
+    tokio::time::sleep(down).await;
+    s.c.start_process(name);
+    api_ready(s, Duration::from_secs(120)).await?;
+    let unavailable = t0.elapsed().as_secs_f64();
+    let (t1, wall) = (Instant::now(), Timestamp::now());
+    probes(s, serial).await;
+    Ok((
+        unavailable,
+        next_bind(s, t1, wall, Duration::from_secs(90)).await?,
+    ))
 }
 
 /// Sends SIGTERM to each of `names` at once, as kubelet stops a pod's containers, without
@@ -312,35 +334,22 @@ pub async fn inject(
             );
         }
         Kind::ApiServerRestarted => {
-            let t0 = Instant::now();
-            s.c.stop("kube-apiserver");
-            s.c.start_process("kube-apiserver");
-            let ready = api_ready(s, Duration::from_secs(120)).await?;
-            m.insert("api_unavailable_s".into(), t0.elapsed().as_secs_f64());
-            let (t1, wall) = (Instant::now(), Timestamp::now());
-            probes(s, serial).await;
-            let bound_s = next_bind(s, t1, wall, Duration::from_secs(90)).await?;
+            let (unavailable, bound_s) =
+                restart_control_plane(s, "kube-apiserver", Duration::ZERO, serial).await?;
+            m.insert("api_unavailable_s".into(), unavailable);
             m.insert("first_bind_after_ready_s".into(), bound_s);
             detail = format!(
-                "kube-apiserver stopped (SIGTERM) and started: ready after {ready:.1} s, next pod bound {bound_s:.1} s later"
+                "kube-apiserver stopped (SIGTERM) and started: ready after {unavailable:.1} s, next pod bound {bound_s:.1} s later"
             );
         }
         Kind::EtcdRestarted => {
             let down = Duration::from_secs(rng.random_range(2..=6));
-            let t0 = Instant::now();
-            s.c.stop("etcd");
-            tokio::time::sleep(down).await;
-            s.c.start_process("etcd");
-            api_ready(s, Duration::from_secs(120)).await?;
-            m.insert("api_unavailable_s".into(), t0.elapsed().as_secs_f64());
-            let (t1, wall) = (Instant::now(), Timestamp::now());
-            probes(s, serial).await;
-            let bound_s = next_bind(s, t1, wall, Duration::from_secs(90)).await?;
+            let (unavailable, bound_s) = restart_control_plane(s, "etcd", down, serial).await?;
+            m.insert("api_unavailable_s".into(), unavailable);
             m.insert("first_bind_after_ready_s".into(), bound_s);
             detail = format!(
-                "etcd down {} s; the API ready again after {:.1} s, next pod bound {bound_s:.1} s later",
-                down.as_secs(),
-                m["api_unavailable_s"]
+                "etcd down {} s; the API ready again after {unavailable:.1} s, next pod bound {bound_s:.1} s later",
+                down.as_secs()
             );
         }
         Kind::ApiSlowThenCut => {

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-use super::common::cluster::Cluster;
+use super::common::cluster::{Cluster, nvidia_allocatable, nvidia_limits};
 use super::common::reserve::RESERVATIONS;
 
 /// The annotation the webhook writes on every pod it mutated.
@@ -96,19 +96,6 @@ fn facts(p: &Pod) -> PodFacts {
         .as_ref()
         .and_then(|s| s.phase.clone())
         .unwrap_or_default();
-    let mut limits = BTreeMap::new();
-    for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
-        for (k, q) in c
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.clone())
-            .unwrap_or_default()
-        {
-            if k.starts_with("nvidia.com/") {
-                *limits.entry(k).or_default() += q.0.parse::<u64>().unwrap_or(0);
-            }
-        }
-    }
     let scheduled = p
         .status
         .as_ref()
@@ -135,7 +122,7 @@ fn facts(p: &Pod) -> PodFacts {
         asked: ann.get("gpu-share").cloned(),
         request: ann.get(REQUEST).cloned(),
         gpus: ann.get(GPUS).map(|g| parse_gpus(g)).unwrap_or_default(),
-        limits,
+        limits: nvidia_limits(p),
         per_gpu: p
             .spec
             .as_ref()
@@ -155,14 +142,7 @@ pub async fn read(c: &Cluster) -> Result<World, String> {
     for n in nodes.items {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         let facts = NodeFacts {
-            allocatable: n
-                .status
-                .and_then(|s| s.allocatable)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|(k, _)| k.starts_with("nvidia.com/"))
-                .map(|(k, q)| (k, q.0.parse().unwrap_or(0)))
-                .collect(),
+            allocatable: nvidia_allocatable(&n),
             gpus: labels
                 .get("nvidia.com/gpu.count")
                 .and_then(|c| c.parse().ok())
@@ -218,13 +198,14 @@ impl World {
     /// reserved) than it has, and one reservation per GPU. The violations, in words.
     pub fn over_capacity(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for (node, pods) in self.bound() {
-            let Some(n) = self.nodes.get(node) else {
+        let bound = self.bound();
+        for (node, pods) in &bound {
+            let Some(n) = self.nodes.get(*node) else {
                 continue;
             };
             let mut units: BTreeMap<&str, u64> = BTreeMap::new();
             let mut per_gpu: BTreeMap<u32, (u32, BTreeSet<&str>, Vec<String>)> = BTreeMap::new();
-            for p in &pods {
+            for p in pods {
                 for (r, q) in &p.limits {
                     *units.entry(r).or_default() += q;
                 }
@@ -266,7 +247,7 @@ impl World {
             if names.len() > 1 {
                 out.push(format!("{node} GPU {gpu}: reserved by {names:?}"));
             }
-            let whole = self.bound().get(node).is_some_and(|pods| {
+            let whole = bound.get(node).is_some_and(|pods| {
                 pods.iter()
                     .any(|p| p.class() == "exclusive" && p.gpus.iter().any(|g| g.0 == *gpu))
             });

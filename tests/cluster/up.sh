@@ -84,21 +84,13 @@ case $replicas in
 esac
 
 # ---- free ports on loopback --------------------------------------------------------------------
-read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin kcm_port < <(
+# The control plane's and gpu-share's ports; then the second scheduler replica's kube-scheduler,
+# extender and admin ports, and each extender's API proxy with its control port (two replicas).
+read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin kcm_port \
+  sched_port_2 extender_port_2 extender_admin_2 proxy_port proxy_control proxy_port_2 proxy_control_2 < <(
   python3 - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(9)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-)
-# The second replica's kube-scheduler, extender and admin ports, and each extender's API proxy
-# with its control port.
-read -r sched_port_2 extender_port_2 extender_admin_2 proxy_port proxy_control proxy_port_2 proxy_control_2 < <(
-  python3 - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(7)]
+socks = [socket.socket() for _ in range(16)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))

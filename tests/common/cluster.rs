@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
@@ -418,4 +418,30 @@ pub async fn failed_scheduling(c: &Cluster, ns: &str, name: &str) -> Result<Stri
         },
     )
     .await
+}
+
+/// A node's `nvidia.com/*` allocatable, as counts.
+pub fn nvidia_allocatable(n: &Node) -> BTreeMap<String, u64> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.allocatable.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/"))
+        .map(|(k, q)| (k, q.0.parse().unwrap_or(0)))
+        .collect()
+}
+
+/// A pod's `nvidia.com/*` limits, summed over its containers.
+pub fn nvidia_limits(p: &Pod) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
+        let limits = c.resources.as_ref().and_then(|r| r.limits.clone());
+        for (k, q) in limits.unwrap_or_default() {
+            if k.starts_with("nvidia.com/") {
+                *out.entry(k).or_default() += q.0.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    out
 }
