@@ -63,6 +63,73 @@ const SUPERVISED: [&str; 6] = [
     "kube-scheduler-2",
 ];
 
+/// kubelet's restart back-off, with its defaults: a container that exits by itself starts again
+/// at once the first time, then after 10 s, 20 s, 40 s and so on up to 5 minutes; one that ran
+/// 10 minutes before it exited starts the count afresh.
+#[derive(Debug, Default)]
+struct CrashLoop {
+    /// Exits since the count last started afresh.
+    exits: u32,
+    started: Option<Instant>,
+    /// When it may start again, after an exit.
+    due: Option<Instant>,
+}
+
+impl CrashLoop {
+    const FIRST: Duration = Duration::from_secs(10);
+    const MAX: Duration = Duration::from_secs(300);
+    const RESET: Duration = Duration::from_secs(600);
+
+    /// An exit at `now`: how long until it may start again.
+    fn exited(&mut self, now: Instant) -> Duration {
+        if self
+            .started
+            .is_some_and(|t| now.saturating_duration_since(t) >= Self::RESET)
+        {
+            self.exits = 0;
+        }
+        let delay = match self.exits {
+            0 => Duration::ZERO,
+            n => Self::FIRST
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(Self::MAX),
+        };
+        self.exits += 1;
+        self.due = Some(now + delay);
+        delay
+    }
+
+    fn may_start(&self, now: Instant) -> bool {
+        self.due.is_none_or(|d| now >= d)
+    }
+
+    fn start(&mut self, now: Instant) {
+        self.started = Some(now);
+        self.due = None;
+    }
+}
+
+#[test]
+fn the_runners_kubelet_backs_off_a_crash_loop_as_kubelet_does() {
+    let t0 = Instant::now();
+    let mut c = CrashLoop::default();
+    let mut delays = Vec::new();
+    let mut now = t0;
+    for _ in 0..8 {
+        c.start(now);
+        now += Duration::from_secs(1);
+        let d = c.exited(now);
+        assert!(!c.may_start(now) || d.is_zero());
+        delays.push(d.as_secs());
+        now += d;
+        assert!(c.may_start(now));
+    }
+    assert_eq!(delays, [0, 10, 20, 40, 80, 160, 300, 300]);
+    // Ten minutes of running start the count afresh.
+    c.start(now);
+    assert_eq!(c.exited(now + CrashLoop::RESET), Duration::ZERO);
+}
+
 /// A pod's wait: created, bound (PodScheduled True), still there.
 #[derive(Debug, Clone)]
 pub struct Wait {
@@ -89,6 +156,8 @@ pub struct Shared {
     capacity_checks: AtomicU64,
     /// Since when each reservation mismatch (by UID) has been seen.
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
+    /// The runner's kubelet's back-off, per supervised process.
+    crash_loops: Mutex<BTreeMap<&'static str, CrashLoop>>,
 }
 
 /// How many lines of a process's log contain `words`.
@@ -150,14 +219,18 @@ impl Shared {
         }
     }
 
-    /// The runner's kubelet: a container that exited is started again, unless a fault holds it.
+    /// The runner's kubelet: a container that exited is started again, with kubelet's back-off,
+    /// unless a fault holds it.
     fn supervise(&self) {
         for name in SUPERVISED {
             if self.held.lock().unwrap().contains(name) {
                 continue;
             }
+            let now = Instant::now();
+            let mut loops = self.crash_loops.lock().unwrap();
+            let crash_loop = loops.entry(name).or_default();
             match self.alive(name) {
-                Some(true) => {}
+                Some(true) => continue,
                 Some(false) => {
                     let at = self.started.elapsed().as_secs_f64();
                     let tail: String = self
@@ -168,16 +241,24 @@ impl Shared {
                         .take(3)
                         .collect::<Vec<_>>()
                         .join(" | ");
-                    eprintln!("fault runner: {name} exited by itself at {at:.0} s: {tail}");
+                    let delay = crash_loop.exited(now);
+                    eprintln!(
+                        "fault runner: {name} exited by itself at {at:.0} s, restarted in {} s: {tail}",
+                        delay.as_secs()
+                    );
                     self.exits.lock().unwrap().push(format!(
                         "{name} at {at:.0} s: {}",
                         tail.chars().take(400).collect::<String>()
                     ));
                     let _ =
                         std::fs::remove_file(self.c.dir.join("pids").join(format!("{name}.pid")));
-                    self.start(name);
                 }
-                None => self.start(name),
+                None => {}
+            }
+            if crash_loop.may_start(now) {
+                crash_loop.start(now);
+                drop(loops);
+                self.start(name);
             }
         }
     }
@@ -460,6 +541,7 @@ async fn faults_on_the_real_control_plane_overcommit_nothing() {
         drift: Mutex::new(BTreeMap::new()),
         capacity_checks: AtomicU64::new(0),
         mismatch_since: Mutex::new(BTreeMap::new()),
+        crash_loops: Mutex::new(BTreeMap::new()),
     });
     let bg = tokio::spawn(background(s.clone(), seed));
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -289,20 +289,23 @@ impl ExtenderState {
             }
             // The API shows it bound: no longer merely assumed.
             self.confirm(uid);
-            let same = self.ledger().node_of(uid).as_deref() == Some(o.node.as_str())
-                && self
-                    .ledger()
-                    .with_node(&o.node, |nl| {
-                        nl.holdings
-                            .get(uid)
-                            .map(|h| h.demand == o.demand)
-                            .unwrap_or(false)
-                    })
-                    .unwrap_or(false);
-            if !same {
+            let before = self.ledger().holding(uid);
+            let same = before.as_ref().is_some_and(|h| {
+                h.node == o.node
+                    && h.demand == o.demand
+                    && o.gpus.as_ref().is_none_or(|g| *g == h.placement.gpus)
+            });
+            if same {
+                continue;
+            }
+            // Recorded again: a holding missing, on another node or of another demand, or whose
+            // GPUs are not the ones the bind annotation names (the annotation wins where it fits
+            // the demand; where it does not, recording again changes nothing and is no drift).
+            self.record(o);
+            let after = self.ledger().holding(uid);
+            if after != before {
                 drift.missing += 1;
-                self.record(o);
-                drift.name("missing", self.ledger().holding(uid));
+                drift.name("missing", after);
             }
         }
         drift
@@ -868,6 +871,41 @@ mod tests {
         let fresh = vec![typed(pod("late", Some("n1"), "Running"))];
         let d = e.reconcile_with(&nodes, &fresh, &"nvidia.com/gpu".into(), Instant::now());
         assert_eq!(d, Drift::default());
+    }
+
+    /// A holding on the right node with the right demand but other GPUs than its bind annotation
+    /// names (a model left behind by a relist) is drift: the reconcile records the annotation's.
+    /// An annotation that cannot be the demand's is not, however often it is listed.
+    #[test]
+    fn reconcile_repairs_a_holding_on_other_gpus_than_its_annotation() {
+        let e = ext();
+        let annotated = |uid: &str, gpus: &str| {
+            let mut p = pod(uid, Some("n1"), "Running");
+            p["metadata"]["annotations"]["gpu-share.io/gpus"] = json!(gpus);
+            typed(p)
+        };
+        // The watch recorded it without its annotation: the model chose GPU 0.
+        e.apply_pod_event(
+            &mut Relist::default(),
+            Event::Apply(typed(pod("a", Some("n1"), "Running"))),
+        );
+        assert_eq!(e.ledger().holding("a").unwrap().placement.gpus, [(0, 1000)]);
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        let listed =
+            |pods: &[Pod]| e.reconcile_with(&nodes, pods, &"nvidia.com/gpu".into(), Instant::now());
+        let d = listed(&[annotated("a", "2:1000")]);
+        assert_eq!((d.phantom, d.missing, d.nodes), (0, 1, 0));
+        assert_eq!(d.pods, ["missing ml/pod-a on n1"]);
+        assert_eq!(e.ledger().holding("a").unwrap().placement.gpus, [(2, 1000)]);
+        assert_eq!(listed(&[annotated("a", "2:1000")]), Drift::default());
+        // Half a GPU for an exclusive pod is not its footprint: kept as modelled, no drift.
+        let d = listed(&[annotated("a", "1:500")]);
+        assert_eq!(d, Drift::default());
+        assert_eq!(e.ledger().holding("a").unwrap().placement.gpus, [(2, 1000)]);
     }
 
     #[test]

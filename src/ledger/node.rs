@@ -78,35 +78,49 @@ impl NodeLedger {
     }
 
     /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
-    /// bound by another scheduler still occupies the device). Replaces an earlier record.
+    /// bound by another scheduler still occupies the device). A pod held here already is only
+    /// [refreshed](Self::refresh).
     pub fn record(&mut self, observed: &ObservedPod) {
-        // A pod already held here keeps the demand it was bound with: its annotations can be
-        // edited later, what the device plugin gave it cannot. Only the per-GPU choice may be
-        // refreshed (the bind annotation arriving after a restart).
-        let demand = match self.holdings.get(&observed.pod.uid) {
-            Some(existing)
-                if observed
-                    .gpus
-                    .as_ref()
-                    .is_none_or(|g| *g == existing.placement.gpus) =>
-            {
-                return;
+        if self.holdings.contains_key(&observed.pod.uid) {
+            if let Some(gpus) = &observed.gpus {
+                self.refresh(&observed.pod.uid, gpus);
             }
-            Some(existing) => existing.demand.clone(),
-            None => observed.demand.clone(),
-        };
-        self.release(&observed.pod.uid);
-        let placement = self.placement_for(&demand, observed.gpus.as_deref());
+            return;
+        }
+        let placement = self.placement_for(&observed.demand, observed.gpus.as_deref());
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             observed.pod.uid.clone(),
             Holding {
                 pod: observed.pod.clone(),
                 node: self.node.name.clone(),
-                demand,
+                demand: observed.demand.clone(),
                 placement,
             },
         );
+    }
+
+    /// A pod already held here keeps the demand it was bound with: its annotations can be edited
+    /// later, what the device plugin gave it cannot. Only its per-GPU choice may be refreshed (the
+    /// bind annotation arriving after a restart, or a model a relist left behind), and only to
+    /// an annotation that fits the demand: one that does not leaves the holding as it is.
+    fn refresh(&mut self, uid: &str, gpus: &[(u32, u32)]) {
+        if self
+            .holdings
+            .get(uid)
+            .is_none_or(|h| h.placement.gpus == gpus)
+        {
+            return;
+        }
+        let Some(mut h) = self.release(uid) else {
+            return;
+        };
+        let refreshed = self.placement_for(&h.demand, Some(gpus));
+        if refreshed.gpus == gpus {
+            h.placement = refreshed;
+        }
+        packing::apply(&mut self.usage, &h.placement);
+        self.holdings.insert(uid.to_string(), h);
     }
 
     /// The placement of a demand recorded from the API: the node-level part from the demand, the
