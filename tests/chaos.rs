@@ -63,9 +63,12 @@ const SUPERVISED: [&str; 6] = [
     "kube-scheduler-2",
 ];
 
-/// kubelet's restart back-off, with its defaults: a container that exits by itself starts again
-/// at once the first time, then after 10 s, 20 s, 40 s and so on up to 5 minutes; one that ran
-/// 10 minutes before it exited starts the count afresh.
+/// kubelet's restart back-off: a container that exits by itself starts again at once the first
+/// time, then after 10 s, 20 s and so on, up to kubelet's `crashLoopBackOff.maxContainerRestartPeriod`;
+/// one that ran 10 minutes before it exited starts the count afresh. That maximum is 30 s here,
+/// not the default 5 minutes: the runner strikes a fault every 15-40 s, and with 5 minutes a
+/// scheduler replica that lost its Lease in one outage was still backing off when the next fault
+/// killed the other (no leader for 90 s: the runner's own doing, not a finding).
 #[derive(Debug, Default)]
 struct CrashLoop {
     /// Exits since the count last started afresh.
@@ -77,7 +80,7 @@ struct CrashLoop {
 
 impl CrashLoop {
     const FIRST: Duration = Duration::from_secs(10);
-    const MAX: Duration = Duration::from_secs(300);
+    const MAX: Duration = Duration::from_secs(30);
     const RESET: Duration = Duration::from_secs(600);
 
     /// An exit at `now`: how long until it may start again.
@@ -124,7 +127,7 @@ fn the_runners_kubelet_backs_off_a_crash_loop_as_kubelet_does() {
         now += d;
         assert!(c.may_start(now));
     }
-    assert_eq!(delays, [0, 10, 20, 40, 80, 160, 300, 300]);
+    assert_eq!(delays, [0, 10, 20, 30, 30, 30, 30, 30]);
     // Ten minutes of running start the count afresh.
     c.start(now);
     assert_eq!(c.exited(now + CrashLoop::RESET), Duration::ZERO);

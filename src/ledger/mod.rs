@@ -617,6 +617,37 @@ mod tests {
         assert_ne!(l.holding("half").unwrap().placement.gpus, vec![(1, 500)]);
     }
 
+    /// The long fault run's case: on a node of the device plugin, every GPU held in the model (one
+    /// by a pod that is gone, not yet released), an exclusive pod recorded with its bind
+    /// annotation keeps that GPU. The model's own choice there is no GPU at all, which once won
+    /// and left the pod held with no GPU until it went.
+    #[test]
+    fn an_exclusive_pod_recorded_where_the_model_has_no_free_gpu_keeps_its_annotated_gpu() {
+        let l = Ledger::new();
+        l.upsert_node(GpuNode::whole("plain", "NVIDIA-A100-SXM4-80GB", 4, 81920));
+        let whole = |uid: &str, gpus: Option<Vec<(u32, u32)>>| ObservedPod {
+            pod: pref(uid),
+            node: "plain".into(),
+            demand: Demand::gpu(GpuDemand::Whole { count: 1 }),
+            gpus,
+        };
+        for (uid, gpu) in [("a", 0), ("b", 1), ("gone", 2)] {
+            l.record(&whole(uid, Some(vec![(gpu, 1000)])));
+        }
+        // A pod recorded without its annotation takes the last free GPU in the model.
+        l.record(&whole("c", None));
+        assert_eq!(l.holding("c").unwrap().placement.gpus, [(3, 1000)]);
+        l.record(&whole("new", Some(vec![(2, 1000)])));
+        assert_eq!(l.holding("new").unwrap().placement.gpus, [(2, 1000)]);
+        // Once the gone pod is released, GPU 2 is the new pod's alone.
+        l.release("gone");
+        assert_eq!(
+            l.with_node("plain", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![1000; 4])
+        );
+        assert!(l.with_node("plain", |nl| nl.within_capacity()).unwrap());
+    }
+
     #[test]
     fn a_huge_recorded_unit_count_is_bounded_by_the_node() {
         let mut nl = NodeLedger::new(GpuNode::shared(
