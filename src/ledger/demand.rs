@@ -527,17 +527,20 @@ pub struct ObservedPod {
 /// Whether a bind annotation can be what `demand` holds on a node of `node_gpus` GPUs, where
 /// the model's own choice for it takes `model_milli` thousandths: each GPU on the node and none
 /// over full, and either as much as the model's choice (the model may round a share up to a
-/// replica, and sizes device-plugin units by the node) or the demand's own footprint (a share on
-/// one GPU, whole GPUs whole), which holds where the model has no room for the pod.
+/// replica, and sizes device-plugin units by the node) or the demand's own footprint (a share's
+/// thousandths on one GPU, whole GPUs whole), which holds where the model has no room for the pod.
 pub(super) fn annotation_fits(
     gpus: &[(u32, u32)],
     demand: &GpuDemand,
     node_gpus: u32,
     model_milli: u32,
 ) -> bool {
-    let own = match demand {
-        GpuDemand::Mps { .. } | GpuDemand::Timeslice { .. } => gpus.len() == 1,
-        GpuDemand::Whole { count } => {
+    let own = match (demand, gpus) {
+        // A time-slicing share takes its thousandths; an MPS share at least its own (a node's
+        // replica, which bind models, may be larger).
+        (GpuDemand::Timeslice { milli, .. }, [(_, m)]) => m == milli,
+        (GpuDemand::Mps { milli, .. }, [(_, m)]) => m >= milli,
+        (GpuDemand::Whole { count }, _) => {
             gpus.len() == *count as usize && gpus.iter().all(|(_, m)| *m == 1000)
         }
         _ => false,

@@ -595,6 +595,11 @@ mod tests {
             l.with_node("n", |nl| nl.usage.gpu_milli.clone()),
             Some(vec![1250, 1000])
         );
+        // A share's annotation that is not its thousandths is not believed where there is no
+        // room either.
+        l.record(&share("wrong", 250, vec![(0, 600)]));
+        assert_ne!(l.holding("wrong").unwrap().placement.gpus, vec![(0, 600)]);
+        l.release("wrong");
         // Once the stale holding goes, the GPU is exactly as full as the API says.
         l.release("a");
         assert_eq!(
