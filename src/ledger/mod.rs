@@ -559,6 +559,49 @@ mod tests {
         );
     }
 
+    /// Which bind annotations the ledger believes: the demand's own footprint (a time-slicing
+    /// share's thousandths exactly, an MPS share's at least, whole GPUs whole) or as much as the
+    /// model's choice; never a GPU the node lacks, an empty share, or a GPU over full.
+    #[test]
+    fn a_bind_annotation_is_believed_only_as_the_demands_footprint_or_the_models_choice() {
+        let ts = GpuDemand::Timeslice {
+            milli: 250,
+            memory_mib: None,
+        };
+        let mps = GpuDemand::Mps {
+            milli: 250,
+            memory_mib: None,
+        };
+        let whole = GpuDemand::Whole { count: 2 };
+        // (annotation, demand, the model's thousandths, believed)
+        type Case<'a> = (&'a [(u32, u32)], &'a GpuDemand, u32, bool);
+        let cases: [Case; 16] = [
+            (&[(1, 250)], &ts, 0, true),
+            (&[(1, 600)], &ts, 0, false),
+            (&[(1, 600)], &ts, 600, true),
+            (&[(0, 125), (1, 125)], &ts, 0, false),
+            (&[(1, 250)], &mps, 0, true),
+            (&[(1, 500)], &mps, 0, true),
+            (&[(1, 100)], &mps, 0, false),
+            (&[(1, 100)], &mps, 100, true),
+            (&[(0, 1000), (1, 1000)], &whole, 0, true),
+            (&[(0, 1000)], &whole, 0, false),
+            (&[(0, 1000), (1, 500)], &whole, 0, false),
+            (&[(0, 1000), (1, 500)], &whole, 1500, true),
+            (&[(4, 250)], &ts, 250, false),
+            (&[(1, 0)], &ts, 0, false),
+            (&[(0, 1000), (0, 1000)], &whole, 2000, false),
+            (&[], &ts, 0, false),
+        ];
+        for (gpus, demand, model, believed) in cases {
+            assert_eq!(
+                annotation_fits(gpus, demand, 4, model),
+                believed,
+                "{gpus:?} for {demand:?} (model {model})"
+            );
+        }
+    }
+
     /// A running share recorded where the model has no room (holdings the API no longer has are
     /// still held, say, until a reconcile releases them) keeps the GPU its bind annotation
     /// names: the model shows that GPU over full, and no next pod is given it as free.
@@ -598,7 +641,11 @@ mod tests {
         // A share's annotation that is not its thousandths is not believed where there is no
         // room either.
         l.record(&share("wrong", 250, vec![(0, 600)]));
-        assert_ne!(l.holding("wrong").unwrap().placement.gpus, vec![(0, 600)]);
+        assert_eq!(l.holding("wrong").unwrap().placement.gpus, vec![]);
+        assert_eq!(
+            l.with_node("n", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![1250, 1000])
+        );
         l.release("wrong");
         // Once the stale holding goes, the GPU is exactly as full as the API says.
         l.release("a");
