@@ -449,24 +449,24 @@ async fn prepare(c: &Cluster) -> Result<(), String> {
         None,
     );
     c.namespace(churn::NS, json!({})).await?;
-    let nodes = format!(
-        "{}/tests/cluster/per-gpu-node.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let out = std::process::Command::new("python3")
-        .arg(format!(
-            "{}/tests/cluster/nodes.py",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .arg(&c.dir)
-        .arg(&nodes)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "nodes.py: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+    // The per-GPU node, and a multi-GPU node the device plugin time-slices.
+    for file in ["per-gpu-node.yaml", "time-sliced-node.yaml"] {
+        let nodes = format!("{}/tests/cluster/{file}", env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new("python3")
+            .arg(format!(
+                "{}/tests/cluster/nodes.py",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .arg(&c.dir)
+            .arg(&nodes)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "nodes.py {file}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
     }
     let _ = c.kubectl(
         &["apply", "-f", "-"],

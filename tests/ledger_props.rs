@@ -101,6 +101,65 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Multi-GPU nodes the device plugin shares: time-slicing (2x A10 x4, 3x L4 x2) and MPS (2x H100
+/// x4, 3x A100 x3, whose replica is 333 thousandths).
+fn replicated_nodes() -> Vec<GpuNode> {
+    vec![
+        GpuNode::shared(
+            "ts-a10",
+            "NVIDIA-A10",
+            2,
+            23028,
+            Sharing::TimeSlicing { replicas: 4 },
+        ),
+        GpuNode::shared(
+            "ts-l4",
+            "NVIDIA-L4",
+            3,
+            23034,
+            Sharing::TimeSlicing { replicas: 2 },
+        ),
+        GpuNode::shared(
+            "mps-h100",
+            "NVIDIA-H100-80GB-HBM3",
+            2,
+            81559,
+            Sharing::Mps { replicas: 4 },
+        ),
+        GpuNode::shared(
+            "mps-a100",
+            "NVIDIA-A100-SXM4-80GB",
+            3,
+            81920,
+            Sharing::Mps { replicas: 3 },
+        ),
+    ]
+}
+
+fn replicated_op() -> impl Strategy<Value = Op> {
+    let demand = prop_oneof![
+        (1u32..=100, proptest::option::of(1000u64..=24_000)).prop_map(|(p, m)| {
+            GpuDemand::Timeslice {
+                milli: p * 10,
+                memory_mib: m,
+            }
+        }),
+        (1u32..=34, proptest::option::of(1000u64..=27_000)).prop_map(|(p, m)| GpuDemand::Mps {
+            milli: p * 10,
+            memory_mib: m
+        }),
+        (1u32..=3).prop_map(|count| GpuDemand::Units {
+            resource: "nvidia.com/gpu".into(),
+            count
+        }),
+    ];
+    prop_oneof![
+        6 => (0u8..40, 0u8..4, demand).prop_map(|(pod, node, demand)| Op::Bind { pod, node, demand }),
+        3 => (0u8..40).prop_map(|pod| Op::Delete { pod }),
+        1 => Just(Op::Restart),
+    ]
+}
+
 /// How a test turns an operation's pod into what bind sees, and the ledger into what the API
 /// lists.
 struct Api {
@@ -264,8 +323,7 @@ proptest! {
             live = step(live, &nodes, &scorer, &PLAIN, op)?;
             for nl in live.snapshot().values() {
                 prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
-                let shared = matches!(nl.node.sharing, Sharing::TimeSlicing { .. } | Sharing::Mps { .. });
-                prop_assert!(shared || nl.usage.gpu_milli.iter().all(|m| *m <= 1000), "GPU model over 100% on {}", nl.node.name);
+                prop_assert!(nl.usage.gpu_milli.iter().all(|m| *m <= 1000), "GPU model over 100% on {}: {:?}", nl.node.name, nl.usage.gpu_milli);
                 let whole_used: u32 = nl.holdings.values().map(|h| match h.demand.gpu {
                     GpuDemand::Whole { count } => count,
                     _ => 0,
@@ -323,6 +381,53 @@ proptest! {
             }
         }
         let rebuilt = Ledger::rebuild(nodes, &listed_pods(&live));
+        prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
+    }
+
+    /// On multi-GPU nodes the device plugin shares (time-slicing and MPS), random binds of
+    /// shares and device-plugin units, releases and restarts never model a GPU past 100% nor
+    /// past its memory, and what the node reports as used is exactly what its holdings place:
+    /// each time-sliced share its budget, each replica its GPU's 1/replicas.
+    #[test]
+    fn replicated_nodes_never_put_a_gpu_past_its_whole(ops in proptest::collection::vec(replicated_op(), 1..120)) {
+        let nodes = replicated_nodes();
+        let mut live = Ledger::rebuild(nodes.clone(), &[]);
+        let scorer = Scorer::new(PackingPolicy::GpuShare);
+        for op in ops {
+            live = step(live, &nodes, &scorer, &PLAIN, op)?;
+            for nl in live.snapshot().values() {
+                prop_assert!(nl.within_capacity(), "overcommitted {}: {:?}", nl.node.name, nl.usage);
+                let gpus = nl.node.gpus as usize;
+                let replica = 1000 / nl.node.sharing.replicas();
+                let (mut milli, mut memory) = (vec![0u32; gpus], vec![0u64; gpus]);
+                let mut placed = 0u64;
+                for h in nl.holdings.values() {
+                    let (each, mem) = match &h.demand.gpu {
+                        GpuDemand::Timeslice { milli, memory_mib } => (*milli, memory_mib.unwrap_or(0)),
+                        GpuDemand::Mps { .. } | GpuDemand::Units { .. } => (replica, 0),
+                        other => return Err(TestCaseError::fail(format!("unexpected {other:?}"))),
+                    };
+                    let units = match &h.demand.gpu {
+                        GpuDemand::Units { count, .. } => *count as usize,
+                        _ => 1,
+                    };
+                    prop_assert_eq!(h.placement.gpus.len(), units, "{:?} placed as {:?}", h.demand.gpu, h.placement.gpus);
+                    for (i, m) in &h.placement.gpus {
+                        prop_assert_eq!(*m, each);
+                        milli[*i as usize] += m;
+                        memory[*i as usize] += mem;
+                        placed += u64::from(*m);
+                    }
+                }
+                for i in 0..gpus {
+                    prop_assert!(milli[i] <= 1000, "GPU {} of {} at {}: {:?}", i, nl.node.name, milli[i], nl.holdings);
+                    prop_assert!(memory[i] <= nl.node.gpu_memory_mib.unwrap(), "GPU {} of {}: {} MiB", i, nl.node.name, memory[i]);
+                }
+                prop_assert_eq!(milli, nl.usage.gpu_milli.clone());
+                prop_assert_eq!(nl.usage.allocated_milli(), placed, "{} reports other than its holdings", nl.node.name);
+            }
+        }
+        let rebuilt = Ledger::rebuild(nodes, &api_view(&live));
         prop_assert_eq!(rebuilt.snapshot(), live.snapshot());
     }
 

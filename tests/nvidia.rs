@@ -165,7 +165,7 @@ fn renamed_shared_nodes_are_read_by_the_name_they_advertise() {
         "{why}"
     );
     // The pod's resource is not there: refused in words, and not something preemption frees.
-    let refused = packing::fit(&g, &Usage::default(), &ts_demand("nvidia.com/gpu")).unwrap_err();
+    let refused = packing::fit(&g, &Usage::empty(&g), &ts_demand("nvidia.com/gpu")).unwrap_err();
     assert_eq!(
         refused,
         Reason::ResourceNotAdvertised {
@@ -184,7 +184,7 @@ fn renamed_shared_nodes_are_read_by_the_name_they_advertise() {
     let per_class = Reading::of(&policy);
     let g = inventory::read_node(&renamed, &per_class).unwrap();
     assert_eq!(g.unreached, None);
-    assert!(packing::fit(&g, &Usage::default(), &ts_demand("nvidia.com/gpu.shared")).is_ok());
+    assert!(packing::fit(&g, &Usage::empty(&g), &ts_demand("nvidia.com/gpu.shared")).is_ok());
     let m = inventory::read_node(&mps, &per_class).unwrap();
     assert_eq!(
         (m.unreached, m.pool_resource.as_str(), m.slots),

@@ -496,8 +496,18 @@ mod tests {
             p1.gpus[0].0, p2.gpus[0].0,
             "second 60% goes to the other GPU"
         );
-        // A third 60% fits the node's budget (1.8 of 2 GPUs); the model stacks it on one GPU.
-        l.reserve(&scorer, "n1", pref("c"), d.clone()).unwrap();
+        // A third 60% fits the node's budget (1.8 of 2 GPUs), but no GPU has 600 left: it is
+        // refused, never stacked past a GPU's whole.
+        assert_eq!(
+            l.reserve(&scorer, "n1", pref("c"), d.clone()),
+            Err(Reason::NoGpuWithRoom)
+        );
+        let small = Demand::gpu(GpuDemand::Timeslice {
+            milli: 400,
+            memory_mib: None,
+        });
+        l.reserve(&scorer, "n1", pref("c"), small.clone()).unwrap();
+        l.reserve(&scorer, "n1", pref("e"), small.clone()).unwrap();
         assert_eq!(
             l.reserve(&scorer, "n1", pref("d"), d.clone()),
             Err(Reason::BudgetUsedUp)
@@ -505,7 +515,7 @@ mod tests {
         // Idempotent.
         assert_eq!(l.reserve(&scorer, "n1", pref("a"), d.clone()).unwrap(), p1);
         // Rebuild from what the API would show.
-        let observed: Vec<ObservedPod> = ["a", "b", "c"]
+        let observed: Vec<ObservedPod> = ["a", "b", "c", "e"]
             .iter()
             .map(|u| {
                 let h = l.holding(u).unwrap();
@@ -522,6 +532,10 @@ mod tests {
         l.release("a");
         assert!(l.reserve(&scorer, "n1", pref("d"), d).is_ok());
         assert_eq!(l.with_node("n1", |nl| nl.within_capacity()), Some(true));
+        assert_eq!(
+            l.with_node("n1", |nl| nl.usage.gpu_milli.clone()),
+            Some(vec![1000, 1000])
+        );
     }
 
     #[test]

@@ -1,11 +1,7 @@
 //! Candidates: every way a demand that fits could be placed on a node's GPUs (the per-GPU
 //! model), and what it holds on the node apart from them.
-
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
-use super::fit::replica_milli;
+use super::fit::{replica_gpus, replica_milli};
 use super::usage::{Placement, Usage};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
@@ -64,6 +60,34 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
     }
 }
 
+/// What a GPU must have, beyond room for a share's thousandths, to take the share in the model.
+#[derive(Clone, Copy)]
+struct ShareRule {
+    /// Room for the share's declared memory: time-sliced shares' memory adds up on their GPU.
+    memory: bool,
+    /// The per-GPU model is enforced (a node gpu-share shares per GPU): never a GPU held whole,
+    /// and never a share modelled where no GPU has room.
+    per_gpu: bool,
+}
+
+impl ShareRule {
+    /// An MPS replica of the device plugin: its memory is the plugin's equal split.
+    const REPLICA: ShareRule = ShareRule {
+        memory: false,
+        per_gpu: false,
+    };
+    /// A time-slicing replica of the device plugin with a declared budget and memory.
+    const BUDGET: ShareRule = ShareRule {
+        memory: true,
+        per_gpu: false,
+    };
+    /// A share on a node gpu-share shares per GPU.
+    const PER_GPU: ShareRule = ShareRule {
+        memory: true,
+        per_gpu: true,
+    };
+}
+
 /// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct
 /// GPU state, after [`fit`](super::fit) said yes. Whole-GPU demands take the lowest-index free GPUs.
 pub fn candidates(node: &GpuNode, usage: &Usage, demand: &Demand) -> Vec<Placement> {
@@ -88,10 +112,13 @@ pub fn for_each_candidate(
             .map(|i| (i as u32, GPU_MILLI))
             .collect()
     };
-    // One candidate per distinct GPU state (GPUs with equal load are interchangeable). `strict`:
-    // the per-GPU model is enforced (a node gpu-share shares per GPU), so a share goes only to a
-    // GPU that is not held whole and has room for its thousandths and its memory.
-    let mut one_gpu_each = |milli: u32, strict: bool, base: Placement| {
+    // One candidate per distinct GPU state (GPUs with equal load are interchangeable), each a GPU
+    // with room for the share's thousandths. `rule` says what else a GPU must have: room for the
+    // share's declared memory too (time-slicing, where shares' memory adds up on their GPU), and
+    // not being held whole (per GPU); and whether, where no GPU has room, the share is modelled on
+    // the least-loaded GPU anyway. A bind never gets there ([`fit`](super::fit) refuses first): only
+    // a pod recorded from the API does, which runs on some GPU whatever the model says.
+    let mut one_gpu_each = |milli: u32, rule: ShareRule, base: Placement| {
         let memory = base.gpu_memory_mib;
         let gpu_memory = node.gpu_memory_mib.unwrap_or(u64::MAX);
         let mut cand = Placement {
@@ -113,7 +140,10 @@ pub fn for_each_candidate(
                 continue;
             }
             let (_, used_memory, _, shareable) = state(i);
-            if strict && (!shareable || used_memory.saturating_add(memory) > gpu_memory) {
+            if rule.memory && used_memory.saturating_add(memory) > gpu_memory {
+                continue;
+            }
+            if rule.per_gpu && !shareable {
                 continue;
             }
             // An earlier GPU in the same state fit as well and was visited.
@@ -124,9 +154,9 @@ pub fn for_each_candidate(
             visit(&cand);
             visited = true;
         }
-        if !visited && !strict {
-            // The model is full; the device plugin still has a replica: model it on the
-            // least-loaded GPU.
+        if !visited && !rule.per_gpu {
+            // A recorded pod the model has no room for: the device plugin gave it a replica on
+            // some GPU; model it on the least-loaded one.
             if let Some((i, _)) = usage.gpu_milli.iter().enumerate().min_by_key(|(_, m)| **m) {
                 cand.gpus[0].0 = i as u32;
                 visit(&cand);
@@ -140,33 +170,21 @@ pub fn for_each_candidate(
             whole: true,
             ..base
         }),
-        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), false, base),
+        GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), ShareRule::REPLICA, base),
         GpuDemand::Timeslice { milli, .. } => {
-            one_gpu_each(*milli, node.sharing == Sharing::PerGpu, base)
+            let rule = if node.sharing == Sharing::PerGpu {
+                ShareRule::PER_GPU
+            } else {
+                ShareRule::BUDGET
+            };
+            one_gpu_each(*milli, rule, base)
         }
         GpuDemand::Units { count, .. } => {
             let whole = matches!(node.sharing, Sharing::None | Sharing::PerGpu);
             let gpus = match node.sharing {
                 Sharing::None | Sharing::PerGpu => free_indexes(*count),
                 Sharing::TimeSlicing { .. } | Sharing::Mps { .. } => {
-                    // Each unit is one replica: model them on the least-loaded GPUs. No node
-                    // hands out more units than it has (a recorded pod may claim more).
-                    let r = replica_milli(node);
-                    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
-                        .gpu_milli
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| Reverse((*m, i as u32)))
-                        .collect();
-                    let mut out = Vec::new();
-                    for _ in 0..(*count).min(node.slots) {
-                        let Some(Reverse((m, i))) = load.pop() else {
-                            break;
-                        };
-                        out.push((i, r));
-                        load.push(Reverse((m.saturating_add(r), i)));
-                    }
-                    out
+                    replica_gpus(node, usage, *count)
                 }
             };
             visit(&Placement {

@@ -1,5 +1,8 @@
 //! Fit: whether a node can take a demand, and if not, why, in a fixed set of words.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use serde::Serialize;
 
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
@@ -295,8 +298,50 @@ pub fn mig_blocked_by_old_layout(node: &GpuNode, usage: &Usage, profile: &str) -
     total.min(per_gpu.saturating_mul(stale.min(gpus)))
 }
 
+/// Some GPU takes a share of `milli` thousandths and `memory_mib` of declared memory (GPUs of
+/// `gpu_memory_mib` each): not held whole, with room for both. Else why not, in words.
+fn gpu_with_room(
+    usage: &Usage,
+    milli: u32,
+    memory_mib: Option<u64>,
+    gpu_memory_mib: Option<u64>,
+) -> Result<(), Reason> {
+    let room = |i: usize| usage.takes_share(i, milli, None, None);
+    let memory_room = |i: usize| usage.takes_share(i, milli, memory_mib, gpu_memory_mib);
+    let n = usage.gpu_milli.len();
+    if (0..n).any(|i| room(i) && memory_room(i)) {
+        Ok(())
+    } else if (0..n).any(room) {
+        Err(Reason::NoGpuWithMemory)
+    } else {
+        Err(Reason::NoGpuWithRoom)
+    }
+}
+
 pub(super) fn replica_milli(node: &GpuNode) -> u32 {
     GPU_MILLI / node.sharing.replicas()
+}
+
+/// `count` replicas of a node the device plugin shares (time-slicing or MPS), modelled as the
+/// plugin hands them out, each on the least-loaded GPU at the time (ties to the lowest index),
+/// one replica's thousandths each; never more than the node has (a recorded pod may claim more).
+pub fn replica_gpus(node: &GpuNode, usage: &Usage, count: u32) -> Vec<(u32, u32)> {
+    let r = replica_milli(node);
+    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
+        .gpu_milli
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Reverse((*m, i as u32)))
+        .collect();
+    let mut out = Vec::new();
+    for _ in 0..count.min(node.slots) {
+        let Some(Reverse((m, i))) = load.pop() else {
+            break;
+        };
+        out.push((i, r));
+        load.push(Reverse((m.saturating_add(r), i)));
+    }
+    out
 }
 
 /// The GPU rules. Classes never mix: MIG fits only free MIG devices of that profile; mps only
@@ -378,7 +423,8 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 if free_slots < 1 {
                     return Err(Reason::NoFreeReplica);
                 }
-                Ok(())
+                // A replica is its GPU's 1/replicas; units asked for directly count the same.
+                gpu_with_room(usage, replica_milli(node), None, None)
             }
             _ => Err(mismatch(node, "MPS")),
         },
@@ -403,7 +449,10 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 {
                     return Err(Reason::MemoryBudgetUsedUp);
                 }
-                Ok(())
+                // The node's budget is its GPUs' together, but a share runs on one GPU: one
+                // must have room for its thousandths and its memory, or the model (and what
+                // `status` shows) would put a GPU past 100%.
+                gpu_with_room(usage, *milli, *memory_mib, node.gpu_memory_mib)
             }
             Sharing::PerGpu => {
                 if node.gpus == 0 {
@@ -416,17 +465,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 }
                 // A GPU not held whole, with room for the share's thousandths, and with room
                 // for its memory: per GPU, shares never pass 100% nor the GPU's memory.
-                let room = |i: usize| usage.takes_share(i, *milli, None, None);
-                let memory_room =
-                    |i: usize| usage.takes_share(i, *milli, *memory_mib, node.gpu_memory_mib);
-                let n = usage.gpu_milli.len();
-                if (0..n).any(|i| room(i) && memory_room(i)) {
-                    Ok(())
-                } else if (0..n).any(room) {
-                    Err(Reason::NoGpuWithMemory)
-                } else {
-                    Err(Reason::NoGpuWithRoom)
-                }
+                gpu_with_room(usage, *milli, *memory_mib, node.gpu_memory_mib)
             }
             _ => Err(mismatch(node, "time-slicing")),
         },
@@ -452,6 +491,20 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                     > u64::from(node.gpus) * 1000
             {
                 return Err(Reason::BudgetUsedUp);
+            }
+            // Units of a shared node are replicas, each its GPU's 1/replicas, handed out on the
+            // least-loaded GPUs: none may pass 100% there.
+            if matches!(
+                node.sharing,
+                Sharing::TimeSlicing { .. } | Sharing::Mps { .. }
+            ) {
+                let mut load = usage.gpu_milli.clone();
+                for (i, r) in replica_gpus(node, usage, *count) {
+                    load[i as usize] = load[i as usize].saturating_add(r);
+                }
+                if load.iter().any(|m| *m > GPU_MILLI) {
+                    return Err(Reason::NoGpuWithRoom);
+                }
             }
             Ok(())
         }

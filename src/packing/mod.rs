@@ -99,6 +99,77 @@ mod tests {
     }
     use crate::inventory::GpuNode;
 
+    /// The case found on paper: a node of two A10s time-sliced 4 ways takes four `timeslice-40`
+    /// shares (two per GPU); a fifth fits the node's pooled budget (2000) and a free replica, but
+    /// no GPU has 400 thousandths left, so it is refused in words instead of modelled at 1200 on
+    /// GPU 0; and what the node reports used is what its shares asked.
+    #[test]
+    fn a_time_sliced_node_never_models_a_gpu_past_its_whole() {
+        let node = GpuNode::shared(
+            "a10",
+            "NVIDIA-A10",
+            2,
+            23028,
+            Sharing::TimeSlicing { replicas: 4 },
+        );
+        let scorer = Scorer::new(PackingPolicy::GpuShare);
+        let share = Demand::gpu(GpuDemand::Timeslice {
+            milli: 400,
+            memory_mib: None,
+        });
+        let mut usage = Usage::empty(&node);
+        for _ in 0..4 {
+            let (p, _) = place(&scorer, &node, &usage, &share, &mut FragMemo::default())
+                .expect("two shares of 400 fit each GPU");
+            apply(&mut usage, &p);
+        }
+        assert_eq!(usage.gpu_milli, vec![800, 800]);
+        assert_eq!(
+            place(&scorer, &node, &usage, &share, &mut FragMemo::default()).map(|_| ()),
+            Err(Reason::NoGpuWithRoom)
+        );
+        assert_eq!(
+            usage.allocated_milli(),
+            1600,
+            "four shares of 400 are 1.6 GPUs used"
+        );
+        // A unit asked of the device plugin directly is a replica (250): no GPU has it either.
+        let unit = Demand::gpu(GpuDemand::Units {
+            resource: "nvidia.com/gpu".into(),
+            count: 1,
+        });
+        assert_eq!(
+            place(&scorer, &node, &usage, &unit, &mut FragMemo::default()).map(|_| ()),
+            Err(Reason::NoGpuWithRoom)
+        );
+        // One share of 200 still fits (a GPU at 1000 exactly).
+        let small = Demand::gpu(GpuDemand::Timeslice {
+            milli: 200,
+            memory_mib: None,
+        });
+        let (p, _) = place(&scorer, &node, &usage, &small, &mut FragMemo::default()).unwrap();
+        apply(&mut usage, &p);
+        assert!(usage.gpu_milli.contains(&1000));
+        // Declared memory counts per GPU too: 16 GiB fits the node's pool (2 x 22.5 GiB) but
+        // not the GPU with room (8 GiB already declared there would pass its 22.5 GiB).
+        let mut usage = Usage::empty(&node);
+        let big = |gib: u64| {
+            Demand::gpu(GpuDemand::Timeslice {
+                milli: 100,
+                memory_mib: Some(gib * 1024),
+            })
+        };
+        for gib in [20, 8] {
+            let (p, _) =
+                place(&scorer, &node, &usage, &big(gib), &mut FragMemo::default()).unwrap();
+            apply(&mut usage, &p);
+        }
+        assert_eq!(
+            place(&scorer, &node, &usage, &big(16), &mut FragMemo::default()).map(|_| ()),
+            Err(Reason::NoGpuWithMemory)
+        );
+    }
+
     fn ts4() -> GpuNode {
         GpuNode::shared("ts", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 })
     }
@@ -201,10 +272,12 @@ mod tests {
         add(&n, &mut u, &ts(60)).unwrap();
         add(&n, &mut u, &ts(60)).unwrap();
         assert_eq!(u.budget_milli, 1200);
-        add(&n, &mut u, &ts(50)).unwrap();
-        assert_eq!(add(&n, &mut u, &ts(40)), Err(Reason::BudgetUsedUp));
-        add(&n, &mut u, &ts(30)).unwrap();
+        // 800 of the pool's 2000 is left, but no GPU has 500 of it.
+        assert_eq!(add(&n, &mut u, &ts(50)), Err(Reason::NoGpuWithRoom));
+        add(&n, &mut u, &ts(40)).unwrap();
+        add(&n, &mut u, &ts(40)).unwrap();
         assert_eq!(u.budget_milli, 2000);
+        assert_eq!(add(&n, &mut u, &ts(10)), Err(Reason::BudgetUsedUp));
         // Replicas: 8 slots; budget is the binding limit here.
         assert_eq!(u.slots, 4);
     }

@@ -29,12 +29,16 @@ pub const REQUESTS: [&str; 6] = [
     "exclusive-1",
 ];
 
-/// The Deployments: name, request, largest replica count (beyond what fits, so some wait).
-const DEPLOYMENTS: [(&str, &str, u32); 4] = [
-    ("mig", "mig-1g.10gb", 14),
-    ("mps", "mps-25", 10),
-    ("shares", "timeslice-25", 12),
-    ("train", "exclusive-1", 5),
+/// The Deployments: name, request, largest replica count (beyond what fits, so some wait), and
+/// the node they are pinned to, if any. `a10` asks the two-GPU time-sliced node
+/// (tests/cluster/time-sliced-node.yaml) for up to six `timeslice-40` shares where four fit
+/// (two per GPU): its pool's budget (2000) would take five.
+const DEPLOYMENTS: [(&str, &str, u32, Option<&str>); 5] = [
+    ("mig", "mig-1g.10gb", 14, None),
+    ("mps", "mps-25", 10, None),
+    ("shares", "timeslice-25", 12, None),
+    ("train", "exclusive-1", 5, None),
+    ("a10", "timeslice-40", 6, Some("a10-ts4x2")),
 ];
 
 /// What one churn step did, for the report.
@@ -66,9 +70,12 @@ fn template(request: &str, complete_after: Option<u32>) -> Value {
 /// Creates the Deployments at 0 replicas.
 pub async fn prepare(c: &Cluster) -> Result<(), String> {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), NS);
-    for (name, request, _) in DEPLOYMENTS {
+    for (name, request, _, node) in DEPLOYMENTS {
         let mut t = template(request, None);
         t["metadata"]["labels"]["app"] = json!(name);
+        if let Some(node) = node {
+            t["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        }
         let d: Deployment = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": name},
@@ -95,7 +102,7 @@ pub async fn step(c: &Cluster, rng: &mut ChaCha8Rng, serial: &mut u64, counts: &
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
     if rng.random_bool(0.35) {
-        let (name, _, max) = DEPLOYMENTS[rng.random_range(0..DEPLOYMENTS.len())];
+        let (name, _, max, _) = DEPLOYMENTS[rng.random_range(0..DEPLOYMENTS.len())];
         let replicas = rng.random_range(0..=max);
         match deployments
             .patch_scale(
