@@ -92,10 +92,21 @@ fn check_policy(file: &std::path::Path) -> ExitCode {
         if loaded.defaulted.is_empty() {
             let _ = writeln!(out, "# Every field is set in the file.");
         } else {
+            let named: Vec<String> = loaded
+                .defaulted
+                .iter()
+                .map(|f| {
+                    if gpu_share::policy::UNSET_BY_DEFAULT.contains(f) {
+                        format!("{f} (unset)")
+                    } else {
+                        f.to_string()
+                    }
+                })
+                .collect();
             let _ = writeln!(
                 out,
                 "# Left out, so the embedded default's values: {}.",
-                loaded.defaulted.join(", ")
+                named.join(", ")
             );
         }
         let _ = writeln!(out, "# Effective policy:");

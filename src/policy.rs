@@ -367,11 +367,17 @@ mod defaults {
     }
 }
 
-/// The fields a policy file may set, by path, parents before their children.
+/// The fields whose default is to be unset (the embedded default leaves them out too).
+pub const UNSET_BY_DEFAULT: &[&str] = &["resources.timeslice", "resources.mps", "mps.runAsUser"];
+
+/// The fields a policy file may set, by path, parents before their children (a test holds it
+/// to the fields [`Policy`] has).
 const FIELDS: &[&str] = &[
     "version",
     "resources",
     "resources.shared",
+    "resources.timeslice",
+    "resources.mps",
     "mig",
     "mig.strategy",
     "mig.models",
@@ -383,8 +389,12 @@ const FIELDS: &[&str] = &[
     "mps",
     "mps.hostIPC",
     "mps.activeThreadPercentage",
+    "mps.runAsUser",
     "packing",
     "packing.policy",
+    "perGpu",
+    "perGpu.timeslice",
+    "perGpu.releaseAfterSeconds",
     "namespaces",
     "nodeModes",
     "workloads",
@@ -790,13 +800,51 @@ mod tests {
         assert!(Policy::from_yaml(": : :").is_err());
     }
 
+    /// Every field a policy has, two levels deep, is one `check-policy` and the service's log
+    /// name when a file leaves it out: read from the policy itself, every optional field set.
+    #[test]
+    fn the_fields_named_when_left_out_are_every_field_the_policy_has() {
+        let mut p = Policy::default_policy();
+        p.resources.timeslice = Some("nvidia.com/gpu.shared".to_string().try_into().unwrap());
+        p.resources.mps = Some("nvidia.com/gpu".to_string().try_into().unwrap());
+        p.mps.run_as_user = Some(1000);
+        let v = serde_json::to_value(&p).unwrap();
+        let mut paths = Vec::new();
+        for (k, inner) in v.as_object().unwrap() {
+            paths.push(k.clone());
+            if let Some(o) = inner.as_object() {
+                paths.extend(o.keys().map(|c| format!("{k}.{c}")));
+            }
+        }
+        let mut fields: Vec<String> = FIELDS.iter().map(|f| f.to_string()).collect();
+        paths.sort();
+        fields.sort();
+        assert_eq!(paths, fields);
+        // And a file of one field names each of the others' sections.
+        let l = Policy::load("version: v1\n", "p.yaml").unwrap();
+        for f in [
+            "resources",
+            "mig",
+            "mps",
+            "packing",
+            "perGpu",
+            "nodeModes",
+            "workloads",
+        ] {
+            assert!(l.defaulted.contains(&f), "{f} not named: {:?}", l.defaulted);
+        }
+    }
+
     /// A file that leaves fields out takes the embedded default's values for them (the
     /// README's `namespaces:` example is a whole file), says which, and warns about fields set
     /// empty on purpose; the embedded default itself sets every field.
     #[test]
     fn left_out_fields_take_the_defaults_and_empty_ones_warn() {
         let d = Policy::load(DEFAULT_POLICY_YAML, "default.yaml").unwrap();
-        assert!(d.defaulted.is_empty(), "{:?}", d.defaulted);
+        assert_eq!(
+            d.defaulted, UNSET_BY_DEFAULT,
+            "only the fields unset by default"
+        );
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);
         let only = "namespaces:\n  - names: [research]\n    allowedClasses: [mig, mps]\n";
         let l = Policy::load(only, "p.yaml").unwrap();

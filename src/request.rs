@@ -328,8 +328,10 @@ pub fn parse_class(value: &str) -> Result<GpuClass, RequestError> {
     if let Some(p) = value.strip_prefix("timeslice-") {
         return percent(p).map(|percent| GpuClass::Timeslice { percent });
     }
+    // A misspelt profile (`mig-1g.10g`) is still a MIG request: the webhook refuses it against
+    // its MIG table, with the nearest names.
     if let Some(profile) = value.strip_prefix("mig-")
-        && is_profile_shaped(profile)
+        && (is_profile_shaped(profile) || is_profile_like(profile))
     {
         return Ok(GpuClass::Mig {
             profile: profile.to_string(),
@@ -347,6 +349,19 @@ fn leading_zero(value: &str, digits: &str) -> RequestError {
         value: value.to_string(),
         canonical: format!("{}{number}", &value[..value.len() - digits.len()]),
     }
+}
+
+/// Something a profile was meant to be: a compute part and a memory part that ends in a unit
+/// (`1g.10g`, `3g40gb`, `1g.10gb.me`), in lower-case letters, digits, `.` and `+`; not a bare
+/// `1g` or a memory size without its unit (`1g.10`).
+fn is_profile_like(s: &str) -> bool {
+    let base = s.split_once('+').map_or(s, |(b, _)| b);
+    (5..=32).contains(&s.len())
+        && s.starts_with(|c: char| c.is_ascii_digit())
+        && base.ends_with(['g', 'b'])
+        && base[1..].contains('g')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'+')
 }
 
 /// `<n>g.<m>gb` with an optional `+<suffix>`; whether the profile exists is the MIG table's call.

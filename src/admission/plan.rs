@@ -1041,6 +1041,21 @@ mod tests {
         let d = denied(&pod(json!({"gpu-share": "mig-7g.79gb"}), basic_spec()));
         assert_eq!(d.reason, DenialReason::UnknownMigProfile);
         assert!(d.message.contains("did you mean 7g.80gb"), "{}", d.message);
+        // Misspelt so that it is no profile's shape at all: the nearest names still.
+        for (typo, meant) in [("mig-1g.10g", "1g.10gb"), ("mig-3g40gb", "3g.40gb")] {
+            let d = denied(&pod(json!({"gpu-share": typo}), basic_spec()));
+            assert_eq!(d.reason, DenialReason::UnknownMigProfile, "{typo}");
+            let hints = d
+                .message
+                .split("did you mean ")
+                .nth(1)
+                .and_then(|m| m.split('?').next());
+            assert!(
+                hints.is_some_and(|h| h.split(" or ").any(|n| n == meant)),
+                "{typo}: {}",
+                d.message
+            );
+        }
 
         let d = denied(&pod(json!({"gpu-share": "half"}), basic_spec()));
         assert_eq!(d.reason, DenialReason::Unparsable);

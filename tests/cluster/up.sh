@@ -265,7 +265,12 @@ rm -rf "$dir/manifests"
 cp -r "$repo/manifests" "$dir/manifests"
 mkdir -p "$dir/manifests/overlays/self-signed/certs"
 cp "$dir/gpu-share-certs"/{ca.crt,tls.crt,tls.key} "$dir/manifests/overlays/self-signed/certs/"
-"$kubectl" kustomize "$dir/manifests/overlays/self-signed" >"$dir/rendered.yaml"
+# With per-GPU sharing's objects (the component), which the per-GPU points and the fault runner use.
+mkdir -p "$dir/manifests/test"
+printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
+  'resources: [../overlays/self-signed]' 'components: [../components/per-gpu]' \
+  >"$dir/manifests/test/kustomization.yaml"
+"$kubectl" kustomize "$dir/manifests/test" >"$dir/rendered.yaml"
 # The changes: the webhooks call the local process by URL, trusting the test CA (the self-signed
 # overlay already set caBundle to it), and gpu-share's Deployments run no pods (the local
 # processes are them; their pods would wait for a scheduler profile of their own).
@@ -283,7 +288,7 @@ for d in docs:
         d["spec"]["replicas"] = 0
 yaml.safe_dump_all(docs, open(dst, "w"), sort_keys=False)
 EOF
-say "kubectl apply (the self-signed overlay)"
+say "kubectl apply (the self-signed overlay, with the per-GPU component)"
 "$kubectl" apply -f "$dir/applied.yaml" >"$dir/logs/apply.out" 2>"$dir/logs/apply.err" ||
   fail "kubectl apply of the manifests failed: $(cat "$dir/logs/apply.err")"
 

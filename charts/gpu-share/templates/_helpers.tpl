@@ -41,8 +41,23 @@ are templateChecks.extraKinds.
 
 {{/*
 The KubeSchedulerConfiguration (files/scheduler-config.yaml, a copy of the base's): its profile
-is .Values.schedulerName, its Lease in the release's namespace.
+is .Values.schedulerName; its Lease, and the name it verifies the extender's certificate by, in
+the release's namespace.
 */}}
 {{- define "gpu-share.schedulerConfig" -}}
-{{ .Files.Get "files/scheduler-config.yaml" | replace "- schedulerName: gpu-share-scheduler" (printf "- schedulerName: %s" .Values.schedulerName) | replace "resourceNamespace: gpu-share" (printf "resourceNamespace: %s" .Release.Namespace) }}
+{{ .Files.Get "files/scheduler-config.yaml" | replace "- schedulerName: gpu-share-scheduler" (printf "- schedulerName: %s" .Values.schedulerName) | replace "resourceNamespace: gpu-share" (printf "resourceNamespace: %s" .Release.Namespace) | replace "gpu-share.gpu-share.svc" (printf "gpu-share.%s.svc" .Release.Namespace) }}
+{{- end }}
+
+{{/*
+kube-scheduler's tag: the value, else the cluster's version without a platform's suffix
+(v1.33.5-eks-113cf36, v1.33.5-gke.1201000 and v1.33.5+k3s1 all give v1.33.5), so the scheduler is
+never newer than the API server.
+*/}}
+{{- define "gpu-share.kubeSchedulerTag" -}}
+{{- if .Values.scheduler.kubeScheduler.image.tag -}}
+{{ .Values.scheduler.kubeScheduler.image.tag }}
+{{- else -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{ printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- end -}}
 {{- end }}
