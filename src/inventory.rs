@@ -16,10 +16,12 @@ use k8s_openapi::api::core::v1::Node;
 pub use crate::nvidia::*;
 
 mod node;
+mod offers;
 mod quantity;
 mod sharing;
 mod warnings;
 pub use node::{GpuNode, MigLayout, Unreached};
+pub use offers::MigOffers;
 pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
 pub use sharing::{ModeSource, Sharing};
 use warnings::{warn_per_gpu_refused_once, warn_unreached_once, warn_unverified_once};
@@ -33,8 +35,8 @@ pub struct Reading {
     /// What mps pods ask for.
     pub mps: String,
     /// Whether MIG pods ask for `nvidia.com/gpu` (the single strategy) rather than
-    /// `nvidia.com/mig-<profile>`.
-    pub mig_single: bool,
+    /// `nvidia.com/mig-<profile>`; `None` under the `auto` strategy: what each node offers.
+    pub mig_single: Option<bool>,
     pub declared: Vec<crate::policy::NodeMode>,
     pub mig: crate::mig::MigTable,
 }
@@ -51,7 +53,7 @@ impl From<&str> for Reading {
         Reading {
             timeslice: shared.to_string(),
             mps: shared.to_string(),
-            mig_single: false,
+            mig_single: Some(false),
             declared: Vec::new(),
             mig: crate::mig::MigTable::default(),
         }
@@ -63,7 +65,11 @@ impl Reading {
         Reading {
             timeslice: policy.resources.timeslice_resource().to_string(),
             mps: policy.resources.mps_resource().to_string(),
-            mig_single: policy.mig.strategy == crate::policy::MigStrategy::Single,
+            mig_single: match policy.mig.strategy {
+                crate::policy::MigStrategy::Single => Some(true),
+                crate::policy::MigStrategy::Mixed => Some(false),
+                crate::policy::MigStrategy::Auto => None,
+            },
             declared: policy.node_modes.clone(),
             mig: policy.mig_table(),
         }
@@ -77,9 +83,11 @@ impl Reading {
             return None;
         }
         let (class, asks) = match (&node.mig, node.sharing) {
+            // Under `auto` a MIG pod asks for what the nodes offering its profile advertise.
+            (MigLayout::Single { .. }, _) if self.mig_single.is_none() => return None,
             (MigLayout::Single { profile, .. }, _) => (
                 "mig",
-                if self.mig_single {
+                if self.mig_single == Some(true) {
                     RESOURCE_GPU.to_string()
                 } else {
                     crate::mig::resource_name(profile)
@@ -87,7 +95,7 @@ impl Reading {
             ),
             // All MIG, mixed strategy: MIG pods ask per profile unless the policy says single.
             (MigLayout::Mixed { .. }, _) if node.gpus == 0 => {
-                if !self.mig_single {
+                if self.mig_single != Some(true) {
                     return None;
                 }
                 ("mig", RESOURCE_GPU.to_string())

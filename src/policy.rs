@@ -13,7 +13,9 @@ use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
 use crate::workloads::WorkloadKind;
 
+mod fields;
 mod resources;
+pub use fields::UNSET_BY_DEFAULT;
 pub use resources::{ResourceName, ResourcesPolicy, Violation};
 
 /// The embedded default policy.
@@ -31,9 +33,14 @@ pub enum PolicyError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum MigStrategy {
-    #[default]
+    /// Each profile its own resource, `nvidia.com/mig-<profile>`.
     Mixed,
+    /// MIG devices advertised as `nvidia.com/gpu` (the GPU Operator's default).
     Single,
+    /// The form of the nodes that offer the profile, read from the cluster at admission
+    /// ([`crate::inventory::MigOffers`]); mixed where no node offers it.
+    #[default]
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -367,39 +374,6 @@ mod defaults {
     }
 }
 
-/// The fields whose default is to be unset (the embedded default leaves them out too).
-pub const UNSET_BY_DEFAULT: &[&str] = &["resources.timeslice", "resources.mps", "mps.runAsUser"];
-
-/// The fields a policy file may set, by path, parents before their children (a test holds it
-/// to the fields [`Policy`] has).
-const FIELDS: &[&str] = &[
-    "version",
-    "resources",
-    "resources.shared",
-    "resources.timeslice",
-    "resources.mps",
-    "mig",
-    "mig.strategy",
-    "mig.models",
-    "tolerations",
-    "runtimeClassName",
-    "schedulerName",
-    "nodeAffinity",
-    "workloadEnv",
-    "mps",
-    "mps.hostIPC",
-    "mps.activeThreadPercentage",
-    "mps.runAsUser",
-    "packing",
-    "packing.policy",
-    "perGpu",
-    "perGpu.timeslice",
-    "perGpu.releaseAfterSeconds",
-    "namespaces",
-    "nodeModes",
-    "workloads",
-];
-
 /// A policy as read from a file: the policy, the fields the file left out (they hold the
 /// embedded default's values) and warnings about values set empty on purpose.
 #[derive(Debug, Clone, PartialEq)]
@@ -431,25 +405,8 @@ impl Policy {
         policy
             .validate()
             .map_err(|e| PolicyError::Invalid(locate(text, &e.0)))?;
-        let present = |path: &str| {
-            let mut v = &value;
-            for key in path.split('.') {
-                match v.get(key) {
-                    Some(next) => v = next,
-                    None => return false,
-                }
-            }
-            true
-        };
-        let mut defaulted: Vec<&'static str> = Vec::new();
-        for f in FIELDS {
-            let parent_defaulted = defaulted
-                .iter()
-                .any(|d| f.strip_prefix(d).is_some_and(|rest| rest.starts_with('.')));
-            if !parent_defaulted && !present(f) {
-                defaulted.push(f);
-            }
-        }
+        let present = |path: &str| fields::present(&value, path);
+        let defaulted = fields::left_out(&value);
         let mut warnings = Vec::new();
         if present("schedulerName") && policy.scheduler_name.is_empty() {
             warnings.push(
@@ -634,11 +591,27 @@ impl Policy {
             .find(|(_, r)| r.matches(namespace, labels))
     }
 
+    /// This policy with MIG pods written in `form` (the webhook's choice for one pod under
+    /// `auto`); borrowed when that is the policy's strategy already.
+    pub fn with_mig_form(&self, form: MigStrategy) -> std::borrow::Cow<'_, Policy> {
+        if self.mig.strategy == form {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            let mut p = self.clone();
+            p.mig.strategy = form;
+            std::borrow::Cow::Owned(p)
+        }
+    }
+
     /// The extended resource name and quantity the webhook injects for a request.
     pub fn resource_for(&self, request: &GpuRequest) -> (String, u32) {
         match &request.class {
+            // Auto is resolved to a form per pod before this (the plan's `with_mig_form`);
+            // unresolved, it is the mixed form.
             GpuClass::Mig { profile } => match self.mig.strategy {
-                MigStrategy::Mixed => (crate::mig::resource_name(profile), request.count),
+                MigStrategy::Mixed | MigStrategy::Auto => {
+                    (crate::mig::resource_name(profile), request.count)
+                }
                 MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
             GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
@@ -660,7 +633,7 @@ impl Policy {
             self.resources.mps_resource().to_string(),
             crate::request::RESOURCE_SHARE.to_string(),
         ];
-        if self.mig.strategy == MigStrategy::Mixed {
+        if self.mig.strategy != MigStrategy::Single {
             names.extend(
                 self.mig_table()
                     .profile_names()
@@ -703,7 +676,7 @@ mod tests {
     fn default_policy_is_valid_and_has_nvidia_defaults() {
         let p = Policy::default_policy();
         assert_eq!(p.resources.shared.as_str(), "nvidia.com/gpu");
-        assert_eq!(p.mig.strategy, MigStrategy::Mixed);
+        assert_eq!(p.mig.strategy, MigStrategy::Auto);
         assert_eq!(p.runtime_class_name, "nvidia");
         assert_eq!(p.scheduler_name, "gpu-share-scheduler");
         assert!(p.mps.host_ipc);
@@ -780,7 +753,7 @@ mod tests {
         let e = Policy::from_yaml(&bad).unwrap_err().to_string();
         assert!(e.contains("line"), "{e}");
         assert!(e.contains("<domain>/<name>"), "{e}");
-        let bad = DEFAULT_POLICY_YAML.replace("strategy: mixed", "strategy: both");
+        let bad = DEFAULT_POLICY_YAML.replace("strategy: auto", "strategy: both");
         let e = Policy::from_yaml(&bad).unwrap_err().to_string();
         assert!(e.contains("line"), "{e}");
         let bad = format!("{DEFAULT_POLICY_YAML}\nsurprise: 1\n");
@@ -816,7 +789,10 @@ mod tests {
                 paths.extend(o.keys().map(|c| format!("{k}.{c}")));
             }
         }
-        let mut fields: Vec<String> = FIELDS.iter().map(|f| f.to_string()).collect();
+        let mut fields: Vec<String> = super::fields::FIELDS
+            .iter()
+            .map(|f| f.to_string())
+            .collect();
         paths.sort();
         fields.sort();
         assert_eq!(paths, fields);

@@ -55,13 +55,26 @@ fn v1_nodes_reads_every_fixture_from_nvidias_code_right() {
         let name = n.metadata.name.as_deref().unwrap();
         let r = &reports[name];
         nvidia::check_report(r, n).unwrap_or_else(|e| panic!("{e}: {r:?}"));
-        // Under the default policy (shared pods ask for nvidia.com/gpu, MIG pods for
-        // nvidia.com/mig-<profile>) the renamed shared nodes and the single-strategy nodes are
-        // the ones no pod of their class can use.
+        // Under the default policy (shared pods ask for nvidia.com/gpu, MIG pods for what the
+        // nodes offering their profile advertise) the renamed shared nodes are the ones no pod
+        // of their class can use.
         assert_eq!(
             r.unreached.is_some(),
-            name.ends_with("-rename") || nvidia::single(n),
+            name.ends_with("-rename"),
             "{name}: {:?}",
+            r.unreached
+        );
+    }
+    // Under a policy that says mixed, the single-strategy nodes are unreached too.
+    let mut mixed = Policy::default_policy();
+    mixed.mig.strategy = MigStrategy::Mixed;
+    for r in &gpu_share::status::reports_from(&mixed, &nodes, &[]) {
+        let n = node(&r.name);
+        assert_eq!(
+            r.unreached.is_some(),
+            r.name.ends_with("-rename") || nvidia::single(&n),
+            "{}: {:?}",
+            r.name,
             r.unreached
         );
     }
@@ -257,6 +270,15 @@ fn nodes_without_the_pods_resource_never_fit() {
 }
 
 fn planned_pod(policy: &Policy, annotation: &str) -> Pod {
+    planned_with(policy, annotation, None).0
+}
+
+/// The pod as the webhook writes it, with its warnings, given the nodes' MIG forms.
+fn planned_with(
+    policy: &Policy,
+    annotation: &str,
+    offers: Option<&inventory::MigOffers>,
+) -> (Pod, Vec<String>) {
     let obj = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "p", "namespace": "default", "annotations": {"gpu-share": annotation}},
@@ -267,6 +289,7 @@ fn planned_pod(policy: &Policy, annotation: &str) -> Pod {
         namespace_labels: None,
         runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
         request_uid: "u",
+        mig_offers: offers,
     };
     let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
     let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
@@ -274,7 +297,148 @@ fn planned_pod(policy: &Policy, annotation: &str) -> Pod {
     };
     let mut doc = obj.clone();
     json_patch::patch(&mut doc, &m.patch).unwrap();
-    serde_json::from_value(doc).unwrap()
+    (serde_json::from_value(doc).unwrap(), m.warnings)
+}
+
+fn gpu_limits(pod: &Pod) -> BTreeMap<String, String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// The GPU Operator's default MIG strategy is single, gpu-share's was mixed: with both defaults
+/// a `mig-1g.10gb` pod asked for nvidia.com/mig-1g.10gb on nodes that advertise nvidia.com/gpu,
+/// and waited for ever. Under the default policy (`auto`) a MIG pod asks for what the nodes
+/// offering its profile advertise, on a cluster of either strategy and on one of both (the form
+/// with more devices of the profile, with a warning that names the others); every such pod then
+/// fits a node that offers it.
+#[test]
+fn mig_pods_ask_for_what_the_nodes_offering_their_profile_advertise() {
+    let policy = Policy::default_policy();
+    assert_eq!(policy.mig.strategy, MigStrategy::Auto);
+    let reading = Reading::of(&policy);
+    let read = |names: &[&str]| -> Vec<GpuNode> {
+        names
+            .iter()
+            .map(|n| inventory::read_node(&node(n), &reading).unwrap())
+            .collect()
+    };
+    let fits_some = |pod: &Pod, nodes: &[GpuNode]| {
+        let demand = gpu_share::ledger::demand_of_pod(pod).unwrap().unwrap();
+        nodes
+            .iter()
+            .any(|g| packing::fit(g, &Usage::empty(g), &demand).is_ok())
+    };
+    // A cluster of the GPU Operator's defaults: single-strategy MIG nodes only.
+    let single = read(&[
+        "a100-80gb-mig-single-all-1g.10gb",
+        "h100-80gb-mig-single-all-1g.10gb",
+    ]);
+    let offers = inventory::MigOffers::of(&single);
+    let (pod, warnings) = planned_with(&policy, "mig-1g.10gb", Some(&offers));
+    assert_eq!(
+        gpu_limits(&pod).get("nvidia.com/gpu").map(String::as_str),
+        Some("1")
+    );
+    assert!(warnings.iter().all(|w| !w.contains("MIG")), "{warnings:?}");
+    assert!(
+        fits_some(&pod, &single),
+        "the pod fits a single-strategy node"
+    );
+    // A cluster of mixed nodes only: the profile's own resource.
+    let mixed = read(&[
+        "a100-80gb-mig-mixed-all-1g.10gb",
+        "a100-80gb-mig-mixed-3g-4x1g",
+    ]);
+    let offers = inventory::MigOffers::of(&mixed);
+    let (pod, _) = planned_with(&policy, "mig-1g.10gb", Some(&offers));
+    assert_eq!(
+        gpu_limits(&pod)
+            .get("nvidia.com/mig-1g.10gb")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert!(fits_some(&pod, &mixed));
+    // Both: two single-strategy pools of 1g.10gb (112 devices) beside a mixed node of seven
+    // and one of 3g.20gb. 1g.10gb is asked as nvidia.com/gpu, with a warning that counts the
+    // seven it cannot reach; 3g.20gb, offered in the mixed form only, as its own resource.
+    let both = read(&[
+        "a100-80gb-mig-single-all-1g.10gb",
+        "h100-80gb-mig-single-all-1g.10gb",
+        "a100-80gb-x1-mig-mixed-all-1g.10gb",
+        "a100-40gb-mig-mixed-all-3g.20gb",
+    ]);
+    let offers = inventory::MigOffers::of(&both);
+    assert_eq!(
+        (
+            offers.devices("1g.10gb", MigStrategy::Single),
+            offers.devices("1g.10gb", MigStrategy::Mixed)
+        ),
+        (112, 7)
+    );
+    let (pod, warnings) = planned_with(&policy, "mig-1g.10gb", Some(&offers));
+    assert_eq!(
+        gpu_limits(&pod).get("nvidia.com/gpu").map(String::as_str),
+        Some("1")
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("112 devices")
+                && w.contains("the 7 devices on mixed-strategy nodes")),
+        "{warnings:?}"
+    );
+    assert!(fits_some(&pod, &both));
+    let (pod, warnings) = planned_with(&policy, "mig-3g.20gb", Some(&offers));
+    assert_eq!(
+        gpu_limits(&pod)
+            .get("nvidia.com/mig-3g.20gb")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert!(
+        warnings.iter().all(|w| !w.contains("MIG strategies")),
+        "{warnings:?}"
+    );
+    assert!(fits_some(&pod, &both));
+    // Every generated node: for each profile, the form with more devices, and a pod that fits.
+    let all: Vec<GpuNode> = nvidia_nodes()
+        .iter()
+        .filter_map(|n| inventory::read_node(n, &reading))
+        .collect();
+    let offers = inventory::MigOffers::of(&all);
+    for profile in ["1g.5gb", "1g.10gb", "3g.20gb", "3g.40gb"] {
+        let single = offers.devices(profile, MigStrategy::Single);
+        let mixed = offers.devices(profile, MigStrategy::Mixed);
+        let (pod, _) = planned_with(&policy, &format!("mig-{profile}"), Some(&offers));
+        let want = if single > mixed {
+            "nvidia.com/gpu".to_string()
+        } else {
+            gpu_share::mig::resource_name(profile)
+        };
+        assert!(
+            gpu_limits(&pod).contains_key(&want),
+            "{profile}: {single} single, {mixed} mixed"
+        );
+        assert!(fits_some(&pod, &all), "{profile}");
+    }
+    // Nodes unknown (no cluster, or their read failed): the mixed form, said in a warning.
+    let (pod, warnings) = planned_with(&policy, "mig-1g.10gb", None);
+    assert!(gpu_limits(&pod).contains_key("nvidia.com/mig-1g.10gb"));
+    assert!(
+        warnings.iter().any(|w| w.contains("could not be read")),
+        "{warnings:?}"
+    );
+    // A policy that names a strategy is followed whatever the nodes say.
+    let mut named = policy.clone();
+    named.mig.strategy = MigStrategy::Mixed;
+    let offers = inventory::MigOffers::of(&single);
+    let (pod, warnings) = planned_with(&named, "mig-1g.10gb", Some(&offers));
+    assert!(gpu_limits(&pod).contains_key("nvidia.com/mig-1g.10gb"));
+    assert!(warnings.is_empty(), "{warnings:?}");
 }
 
 /// Point 4: under the single strategy a MIG pod's affinity selects nodes by what GFD writes (the

@@ -46,7 +46,8 @@ pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
                 "In",
                 &crate::mig::all_config_name(profile),
             )],
-            MigStrategy::Mixed => vec![],
+            // Auto is resolved to a form before the affinity is written (plan's `policy_for`).
+            MigStrategy::Mixed | MigStrategy::Auto => vec![],
         },
     }
 }

@@ -204,6 +204,7 @@ mod tests {
             namespace_labels: None,
             runtime_class: RuntimeClassState::Exists,
             request_uid: uid,
+            mig_offers: None,
         }
     }
 

@@ -25,4 +25,6 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The usernames that may write gpu-share's later annotations on admitted pods.
     pub annotation_writers: Arc<Vec<String>>,
+    /// `--dev` only: the MIG forms of the `--nodes` file's nodes (a cluster's are read from it).
+    pub dev_mig_offers: Option<Arc<crate::inventory::MigOffers>>,
 }

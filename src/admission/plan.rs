@@ -13,7 +13,9 @@ use json_patch::PatchOperation;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
+use crate::inventory::MigOffers;
 use crate::mig::{MigModel, MigProfile, MigTable};
+use crate::policy::MigStrategy;
 use crate::policy::{NamespaceRule, Policy};
 use crate::request::{self, ANNOTATION_REQUEST, AnnotatedRequest, GpuClass, GpuRequest};
 
@@ -33,6 +35,9 @@ pub struct Facts<'a> {
     pub runtime_class: RuntimeClassState,
     /// The AdmissionRequest's uid: names a pod's devices ConfigMap (per-GPU form).
     pub request_uid: &'a str,
+    /// In which form the cluster's nodes offer each MIG profile (the policy's `mig.strategy:
+    /// auto`); `None` when unknown (no cluster, or the nodes could not be read).
+    pub mig_offers: Option<&'a MigOffers>,
 }
 
 /// Why a pod was denied: a fixed set, used as a metric label.
@@ -194,14 +199,59 @@ impl Intake {
         Needs {
             namespace_labels: selector_rules || mps_host_ipc,
             runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
+            mig_offers: matches!(self.annotated.request.class, GpuClass::Mig { .. })
+                && policy.mig.strategy == MigStrategy::Auto,
         }
+    }
+
+    /// The policy as this pod is written under it: under `mig.strategy: auto`, a MIG pod in the
+    /// form of the nodes that offer its profile (mixed where that is unknown), with a warning
+    /// when it leaves devices of the profile out of its reach or the nodes could not be read.
+    fn policy_for<'p>(
+        &self,
+        policy: &'p Policy,
+        facts: &Facts<'_>,
+    ) -> (std::borrow::Cow<'p, Policy>, Option<String>) {
+        let GpuClass::Mig { profile } = &self.annotated.request.class else {
+            return (std::borrow::Cow::Borrowed(policy), None);
+        };
+        if policy.mig.strategy != MigStrategy::Auto {
+            return (std::borrow::Cow::Borrowed(policy), None);
+        }
+        let Some(offers) = facts.mig_offers else {
+            return (
+                policy.with_mig_form(MigStrategy::Mixed),
+                Some(format!(
+                    "gpu-share: the nodes' MIG strategy could not be read, so mig-{profile} asks for {} (the mixed strategy's form); a node that offers it as nvidia.com/gpu (the single strategy) cannot take this pod",
+                    crate::mig::resource_name(profile)
+                )),
+            );
+        };
+        let form = offers.form(profile);
+        let written = policy.with_mig_form(form.strategy);
+        let warning = (form.other_form_devices > 0).then(|| {
+            let (name, other) = match form.strategy {
+                MigStrategy::Single => ("single", "mixed"),
+                _ => ("mixed", "single"),
+            };
+            format!(
+                "gpu-share: nodes offer mig-{profile} in both MIG strategies' forms; this pod asks for {} as the {name} strategy's nodes offer it ({} devices), so the {} devices on {other}-strategy nodes cannot take it (set mig.strategy in the policy to choose)",
+                written.resource_for(&self.annotated.request).0,
+                offers.devices(profile, form.strategy),
+                form.other_form_devices
+            )
+        });
+        (written, warning)
     }
 
     /// Plans the mutation: the validations, then the patch steps.
     pub fn plan(&self, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
+        let (policy, form_warning) = self.policy_for(policy, facts);
+        let policy = policy.as_ref();
         match self.target(policy, mig, facts) {
             Ok(target) => {
-                let (patch, warnings) = steps::patch(&target, policy, mig, facts.runtime_class);
+                let (patch, mut warnings) = steps::patch(&target, policy, mig, facts.runtime_class);
+                warnings.extend(form_warning);
                 Decision::Mutate(Mutation {
                     request: self.annotated.request.clone(),
                     patch,
@@ -275,6 +325,8 @@ pub struct Needs {
     pub namespace_labels: bool,
     /// The policy's RuntimeClass is looked up (the pod names none and the policy sets one).
     pub runtime_class: bool,
+    /// The nodes' MIG forms are read (a MIG pod under `mig.strategy: auto`).
+    pub mig_offers: bool,
 }
 
 /// What [`plan`] will need to know about the cluster for this pod under this policy (nothing,
@@ -285,6 +337,7 @@ pub fn needs(object: &Value, policy: &Policy) -> Needs {
         Err(_) => Needs {
             namespace_labels: false,
             runtime_class: false,
+            mig_offers: false,
         },
     }
 }
@@ -564,6 +617,7 @@ mod tests {
             namespace_labels: None,
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
+            mig_offers: None,
         }
     }
 
@@ -697,7 +751,12 @@ mod tests {
             env_of(&doc, "GPU_SHARE_MEMORY_MIB").as_deref(),
             Some("9984")
         );
-        assert!(m.warnings.is_empty());
+        // The default policy's `auto`, with the nodes unknown here: the mixed form, said so.
+        assert!(
+            m.warnings.len() == 1 && m.warnings[0].contains("could not be read"),
+            "{:?}",
+            m.warnings
+        );
     }
 
     #[test]
@@ -1145,6 +1204,7 @@ mod tests {
             namespace_labels: Some(&labels),
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
+            mig_offers: None,
         };
         let d = deny(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &psa);
         assert!(d.message.contains("baseline"), "{}", d.message);

@@ -4,6 +4,7 @@
 //! kube-core's `AdmissionResponse` serializes it as an array of numbers.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -16,6 +17,7 @@ use tracing::{Instrument, field};
 
 use super::Context;
 use super::plan::{self, Decision, Denial, Facts, Intake, RuntimeClassState};
+use crate::inventory::MigOffers;
 use crate::shared::json_error;
 
 pub const KIND: &str = "AdmissionReview";
@@ -380,41 +382,70 @@ async fn decide_within(
     };
     let loaded = state.policy.current();
     let needs = intake.needs(&loaded.policy);
-    let (labels, runtime_class) = match look_up(
-        state,
-        needs,
-        namespace,
-        &loaded.policy.runtime_class_name,
-        lookup_timeout,
-        "this pod",
-    )
-    .await
-    {
+    let found = match look_up(state, needs, namespace, &loaded, lookup_timeout, "this pod").await {
         Ok(found) => found,
         Err(denial) => return Decision::Deny(denial),
     };
     let facts = Facts {
         namespace,
-        namespace_labels: labels.as_ref(),
-        runtime_class,
+        namespace_labels: found.labels.as_ref(),
+        runtime_class: found.runtime_class,
         request_uid: &req.uid,
+        mig_offers: found.mig_offers.as_deref(),
     };
     intake.plan(&loaded.policy, &loaded.mig, &facts)
 }
 
+/// What [`look_up`] found.
+pub(super) struct Found {
+    pub labels: Option<BTreeMap<String, String>>,
+    pub runtime_class: RuntimeClassState,
+    pub mig_offers: Option<Arc<MigOffers>>,
+}
+
 /// The cluster facts a plan needs (`needs`), read from the API within `lookup_timeout` each:
-/// the namespace's labels and whether the policy's RuntimeClass exists. Labels the plan needs
-/// and cannot read deny in words; a RuntimeClass that cannot be checked is `Unknown`.
+/// the namespace's labels, whether the policy's RuntimeClass exists, and in which form the
+/// nodes offer MIG profiles. Labels the plan needs and cannot read deny in words; a
+/// RuntimeClass that cannot be checked is `Unknown`; MIG forms that cannot be read are `None`
+/// (the plan says so in a warning). Without a cluster (`--dev`), MIG forms are the `--nodes`
+/// file's.
 pub(super) async fn look_up(
     state: &Context,
     needs: plan::Needs,
     namespace: &str,
-    runtime_class_name: &str,
+    loaded: &crate::shared::LoadedPolicy,
     lookup_timeout: Duration,
     subject: &str,
-) -> Result<(Option<BTreeMap<String, String>>, RuntimeClassState), Denial> {
+) -> Result<Found, Denial> {
+    let runtime_class_name = loaded.policy.runtime_class_name.as_str();
     let Some(cluster) = &state.cluster else {
-        return Ok((None, RuntimeClassState::Unknown));
+        return Ok(Found {
+            labels: None,
+            runtime_class: RuntimeClassState::Unknown,
+            // No `--nodes` file: no node is known to offer any profile (the mixed form).
+            mig_offers: needs
+                .mig_offers
+                .then(|| state.dev_mig_offers.clone().unwrap_or_default()),
+        });
+    };
+    let mig_offers = async {
+        if !needs.mig_offers {
+            return None;
+        }
+        match tokio::time::timeout(lookup_timeout, cluster.mig_offers(&loaded.reading)).await {
+            Ok(Ok(offers)) => Some(offers),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the nodes' MIG strategies");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = lookup_timeout.as_millis() as u64,
+                    "reading the nodes' MIG strategies timed out"
+                );
+                None
+            }
+        }
     };
     let labels = async {
         if !needs.namespace_labels {
@@ -446,9 +477,13 @@ pub(super) async fn look_up(
             }
         }
     };
-    let (labels, runtime_class) = tokio::join!(labels, runtime_class);
+    let (labels, runtime_class, mig_offers) = tokio::join!(labels, runtime_class, mig_offers);
     match labels {
-        Ok(l) => Ok((l, runtime_class)),
+        Ok(labels) => Ok(Found {
+            labels,
+            runtime_class,
+            mig_offers,
+        }),
         Err(e) => {
             tracing::warn!(error = %e, namespace, "cannot read namespace labels");
             Err(Denial {
@@ -503,6 +538,7 @@ mod tests {
             cluster: Some(crate::cluster::ClusterFacts::new(client)),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             annotation_writers: Arc::new(vec![crate::admission::guard::DEFAULT_WRITER.into()]),
+            dev_mig_offers: None,
         };
         (state, handle)
     }

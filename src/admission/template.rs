@@ -161,6 +161,7 @@ mod tests {
             namespace_labels: None,
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
+            mig_offers: None,
         }
     }
 

@@ -96,28 +96,31 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
     let needs = Needs {
         namespace_labels: templates.need_namespace_labels(&loaded.policy),
         runtime_class: false,
+        // The form decides which GPU limits a template may already carry.
+        mig_offers: loaded.policy.mig.strategy == crate::policy::MigStrategy::Auto,
     };
-    let labels = match look_up(
+    let found = match look_up(
         state,
         needs,
         &namespace,
-        "",
+        &loaded,
         LOOKUP_TIMEOUT,
         "this workload's pods",
     )
     .await
     {
-        Ok((labels, _)) => labels,
+        Ok(found) => found,
         Err(denial) => return Decision::Deny(denial),
     };
     let facts = Facts {
         namespace: &namespace,
-        namespace_labels: labels.as_ref(),
+        namespace_labels: found.labels.as_ref(),
         // The template is checked, not changed: whether the RuntimeClass exists only decides
         // what the pod webhook writes into each pod.
         runtime_class: RuntimeClassState::Exists,
         // The template's pods are checked, not named: any uid names their ConfigMap alike.
         request_uid: "template",
+        mig_offers: found.mig_offers.as_deref(),
     };
     match templates.check(&loaded.policy, &loaded.mig, &facts) {
         Some(denial) => Decision::Deny(denial),

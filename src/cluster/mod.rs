@@ -11,14 +11,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::ListParams;
 use kube::{Api, Client};
 use moka::future::Cache;
+
+use crate::inventory::{self, MigOffers, Reading};
 
 /// How long namespace labels and RuntimeClass answers are trusted.
 pub const NAMESPACE_TTL: Duration = Duration::from_secs(30);
 pub const RUNTIME_CLASS_TTL: Duration = Duration::from_secs(60);
+/// How long the nodes' MIG forms are trusted: a node pool changing its MIG strategy is seen by
+/// new pods within this.
+pub const MIG_OFFERS_TTL: Duration = Duration::from_secs(30);
 
 /// Cached lookups against the API server.
 #[derive(Clone)]
@@ -26,6 +32,7 @@ pub struct ClusterFacts {
     client: Client,
     namespaces: Cache<String, BTreeMap<String, String>>,
     runtime_classes: Cache<String, bool>,
+    mig_offers: Cache<(), Arc<MigOffers>>,
 }
 
 impl ClusterFacts {
@@ -40,7 +47,35 @@ impl ClusterFacts {
                 .max_capacity(100)
                 .time_to_live(RUNTIME_CLASS_TTL)
                 .build(),
+            mig_offers: Cache::builder()
+                .max_capacity(1)
+                .time_to_live(MIG_OFFERS_TTL)
+                .build(),
         }
+    }
+
+    /// In which form the cluster's MIG nodes offer each profile (cached): the nodes GPU Feature
+    /// Discovery labels with a MIG strategy, and GKE's partitioned ones, read with `reading`.
+    /// Errors are not cached.
+    pub async fn mig_offers(&self, reading: &Reading) -> Result<Arc<MigOffers>, Arc<kube::Error>> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let reading = reading.clone();
+        self.mig_offers
+            .try_get_with((), async move {
+                let mut nodes = Vec::new();
+                for label in [
+                    inventory::LABEL_MIG_STRATEGY,
+                    inventory::LABEL_GKE_PARTITION,
+                ] {
+                    nodes.extend(api.list(&ListParams::default().labels(label)).await?.items);
+                }
+                let read: Vec<_> = nodes
+                    .iter()
+                    .filter_map(|n| inventory::from_node(n, &reading))
+                    .collect();
+                Ok(Arc::new(MigOffers::of(&read)))
+            })
+            .await
     }
 
     pub fn client(&self) -> &Client {

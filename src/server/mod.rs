@@ -75,6 +75,8 @@ pub struct AppState {
     pub annotation_writers: Arc<Vec<String>>,
     /// What the reservation pods are made of (per-GPU sharing).
     pub reservations: Arc<crate::reservation::Template>,
+    /// `--dev` with `--nodes`: the nodes' MIG forms, for the webhook's `mig.strategy: auto`.
+    pub dev_mig_offers: Option<Arc<crate::inventory::MigOffers>>,
 }
 
 impl AppState {
@@ -92,6 +94,7 @@ impl AppState {
             body: Arc::new(body_budget(role, 96 << 20, Duration::from_secs(10))),
             annotation_writers: Arc::new(vec![admission::guard::DEFAULT_WRITER.to_string()]),
             reservations: Arc::default(),
+            dev_mig_offers: None,
         }
     }
 }
@@ -103,6 +106,7 @@ impl FromRef<AppState> for admission::Context {
             cluster: app.cluster.clone(),
             metrics: app.metrics.clone(),
             annotation_writers: app.annotation_writers.clone(),
+            dev_mig_offers: app.dev_mig_offers.clone(),
         }
     }
 }
@@ -444,6 +448,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
+    let dev_mig_offers = policy::dev_mig_offers(&args, &store)?;
     let state = AppState {
         role: args.role,
         policy: store,
@@ -458,6 +463,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         )),
         annotation_writers: Arc::new(args.annotation_writers.clone()),
         reservations,
+        dev_mig_offers,
     };
     serve(&args, state, tls, shutdown_rx).await
 }

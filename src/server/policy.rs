@@ -120,3 +120,20 @@ pub fn parse_nodes(
 ) -> std::result::Result<Vec<k8s_openapi::api::core::v1::Node>, crate::documents::DocumentError> {
     crate::documents::typed(text, "Node")
 }
+
+/// `--dev` with `--nodes`: in which form those nodes offer MIG profiles (the webhook's
+/// `mig.strategy: auto`; in a cluster it reads the cluster's nodes instead).
+pub(super) fn dev_mig_offers(
+    args: &crate::cli::ServeArgs,
+    store: &PolicyStore,
+) -> Result<Option<Arc<crate::inventory::MigOffers>>> {
+    let (true, Some(path)) = (args.dev, &args.nodes) else {
+        return Ok(None);
+    };
+    let reading = store.current().reading.clone();
+    let nodes: Vec<_> = load_nodes(path)?
+        .iter()
+        .filter_map(|n| crate::inventory::from_node(n, &reading))
+        .collect();
+    Ok(Some(Arc::new(crate::inventory::MigOffers::of(&nodes))))
+}
