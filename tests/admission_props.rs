@@ -89,7 +89,7 @@ proptest! {
     fn patch_applies_and_second_pass_adds_nothing(obj in pod()) {
         let policy = Policy::default_policy();
         let mig = policy.mig_table();
-        let facts = Facts { namespace: "ns", namespace_labels: None, runtime_class: RuntimeClassState::Exists, request_uid: "u", mig_offers: None };
+        let facts = Facts { namespace: "ns", namespace_labels: None, runtime_class: RuntimeClassState::Exists, request_uid: "u", mig_offers: None, legacy_runtime_class: RuntimeClassState::Unknown };
         let Decision::Mutate(first) = plan(&obj, &policy, &mig, &facts) else {
             return Err(TestCaseError::fail(format!("not mutated: {obj}")));
         };

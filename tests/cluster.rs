@@ -12,6 +12,8 @@
 //!
 //! What it shows, each a named check that can fail:
 //! 7. the shipped KubeSchedulerConfiguration, changed only in addresses, runs and takes its Lease;
+//! 0. under the default policy a MIG pod asks for the form of the nodes that offer its profile
+//!    (the later points run under `mig.strategy: mixed`);
 //! 1. admission as documented for each class, refusals in words, matchConditions evaluated by
 //!    the apiserver (webhook down: annotated pods refused, others admitted), gpu-share's own
 //!    denial under Pod Security `baseline`;
@@ -1816,6 +1818,45 @@ fn lacking_nodes_refused(
     )
 }
 
+/// Under the default policy (`mig.strategy: auto`) a MIG pod asks for what the nodes offering
+/// its profile advertise. This cluster offers `1g.5gb` in both forms on purpose: as
+/// nvidia.com/gpu on GFD's single-strategy A100 (14) and GKE's partitioned one (7), as
+/// nvidia.com/mig-1g.5gb on the AKS pool (7). The pod asks for nvidia.com/gpu, the API server
+/// hands kubectl the webhook's warning about the 7 it cannot reach, and kube-scheduler binds it
+/// to a single-strategy node through the extender. The later points exercise both forms at
+/// once (MIG pods on the mixed nodes, device-plugin units on the single ones), so they run under
+/// `mig.strategy: mixed`, set here.
+async fn mig_form_follows_the_nodes(c: &Cluster) -> Check {
+    let ns = "mig-form";
+    c.namespace(ns, json!({})).await?;
+    let result = async {
+        let (pod, warnings) = create(c, ns, &gpu_pod("auto-1g5", "mig-1g.5gb"))?;
+        let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
+        ensure(
+            limits["nvidia.com/gpu"] == "1" && limits.get("nvidia.com/mig-1g.5gb").is_none(),
+            format!("mig-1g.5gb written as {limits}; expected nvidia.com/gpu"),
+        )?;
+        ensure(
+            warnings.contains("21 devices")
+                && warnings.contains("the 7 devices on mixed-strategy nodes"),
+            format!("kubectl printed no warning about the other form's devices: {warnings:?}"),
+        )?;
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+        let (node, _) = bound(&pods, "auto-1g5", Duration::from_secs(60)).await?;
+        ensure(
+            ["a100-mig-single", "gke-a100-mig"].contains(&node.as_str()),
+            format!("mig-1g.5gb bound to {node}; expected a single-strategy node"),
+        )
+    }
+    .await;
+    let deleted = c.delete_pods(ns).await;
+    let mixed = std::fs::read_to_string(policy_path(c))
+        .map_err(|e| e.to_string())?
+        .replace("strategy: auto", "strategy: mixed");
+    let set = set_policy(c, &mixed).await;
+    result.and(deleted).and(set)
+}
+
 /// The policy file both gpu-share processes read (and reload every 5 s).
 fn policy_path(c: &Cluster) -> std::path::PathBuf {
     c.dir.join("policy/policy.yaml")
@@ -2303,6 +2344,12 @@ async fn gpu_share_on_a_real_control_plane() {
         &mut failures,
         "7. shipped scheduler config",
         shipped_scheduler_config(&c),
+    )
+    .await;
+    point(
+        &mut failures,
+        "0. the MIG strategy follows the nodes",
+        mig_form_follows_the_nodes(&c),
     )
     .await;
     point(&mut failures, "1. admission", admission(&c)).await;

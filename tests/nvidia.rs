@@ -290,6 +290,7 @@ fn planned_with(
         runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
         request_uid: "u",
         mig_offers: offers,
+        legacy_runtime_class: gpu_share::admission::plan::RuntimeClassState::Unknown,
     };
     let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
     let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
@@ -607,4 +608,53 @@ fn the_generated_nodes_say_where_they_come_from() {
             assert!(per_gpu >= 2, "{}", g.name);
         }
     }
+}
+
+/// Nodes whose mode only the policy's `nodeModes` declares (EKS and AKS node groups without GPU
+/// Feature Discovery) are reachable by the pods of that mode: their node affinity takes the
+/// rule's labels as an alternative to GFD's. So is a node group scaled to zero, whose template
+/// node (what the cluster autoscaler simulates) carries only the group's own labels: without
+/// the alternative no pod of the class ever matched it, and the group never scaled up.
+#[test]
+fn declared_node_groups_are_reachable_even_scaled_to_zero() {
+    let policy = Policy::from_yaml(&gpu_share::policy::DEFAULT_POLICY_YAML.replace(
+        "nodeModes: []",
+        "nodeModes:\n  - selector: {matchLabels: {eks.amazonaws.com/nodegroup: gpu-ts}}\n    sharing: time-slicing\n    replicas: 4\n  - selector:\n      matchExpressions: [{key: agentpool, operator: In, values: [mps1, mps2]}]\n    sharing: mps\n    replicas: 2\n  - selector: {matchLabels: {agentpool: a100mig}}\n    migProfile: 1g.10gb\n",
+    ))
+    .unwrap();
+    let template = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("kubernetes.io/os".to_string(), "linux".to_string())])
+            .collect()
+    };
+    let selects = |pod: &Pod, labels: &BTreeMap<String, String>| {
+        gpu_share::extender::explain::selects(pod.spec.as_ref().unwrap(), "n", labels)
+    };
+    let ts_group = template(&[("eks.amazonaws.com/nodegroup", "gpu-ts")]);
+    let mps_group = template(&[("agentpool", "mps2")]);
+    let mig_group = template(&[("agentpool", "a100mig")]);
+    let other = template(&[("eks.amazonaws.com/nodegroup", "cpu")]);
+
+    let ts = planned_pod(&policy, "timeslice-25");
+    assert!(selects(&ts, &ts_group), "the time-sliced group's template");
+    assert!(!selects(&ts, &mps_group) && !selects(&ts, &other));
+    // GFD's own label still selects, as before.
+    assert!(selects(
+        &ts,
+        &template(&[("nvidia.com/gpu.sharing-strategy", "time-slicing")])
+    ));
+    let mps = planned_pod(&policy, "mps-50");
+    assert!(selects(&mps, &mps_group) && !selects(&mps, &ts_group));
+    // Single-strategy MIG pods of the declared profile (and no other).
+    let mut single = policy.clone();
+    single.mig.strategy = MigStrategy::Single;
+    assert!(selects(&planned_pod(&single, "mig-1g.10gb"), &mig_group));
+    assert!(!selects(&planned_pod(&single, "mig-3g.40gb"), &mig_group));
+    // Whole GPUs matched such templates already (no GFD label says they are shared).
+    assert!(selects(&planned_pod(&policy, "exclusive"), &other));
+    // Without the rules, the time-sliced group's template matches no timeslice pod.
+    let bare = Policy::default_policy();
+    assert!(!selects(&planned_pod(&bare, "timeslice-25"), &ts_group));
 }

@@ -9,7 +9,7 @@ use crate::inventory::{
     LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY, LABEL_PRODUCT,
     LABEL_SHARING as LABEL_SHARING_STRATEGY,
 };
-use crate::policy::{MigStrategy, Policy};
+use crate::policy::{DeclaredSharing, MigStrategy, Policy, SelectorOperator};
 use crate::request::GpuClass;
 
 use super::patch::PatchBuilder;
@@ -113,6 +113,50 @@ pub(super) fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<E
         _ => return None,
     };
     Some(vec![(key.to_string(), "In", values)])
+}
+
+/// The nodes the policy's `nodeModes` declare of the pod's class, by the labels its rules select
+/// them by: nodes without GPU Feature Discovery (EKS and AKS node groups, often), whose mode no
+/// label of NVIDIA's says, and a node group scaled to zero, whose template node (what a cluster
+/// autoscaler simulates) carries the group's labels but none GFD writes after boot. One term per
+/// rule: mps pods the rules that declare `mps`, timeslice pods (device-plugin form) those that
+/// declare `time-slicing`, single-strategy MIG pods those that declare their profile. Whole GPUs
+/// and the per-GPU form need none: their terms already match a node without GFD's labels. A rule
+/// with an empty selector names no labels to require, and adds nothing.
+pub(super) fn declared_alternatives(class: &GpuClass, policy: &Policy) -> Vec<Vec<Expr>> {
+    let declares = |m: &crate::policy::NodeMode| match class {
+        GpuClass::Mps { .. } => m.sharing == Some(DeclaredSharing::Mps),
+        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => false,
+        GpuClass::Timeslice { .. } => m.sharing == Some(DeclaredSharing::TimeSlicing),
+        GpuClass::Mig { profile } => {
+            policy.mig.strategy == MigStrategy::Single && m.mig_profile.as_ref() == Some(profile)
+        }
+        GpuClass::Exclusive { .. } => false,
+    };
+    policy
+        .node_modes
+        .iter()
+        .filter(|m| declares(m))
+        .map(|m| {
+            let mut exprs: Vec<Expr> = m
+                .selector
+                .match_labels
+                .iter()
+                .map(|(k, v)| (k.clone(), "In", vec![v.clone()]))
+                .collect();
+            exprs.extend(m.selector.match_expressions.iter().map(|r| {
+                let op = match r.operator {
+                    SelectorOperator::In => "In",
+                    SelectorOperator::NotIn => "NotIn",
+                    SelectorOperator::Exists => "Exists",
+                    SelectorOperator::DoesNotExist => "DoesNotExist",
+                };
+                (r.key.clone(), op, r.values.clone())
+            }));
+            exprs
+        })
+        .filter(|exprs| !exprs.is_empty())
+        .collect()
 }
 
 /// Requires the pod's own terms and one of `alternatives`: every existing required term is

@@ -25,6 +25,17 @@ pub use crate::request::{ANNOTATION_DEVICES, DEVICES_KEY};
 
 /// The variable NVIDIA's Container Toolkit reads the visible GPUs from.
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// The RuntimeClass a pod in per-GPU form runs under where it exists. The GPU Operator 25.10 and
+/// later turns CDI on by default: it then creates the RuntimeClasses `nvidia-cdi` and
+/// `nvidia-legacy` beside `nvidia`, makes runc containerd's default, and runs the `nvidia`
+/// runtime in CDI mode, which reads a bare GPU UUID in `NVIDIA_VISIBLE_DEVICES` as the device
+/// `management.nvidia.com/gpu=<UUID>`, which no CDI spec defines: the container fails to
+/// create ("unresolvable CDI devices"). The legacy runtime reads the variable as before
+/// (nvidia-container-toolkit: `internal/modifier/cdi.go`, `internal/info/auto.go`; gpu-operator:
+/// `controllers/object_controls.go`, v25.10.0). Where CDI is off the class does not exist and
+/// the policy's `runtimeClassName` applies.
+pub const LEGACY_RUNTIME_CLASS: &str = "nvidia-legacy";
 /// What the other containers of a pod in per-GPU form see: no GPU, and no driver files (an image
 /// that sets `NVIDIA_VISIBLE_DEVICES=all`, as CUDA's do, would otherwise see every GPU).
 pub const NO_DEVICES: &str = "void";
@@ -205,6 +216,7 @@ mod tests {
             runtime_class: RuntimeClassState::Exists,
             request_uid: uid,
             mig_offers: None,
+            legacy_runtime_class: RuntimeClassState::Unknown,
         }
     }
 
@@ -291,6 +303,56 @@ mod tests {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc).unwrap();
         let d = crate::ledger::demand_of_pod(&pod).unwrap().unwrap();
         assert!(d.pointed() && d.resources.is_empty(), "{d:?}");
+    }
+
+    /// Where the GPU Operator turned CDI on (the RuntimeClass `nvidia-legacy` exists), a pod in
+    /// per-GPU form runs under the legacy runtime, which reads a bare UUID in
+    /// NVIDIA_VISIBLE_DEVICES (the `nvidia` runtime, in CDI mode, fails to create the container);
+    /// pods of the device plugin's forms keep the policy's class, and so does a pod that names
+    /// its own. The webhook looks the class up only for pods in per-GPU form.
+    #[test]
+    fn under_cdi_the_per_gpu_form_runs_under_the_legacy_runtime() {
+        let with_legacy = |state| Facts {
+            legacy_runtime_class: state,
+            ..facts("u")
+        };
+        let planned = |policy: &Policy, obj: &Value, state| match plan(
+            obj,
+            policy,
+            &policy.mig_table(),
+            &with_legacy(state),
+        ) {
+            Decision::Mutate(m) => {
+                let mut doc = obj.clone();
+                json_patch::patch(&mut doc, &m.patch).unwrap();
+                doc
+            }
+            other => panic!("{other:?}"),
+        };
+        let p = per_gpu_policy();
+        let share = pod("timeslice-30", two_containers());
+        let doc = planned(&p, &share, RuntimeClassState::Exists);
+        assert_eq!(doc["spec"]["runtimeClassName"], LEGACY_RUNTIME_CLASS);
+        for state in [RuntimeClassState::Missing, RuntimeClassState::Unknown] {
+            let doc = planned(&p, &share, state);
+            assert_eq!(doc["spec"]["runtimeClassName"], "nvidia", "{state:?}");
+        }
+        let exclusive = pod("exclusive", two_containers());
+        let doc = planned(&p, &exclusive, RuntimeClassState::Exists);
+        assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
+        let mut own = two_containers();
+        own["runtimeClassName"] = json!("kata-nvidia");
+        let doc = planned(
+            &p,
+            &pod("timeslice-30", own.clone()),
+            RuntimeClassState::Exists,
+        );
+        assert_eq!(doc["spec"]["runtimeClassName"], "kata-nvidia");
+        let needs = |obj: &Value, policy: &Policy| crate::admission::plan::needs(obj, policy);
+        assert!(needs(&share, &p).legacy_runtime_class);
+        assert!(!needs(&exclusive, &p).legacy_runtime_class);
+        assert!(!needs(&pod("timeslice-30", own), &p).legacy_runtime_class);
+        assert!(!needs(&share, &Policy::default_policy()).legacy_runtime_class);
     }
 
     /// A gpu-share pod never sets NVIDIA_VISIBLE_DEVICES itself, in either form, and a pod in

@@ -38,6 +38,9 @@ pub struct Facts<'a> {
     /// In which form the cluster's nodes offer each MIG profile (the policy's `mig.strategy:
     /// auto`); `None` when unknown (no cluster, or the nodes could not be read).
     pub mig_offers: Option<&'a MigOffers>,
+    /// Whether the RuntimeClass `nvidia-legacy` exists (the GPU Operator makes it where CDI is
+    /// on): a pod in per-GPU form runs under it ([`crate::admission::devices::LEGACY_RUNTIME_CLASS`]).
+    pub legacy_runtime_class: RuntimeClassState,
 }
 
 /// Why a pod was denied: a fixed set, used as a metric label.
@@ -201,6 +204,9 @@ impl Intake {
             runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
             mig_offers: matches!(self.annotated.request.class, GpuClass::Mig { .. })
                 && policy.mig.strategy == MigStrategy::Auto,
+            legacy_runtime_class: policy.per_gpu.takes(&self.annotated.request.class)
+                && !policy.runtime_class_name.is_empty()
+                && !pod_names_runtime_class,
         }
     }
 
@@ -250,7 +256,7 @@ impl Intake {
         let policy = policy.as_ref();
         match self.target(policy, mig, facts) {
             Ok(target) => {
-                let (patch, mut warnings) = steps::patch(&target, policy, mig, facts.runtime_class);
+                let (patch, mut warnings) = steps::patch(&target, policy, mig, facts);
                 warnings.extend(form_warning);
                 Decision::Mutate(Mutation {
                     request: self.annotated.request.clone(),
@@ -327,6 +333,8 @@ pub struct Needs {
     pub runtime_class: bool,
     /// The nodes' MIG forms are read (a MIG pod under `mig.strategy: auto`).
     pub mig_offers: bool,
+    /// The RuntimeClass `nvidia-legacy` is looked up (a pod in per-GPU form naming none).
+    pub legacy_runtime_class: bool,
 }
 
 /// What [`plan`] will need to know about the cluster for this pod under this policy (nothing,
@@ -338,6 +346,7 @@ pub fn needs(object: &Value, policy: &Policy) -> Needs {
             namespace_labels: false,
             runtime_class: false,
             mig_offers: false,
+            legacy_runtime_class: false,
         },
     }
 }
@@ -618,6 +627,7 @@ mod tests {
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
             mig_offers: None,
+            legacy_runtime_class: RuntimeClassState::Unknown,
         }
     }
 
@@ -1205,6 +1215,7 @@ mod tests {
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
             mig_offers: None,
+            legacy_runtime_class: RuntimeClassState::Unknown,
         };
         let d = deny(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &psa);
         assert!(d.message.contains("baseline"), "{}", d.message);

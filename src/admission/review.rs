@@ -392,6 +392,7 @@ async fn decide_within(
         runtime_class: found.runtime_class,
         request_uid: &req.uid,
         mig_offers: found.mig_offers.as_deref(),
+        legacy_runtime_class: found.legacy_runtime_class,
     };
     intake.plan(&loaded.policy, &loaded.mig, &facts)
 }
@@ -401,6 +402,7 @@ pub(super) struct Found {
     pub labels: Option<BTreeMap<String, String>>,
     pub runtime_class: RuntimeClassState,
     pub mig_offers: Option<Arc<MigOffers>>,
+    pub legacy_runtime_class: RuntimeClassState,
 }
 
 /// The cluster facts a plan needs (`needs`), read from the API within `lookup_timeout` each:
@@ -422,6 +424,7 @@ pub(super) async fn look_up(
         return Ok(Found {
             labels: None,
             runtime_class: RuntimeClassState::Unknown,
+            legacy_runtime_class: RuntimeClassState::Unknown,
             // No `--nodes` file: no node is known to offer any profile (the mixed form).
             mig_offers: needs
                 .mig_offers
@@ -460,6 +463,19 @@ pub(super) async fn look_up(
             )),
         }
     };
+    let lookup = |wanted: bool, name: &'static str| async move {
+        if !wanted {
+            return RuntimeClassState::Unknown;
+        }
+        match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
+            Ok(found) => found.into(),
+            Err(_) => RuntimeClassState::Unknown,
+        }
+    };
+    let legacy_runtime_class = lookup(
+        needs.legacy_runtime_class,
+        super::devices::LEGACY_RUNTIME_CLASS,
+    );
     let runtime_class = async {
         if !needs.runtime_class {
             return RuntimeClassState::Unknown;
@@ -477,12 +493,14 @@ pub(super) async fn look_up(
             }
         }
     };
-    let (labels, runtime_class, mig_offers) = tokio::join!(labels, runtime_class, mig_offers);
+    let (labels, runtime_class, mig_offers, legacy_runtime_class) =
+        tokio::join!(labels, runtime_class, mig_offers, legacy_runtime_class);
     match labels {
         Ok(labels) => Ok(Found {
             labels,
             runtime_class,
             mig_offers,
+            legacy_runtime_class,
         }),
         Err(e) => {
             tracing::warn!(error = %e, namespace, "cannot read namespace labels");

@@ -9,7 +9,9 @@ use crate::mig::{MigModel, MigProfile};
 use crate::policy::{Policy, TolerationOperator};
 use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 
-use super::affinity::{affinity_for, gfd_single_alternative, gke_alternative, require_affinity};
+use super::affinity::{
+    affinity_for, declared_alternatives, gfd_single_alternative, gke_alternative, require_affinity,
+};
 use super::patch::PatchBuilder;
 use json_patch::PatchOperation;
 
@@ -61,21 +63,39 @@ pub(super) fn patch(
     t: &Target<'_>,
     policy: &Policy,
     mig: &crate::mig::MigTable,
-    runtime_class: RuntimeClassState,
+    facts: &super::plan::Facts<'_>,
 ) -> (Vec<PatchOperation>, Vec<String>) {
+    // A pod in per-GPU form runs under `nvidia-legacy` where the GPU Operator made it (CDI on).
+    let legacy =
+        t.devices_configmap.is_some() && facts.legacy_runtime_class == RuntimeClassState::Exists;
+    let (runtime_class_name, runtime_class) = if legacy {
+        (
+            super::devices::LEGACY_RUNTIME_CLASS,
+            RuntimeClassState::Exists,
+        )
+    } else {
+        (policy.runtime_class_name.as_str(), facts.runtime_class)
+    };
     let mut b = PatchBuilder::default();
     let mut warnings = Vec::new();
     let index = t.index.to_string();
     let cpath = ["spec", "containers", index.as_str()];
     add_resource_limit(&mut b, t, &cpath);
     add_tolerations(&mut b, t.spec, policy);
-    set_runtime_class(&mut b, &mut warnings, t.spec, policy, runtime_class);
+    set_runtime_class(
+        &mut b,
+        &mut warnings,
+        t.spec,
+        runtime_class_name,
+        runtime_class,
+    );
     set_mps_process_settings(&mut b, &mut warnings, t, policy);
     // Step 5: the node affinity (`affinity.rs`).
     if policy.node_affinity {
         let mut alternatives = vec![affinity_for(&t.request.class, policy)];
         alternatives.extend(gfd_single_alternative(&t.request.class, policy, mig));
         alternatives.extend(gke_alternative(&t.request.class, policy));
+        alternatives.extend(declared_alternatives(&t.request.class, policy));
         require_affinity(&mut b, t.pod, &alternatives);
     }
     set_scheduler_name(&mut b, &mut warnings, t.spec, policy);
@@ -142,29 +162,25 @@ fn add_tolerations(b: &mut PatchBuilder, spec: &PodSpec, policy: &Policy) {
     }
 }
 
-/// Step 3: the policy's RuntimeClass, when the pod names none and it exists.
+/// Step 3: the policy's RuntimeClass (for a pod in per-GPU form, `nvidia-legacy` where it
+/// exists), when the pod names none and it exists.
 fn set_runtime_class(
     b: &mut PatchBuilder,
     warnings: &mut Vec<String>,
     spec: &PodSpec,
-    policy: &Policy,
+    name: &str,
     state: RuntimeClassState,
 ) {
-    if policy.runtime_class_name.is_empty() || spec.runtime_class_name.is_some() {
+    if name.is_empty() || spec.runtime_class_name.is_some() {
         return;
     }
     match state {
-        RuntimeClassState::Exists => b.add(
-            &["spec", "runtimeClassName"],
-            json!(policy.runtime_class_name),
-        ),
+        RuntimeClassState::Exists => b.add(&["spec", "runtimeClassName"], json!(name)),
         RuntimeClassState::Missing => warnings.push(format!(
-            "gpu-share: RuntimeClass {} does not exist; runtimeClassName not set",
-            policy.runtime_class_name
+            "gpu-share: RuntimeClass {name} does not exist; runtimeClassName not set"
         )),
         RuntimeClassState::Unknown => warnings.push(format!(
-            "gpu-share: could not check RuntimeClass {}; runtimeClassName not set",
-            policy.runtime_class_name
+            "gpu-share: could not check RuntimeClass {name}; runtimeClassName not set"
         )),
     }
 }

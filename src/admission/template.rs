@@ -162,6 +162,7 @@ mod tests {
             runtime_class: RuntimeClassState::Exists,
             request_uid: "0b5e7a4c-2d1f-4e8a-9c3b-5a6d7e8f9012",
             mig_offers: None,
+            legacy_runtime_class: RuntimeClassState::Unknown,
         }
     }
 

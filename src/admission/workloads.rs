@@ -98,6 +98,7 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         runtime_class: false,
         // The form decides which GPU limits a template may already carry.
         mig_offers: loaded.policy.mig.strategy == crate::policy::MigStrategy::Auto,
+        legacy_runtime_class: false,
     };
     let found = match look_up(
         state,
@@ -121,6 +122,7 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         // The template's pods are checked, not named: any uid names their ConfigMap alike.
         request_uid: "template",
         mig_offers: found.mig_offers.as_deref(),
+        legacy_runtime_class: found.legacy_runtime_class,
     };
     match templates.check(&loaded.policy, &loaded.mig, &facts) {
         Some(denial) => Decision::Deny(denial),
