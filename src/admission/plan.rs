@@ -256,7 +256,13 @@ impl Intake {
         let policy = policy.as_ref();
         match self.target(policy, mig, facts) {
             Ok(target) => {
-                let (patch, mut warnings) = steps::patch(&target, policy, mig, facts);
+                let (patch, mut warnings) = steps::patch(
+                    &target,
+                    policy,
+                    mig,
+                    facts.runtime_class,
+                    facts.legacy_runtime_class,
+                );
                 warnings.extend(form_warning);
                 Decision::Mutate(Mutation {
                     request: self.annotated.request.clone(),

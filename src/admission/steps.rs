@@ -63,18 +63,18 @@ pub(super) fn patch(
     t: &Target<'_>,
     policy: &Policy,
     mig: &crate::mig::MigTable,
-    facts: &super::plan::Facts<'_>,
+    runtime_class: RuntimeClassState,
+    legacy_runtime_class: RuntimeClassState,
 ) -> (Vec<PatchOperation>, Vec<String>) {
     // A pod in per-GPU form runs under `nvidia-legacy` where the GPU Operator made it (CDI on).
-    let legacy =
-        t.devices_configmap.is_some() && facts.legacy_runtime_class == RuntimeClassState::Exists;
+    let legacy = t.devices_configmap.is_some() && legacy_runtime_class == RuntimeClassState::Exists;
     let (runtime_class_name, runtime_class) = if legacy {
         (
             super::devices::LEGACY_RUNTIME_CLASS,
             RuntimeClassState::Exists,
         )
     } else {
-        (policy.runtime_class_name.as_str(), facts.runtime_class)
+        (policy.runtime_class_name.as_str(), runtime_class)
     };
     let mut b = PatchBuilder::default();
     let mut warnings = Vec::new();
