@@ -157,6 +157,9 @@ pub struct Shared {
     /// `gpu_share_ledger_drift_total` by kind, summed over the extenders' lifetimes.
     drift: Mutex<BTreeMap<String, f64>>,
     capacity_checks: AtomicU64,
+    /// The most shares the two-GPU node the device plugin time-slices (`a10-ts4x2`) held at once:
+    /// at 4 its GPUs are full of `timeslice-40` shares and a fifth must wait.
+    multi_gpu_time_sliced_most: AtomicU64,
     /// Since when each reservation mismatch (by UID) has been seen.
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
     /// The runner's kubelet's back-off, per supervised process.
@@ -342,6 +345,9 @@ async fn background(s: Arc<Shared>, seed: u64) {
             s.check_reservations(&w);
             s.record_waits(&w);
             s.capacity_checks.fetch_add(1, Ordering::Relaxed);
+            let on_a10 = w.bound().get("a10-ts4x2").map_or(0, Vec::len) as u64;
+            s.multi_gpu_time_sliced_most
+                .fetch_max(on_a10, Ordering::Relaxed);
         }
         if !s.paused.load(Ordering::Relaxed) {
             let mut counts = s.counts.lock().unwrap().clone();
@@ -543,6 +549,7 @@ async fn faults_on_the_real_control_plane_overcommit_nothing() {
         counts: Mutex::new(churn::Counts::default()),
         drift: Mutex::new(BTreeMap::new()),
         capacity_checks: AtomicU64::new(0),
+        multi_gpu_time_sliced_most: AtomicU64::new(0),
         mismatch_since: Mutex::new(BTreeMap::new()),
         crash_loops: Mutex::new(BTreeMap::new()),
     });
@@ -687,6 +694,7 @@ fn report(s: &Shared, seed: u64, records: &[faults::Record], settles: &[f64]) ->
             "capacity_checks": s.capacity_checks.load(Ordering::Relaxed),
             "settled_checks": settles.len(),
             "settle_s_max": settles.iter().copied().fold(0.0, f64::max),
+            "multi_gpu_time_sliced_most_pods": s.multi_gpu_time_sliced_most.load(Ordering::Relaxed),
         },
         "pods": {
             "bound": waited.len(),
