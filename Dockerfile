@@ -4,8 +4,8 @@
 # The image runs as UID/GID 65532 (distroless "nonroot"); the manifests in manifests/ expect that.
 
 # ---- build ----------------------------------------------------------------------------------
-# .ci/dockerfile-steps runs this stage's steps, as written, in a directory that holds only what
-# they copy (CI has no Docker engine): keep RUN commands inside WORKDIR.
+# CI builds this file as written with buildah and runs the image (.ci/image; there the two base
+# images are local stand-ins, since CI reaches no container registry).
 FROM rust:1-bookworm AS build
 WORKDIR /src
 
