@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Runs every shell command of README.md as written, the way a new user would.
+"""Runs every shell command of README.md and CONTRIBUTING.md as written, the way a new user would.
 
 Usage: tests/readme/check.py            (from anywhere; CI runs it in .ci/run)
 
-Each ```sh block of the README carries a marker on the line before it, which says where its
-commands run; a block without one fails the check, so no command goes unchecked:
+Each ```sh block of either file carries a marker on the line before it, which says where its
+commands run; a block without one fails the check, so no command goes unchecked. The files are
+checked in that order, README.md first, against the same control planes; every message names the
+file and the line:
 
   <!-- check: local -->          on this machine, no cluster
   <!-- check: dev ARGS -->       with `gpu-share serve --dev ARGS` running (the block starts it)
@@ -43,6 +45,7 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = ("README.md", "CONTRIBUTING.md")
 MUTATING = {"apply", "create", "run", "patch", "delete", "taint", "label", "annotate"}
 CA_PLACEHOLDER = "<caBundle printed by gpu-share certs>"
 
@@ -162,11 +165,13 @@ def wait_ready(url, proc, seconds=120):
 
 
 def main():
-    text = open(os.path.join(REPO, "README.md")).read()
-    found = blocks(text)
-    unmarked = [line for line, marker, _ in found if marker is None]
+    found = []
+    for doc in DOCS:
+        text = open(os.path.join(REPO, doc)).read()
+        found += [(doc, line, marker, cmds) for line, marker, cmds in blocks(text)]
+    unmarked = [f"{doc}:{line}" for doc, line, marker, _ in found if marker is None]
     if unmarked:
-        print(f"readme check: ```sh blocks without a check marker at lines {unmarked}", file=sys.stderr)
+        print(f"readme check: ```sh blocks without a check marker at {', '.join(unmarked)}", file=sys.stderr)
         return 1
 
     work = tempfile.mkdtemp(prefix="gpu-share-readme-")
@@ -201,11 +206,11 @@ def main():
         base_env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"])
         base_env.pop("KUBECONFIG", None)
 
-        for line, marker, cmds in found:
+        for doc, line, marker, cmds in found:
             mode, _, arg = marker.partition(" ")
             mode = mode.rstrip(":")
             if mode == "skip":
-                skipped.append(f"README.md:{line}: {len(cmds)} command(s) not run here: {arg}")
+                skipped.append(f"{doc}:{line}: {len(cmds)} command(s) not run here: {arg}")
                 continue
             # Placeholders a user fills in: NAME=VALUE words of the marker.
             subs = [w.split("=", 1) for w in shlex.split(arg) if "=" in w] if mode != "dev" else []
@@ -244,13 +249,13 @@ def main():
                 for old, new in subs:
                     cmd = cmd.replace(old, new)
                 if mode == "dev" and "serve --dev" in cmd:
-                    script.append(f"echo {shlex.quote(f'README.md:{n}: (started by the check) {cmd}')} >&2")
+                    script.append(f"echo {shlex.quote(f'{doc}:{n}: (started by the check) {cmd}')} >&2")
                     continue
                 prefix = ""
                 if comment.startswith(("needs gpu-share running", "needs cert-manager")):
                     d = dry_run(cmd) if comment.startswith("needs cert-manager") else cmd
                     if d is None:
-                        skipped.append(f"README.md:{n}: not run ({comment}): {cmd}")
+                        skipped.append(f"{doc}:{n}: not run ({comment}): {cmd}")
                         continue
                     if installed is None:
                         installed = Cluster(work, "installed", install=True)
@@ -266,16 +271,16 @@ def main():
                     cmd = d
                 # The caBundle sits in a single-quoted JSON patch: close the quotes around it.
                 cmd = cmd.replace(CA_PLACEHOLDER, "'\"$(base64 -w0 certs/out/ca.crt)\"'")
-                script.append(f"echo {shlex.quote(f'README.md:{n}: {prefix}{cmd}')} >&2")
+                script.append(f"echo {shlex.quote(f'{doc}:{n}: {prefix}{cmd}')} >&2")
                 script.append(prefix + cmd)
                 ran += 1
             r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=checkout, env=env, text=True,
                                capture_output=True, timeout=900)
             for l in r.stderr.split("\n"):
-                if l.startswith("README.md:"):
+                if l.startswith(tuple(f"{d}:" for d in DOCS)):
                     print(f"readme check: {l}", flush=True)
             if r.returncode != 0:
-                failures.append(f"block at README.md:{line} exited {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
+                failures.append(f"block at {doc}:{line} exited {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
             for proc in servers:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)
