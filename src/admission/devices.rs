@@ -174,16 +174,7 @@ pub(super) fn patch(
         if is_target && !has(c, DRIVER_CAPABILITIES.0) {
             add.push(json!({"name": DRIVER_CAPABILITIES.0, "value": DRIVER_CAPABILITIES.1}));
         }
-        if add.is_empty() {
-            continue;
-        }
-        if c.env.is_none() {
-            b.add(&[&cpath[..], &["env"]].concat(), Value::Array(add));
-        } else {
-            for e in add {
-                b.add(&[&cpath[..], &["env", "-"]].concat(), e);
-            }
-        }
+        b.append(&[&cpath[..], &["env"]].concat(), c.env.is_some(), add);
     }
     if annotations.get(ANNOTATION_DEVICES).map(String::as_str) != Some(configmap) {
         b.add(
@@ -303,6 +294,29 @@ mod tests {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc).unwrap();
         let d = crate::ledger::demand_of_pod(&pod).unwrap().unwrap();
         assert!(d.pointed() && d.resources.is_empty(), "{d:?}");
+    }
+
+    /// A container without `env` in per-GPU form gets both the workload variables and its
+    /// devices: two steps add to the same new array, and the second appends to the first's (it
+    /// replaced it: GPU_SHARE_CLASS and GPU_SHARE_FRACTION were lost).
+    #[test]
+    fn a_container_without_env_keeps_every_variable_in_per_gpu_form() {
+        let p = per_gpu_policy();
+        let spec = json!({"containers": [{"name": "main", "image": "cuda"}]});
+        let doc = run(&p, &pod("timeslice-30", spec), "u").unwrap();
+        let path = "/spec/containers/0/env";
+        for name in [
+            "GPU_SHARE_CLASS",
+            "GPU_SHARE_FRACTION",
+            VISIBLE_DEVICES,
+            DRIVER_CAPABILITIES.0,
+        ] {
+            assert!(
+                env(&doc, path, name).is_some(),
+                "{name} missing: {}",
+                doc["spec"]
+            );
+        }
     }
 
     /// Where the GPU Operator turned CDI on (the RuntimeClass `nvidia-legacy` exists), a pod in

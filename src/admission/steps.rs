@@ -291,16 +291,11 @@ fn add_env(b: &mut PatchBuilder, container: &Container, cpath: &[&str], env: &[(
         .filter(|(n, _)| !have.contains(&n.as_str()))
         .map(|(n, v)| json!({ "name": n, "value": v }))
         .collect();
-    if missing.is_empty() {
-        return;
-    }
-    if container.env.is_none() {
-        b.add(&[cpath, &["env"]].concat(), Value::Array(missing));
-    } else {
-        for m in missing {
-            b.add(&[cpath, &["env", "-"]].concat(), m);
-        }
-    }
+    b.append(
+        &[cpath, &["env"]].concat(),
+        container.env.is_some(),
+        missing,
+    );
 }
 
 /// Whether an existing pod toleration already covers the one the policy wants.
