@@ -7,9 +7,20 @@
 # name and renamed, so an interrupted build never leaves a half-written binary behind.
 #
 # Usage: tests/cluster/build.sh            (the Go module proxy is the only source)
+# GPU_SHARE_KUBE=1.30 builds another supported minor instead, from its own module
+# tests/cluster/v1.30/ (docs/kubernetes-versions.md); unset, empty or the minor of
+# tests/cluster/go.mod, it builds that one, as before. up.sh reads the same variable.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
+kube="${GPU_SHARE_KUBE:-}"
+if [[ -n $kube && -f $here/v$kube/go.mod ]]; then
+  cd "$here/v$kube"
+elif [[ -n $kube && $(grep -m1 -o 'k8s.io/kubernetes v[0-9]*\.[0-9]*' go.mod) != "k8s.io/kubernetes v$kube" ]]; then
+  echo "build.sh: GPU_SHARE_KUBE=$kube: no module $here/v$kube/go.mod, and go.mod pins $(
+    grep -m1 -o 'k8s.io/kubernetes v[0-9.]*' go.mod)" >&2
+  exit 2
+fi
 
 hash="$(sha256sum go.sum | cut -c1-16)"
 out="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/cluster-$hash"

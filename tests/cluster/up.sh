@@ -25,6 +25,8 @@
 # DIR/start/NAME.sh starts one gpu-share or scheduler process again (the tests restart them).
 # Environment: GPU_SHARE_BIN (a built gpu-share; default: cargo build), GPU_SHARE_CLUSTER_NODES,
 # GPU_SHARE_CACHE (the control plane's build cache, default ~/.cache/gpu-share),
+# GPU_SHARE_KUBE=1.30 (the control plane of another supported minor, from tests/cluster/v1.30/
+# as build.sh builds it; unset: tests/cluster/go.mod's; docs/kubernetes-versions.md),
 # GPU_SHARE_CLUSTER_INSTALL=none (the control plane and nodes only: nothing of gpu-share),
 # GPU_SHARE_SCHEDULER_REPLICAS=2 (the scheduler Deployment's two replicas, as shipped: two
 # kube-schedulers electing a leader on the shipped Lease, each with its own extender, each pair
@@ -206,7 +208,7 @@ EOF
 admin_kubeconfig "$dir/kubeconfig" "client-certificate: $pki/admin.crt" "client-key: $pki/admin.key"
 export KUBECONFIG="$dir/kubeconfig"
 wait_for kube-apiserver 120 "$kubectl" get --raw /readyz
-say "kube-apiserver ready"
+say "kube-apiserver ready ($("$kubectl" get --raw /version | python3 -c 'import json, sys; print(json.load(sys.stdin)["gitVersion"])'))"
 
 # ---- kube-controller-manager, as kubeadm runs it --------------------------------------------------
 admin_kubeconfig "$dir/kubeconfigs/controller-manager" \
