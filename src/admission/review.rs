@@ -411,11 +411,11 @@ pub(super) struct Found {
 /// RuntimeClass that cannot be checked is `Unknown`; MIG forms that cannot be read are `None`
 /// (the plan says so in a warning). Without a cluster (`--dev`), MIG forms are the `--nodes`
 /// file's.
-pub(super) async fn look_up(
-    state: &Context,
+pub(super) async fn look_up<'a>(
+    state: &'a Context,
     needs: plan::Needs,
     namespace: &str,
-    loaded: &crate::shared::LoadedPolicy,
+    loaded: &'a crate::shared::LoadedPolicy,
     lookup_timeout: Duration,
     subject: &str,
 ) -> Result<Found, Denial> {
@@ -463,24 +463,12 @@ pub(super) async fn look_up(
             )),
         }
     };
-    let lookup = |wanted: bool, name: &'static str| async move {
+    // Whether a RuntimeClass exists, when the plan needs to know (`Unknown` otherwise, and when
+    // the lookup fails or times out).
+    let runtime_class_state = |wanted: bool, name: &'a str| async move {
         if !wanted {
             return RuntimeClassState::Unknown;
         }
-        match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
-            Ok(found) => found.into(),
-            Err(_) => RuntimeClassState::Unknown,
-        }
-    };
-    let legacy_runtime_class = lookup(
-        needs.legacy_runtime_class,
-        super::devices::LEGACY_RUNTIME_CLASS,
-    );
-    let runtime_class = async {
-        if !needs.runtime_class {
-            return RuntimeClassState::Unknown;
-        }
-        let name = runtime_class_name;
         match tokio::time::timeout(lookup_timeout, cluster.runtime_class(name)).await {
             Ok(found) => found.into(),
             Err(_) => {
@@ -493,6 +481,11 @@ pub(super) async fn look_up(
             }
         }
     };
+    let runtime_class = runtime_class_state(needs.runtime_class, runtime_class_name);
+    let legacy_runtime_class = runtime_class_state(
+        needs.legacy_runtime_class,
+        super::devices::LEGACY_RUNTIME_CLASS,
+    );
     let (labels, runtime_class, mig_offers, legacy_runtime_class) =
         tokio::join!(labels, runtime_class, mig_offers, legacy_runtime_class);
     match labels {

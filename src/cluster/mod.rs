@@ -59,7 +59,6 @@ impl ClusterFacts {
     /// Errors are not cached.
     pub async fn mig_offers(&self, reading: &Reading) -> Result<Arc<MigOffers>, Arc<kube::Error>> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let reading = reading.clone();
         self.mig_offers
             .try_get_with((), async move {
                 let mut nodes = Vec::new();
@@ -71,7 +70,7 @@ impl ClusterFacts {
                 }
                 let read: Vec<_> = nodes
                     .iter()
-                    .filter_map(|n| inventory::from_node(n, &reading))
+                    .filter_map(|n| inventory::from_node(n, reading))
                     .collect();
                 Ok(Arc::new(MigOffers::of(&read)))
             })

@@ -1,7 +1,11 @@
 //! Candidates: every way a demand that fits could be placed on a node's GPUs (the per-GPU
 //! model), and what it holds on the node apart from them.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
-use super::fit::{replica_gpus, replica_milli};
+use super::fit::replica_milli;
 use super::usage::{Placement, Usage};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 
@@ -86,6 +90,28 @@ impl ShareRule {
         memory: true,
         per_gpu: true,
     };
+}
+
+/// `count` replicas of a node the device plugin shares (time-slicing or MPS), modelled as the
+/// plugin hands them out, each on the least-loaded GPU at the time (ties to the lowest index),
+/// one replica's thousandths each; never more than the node has (a recorded pod may claim more).
+fn replica_gpus(node: &GpuNode, usage: &Usage, count: u32) -> Vec<(u32, u32)> {
+    let r = replica_milli(node);
+    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
+        .gpu_milli
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Reverse((*m, i as u32)))
+        .collect();
+    let mut out = Vec::new();
+    for _ in 0..count.min(node.slots) {
+        let Some(Reverse((m, i))) = load.pop() else {
+            break;
+        };
+        out.push((i, r));
+        load.push(Reverse((m.saturating_add(r), i)));
+    }
+    out
 }
 
 /// Every way the demand could be placed on the node's GPUs (per-GPU model), one per distinct

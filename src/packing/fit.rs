@@ -1,8 +1,5 @@
 //! Fit: whether a node can take a demand, and if not, why, in a fixed set of words.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use serde::Serialize;
 
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
@@ -322,28 +319,6 @@ pub(super) fn replica_milli(node: &GpuNode) -> u32 {
     GPU_MILLI / node.sharing.replicas()
 }
 
-/// `count` replicas of a node the device plugin shares (time-slicing or MPS), modelled as the
-/// plugin hands them out, each on the least-loaded GPU at the time (ties to the lowest index),
-/// one replica's thousandths each; never more than the node has (a recorded pod may claim more).
-pub fn replica_gpus(node: &GpuNode, usage: &Usage, count: u32) -> Vec<(u32, u32)> {
-    let r = replica_milli(node);
-    let mut load: BinaryHeap<Reverse<(u32, u32)>> = usage
-        .gpu_milli
-        .iter()
-        .enumerate()
-        .map(|(i, m)| Reverse((*m, i as u32)))
-        .collect();
-    let mut out = Vec::new();
-    for _ in 0..count.min(node.slots) {
-        let Some(Reverse((m, i))) = load.pop() else {
-            break;
-        };
-        out.push((i, r));
-        load.push(Reverse((m.saturating_add(r), i)));
-    }
-    out
-}
-
 /// The GPU rules. Classes never mix: MIG fits only free MIG devices of that profile; mps only
 /// MPS nodes whose replicas are large enough; timeslice only time-sliced nodes; exclusive only
 /// unshared whole GPUs.
@@ -493,16 +468,20 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 return Err(Reason::BudgetUsedUp);
             }
             // Units of a shared node are replicas, each its GPU's 1/replicas, handed out on the
-            // least-loaded GPUs: none may pass 100% there.
+            // least-loaded GPUs (`candidates.rs`): none may pass 100% there. Handing each to the
+            // least-loaded GPU overfills one only once every GPU is too full for another, so
+            // they fit exactly when the GPUs have room for `count` replicas between them.
             if matches!(
                 node.sharing,
                 Sharing::TimeSlicing { .. } | Sharing::Mps { .. }
             ) {
-                let mut load = usage.gpu_milli.clone();
-                for (i, r) in replica_gpus(node, usage, *count) {
-                    load[i as usize] = load[i as usize].saturating_add(r);
-                }
-                if load.iter().any(|m| *m > GPU_MILLI) {
+                let r = replica_milli(node);
+                let room: u32 = usage
+                    .gpu_milli
+                    .iter()
+                    .map(|m| GPU_MILLI.saturating_sub(*m) / r)
+                    .sum();
+                if room < *count {
                     return Err(Reason::NoGpuWithRoom);
                 }
             }

@@ -170,6 +170,40 @@ mod tests {
         );
     }
 
+    /// Device-plugin units on a shared node fit exactly when the least-loaded placement the
+    /// model gives them keeps every GPU within its whole: over every load of a 3-GPU node (any
+    /// multiple of 100 thousandths per GPU) and every count, for time-slicing and MPS.
+    #[test]
+    fn units_fit_exactly_when_their_placement_keeps_every_gpu_whole() {
+        for sharing in [
+            Sharing::TimeSlicing { replicas: 4 },
+            Sharing::Mps { replicas: 3 },
+        ] {
+            let node = GpuNode::shared("n", "H100", 3, 81559, sharing);
+            for loads in 0..11u32.pow(3) {
+                let mut usage = Usage::empty(&node);
+                usage.gpu_milli = vec![loads % 11 * 100, loads / 11 % 11 * 100, loads / 121 * 100];
+                for count in 1..=node.slots {
+                    let demand = Demand::gpu(GpuDemand::Units {
+                        resource: "nvidia.com/gpu".into(),
+                        count,
+                    });
+                    let mut after = usage.gpu_milli.clone();
+                    for (i, m) in &candidates(&node, &usage, &demand)[0].gpus {
+                        after[*i as usize] += m;
+                    }
+                    let whole = after.iter().all(|m| *m <= GPU_MILLI);
+                    let fits = fit_gpu(&node, &usage, &demand.gpu);
+                    assert!(
+                        fits.is_ok() == whole || fits == Err(Reason::BudgetUsedUp),
+                        "{sharing:?} {:?} + {count}: fit {fits:?}, placed {after:?}",
+                        usage.gpu_milli
+                    );
+                }
+            }
+        }
+    }
+
     fn ts4() -> GpuNode {
         GpuNode::shared("ts", "H100", 2, 81559, Sharing::TimeSlicing { replicas: 4 })
     }
