@@ -622,15 +622,19 @@ impl ExtenderState {
                 {
                     self.waiting.invalidate(&uid);
                 }
-                if self.assumed.contains_key(&uid)
-                    && pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.as_ref())
-                        .is_none()
-                    && !crate::ledger::is_terminal(pod)
-                {
-                    // Bound by us a moment ago; the watch has not caught up yet.
+                let unbound = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_none();
+                if unbound && !crate::ledger::is_terminal(pod) {
+                    // A pod's node is never unset, so a holding outlives any view of the pod
+                    // unbound: bound by us a moment ago and the watch has not caught up yet, or
+                    // an older event arriving after a list or a read back showed the pod bound
+                    // (a slow watch replaying after a reconcile). Releasing it here gave a
+                    // running pod's GPU to the next bind. A binding that did not take is
+                    // released by bind, by the read back that settles a doubt, or by the
+                    // assumption's expiry.
                     return;
                 }
                 if self.ledger.node_of(&uid).is_some() {

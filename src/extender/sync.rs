@@ -793,6 +793,45 @@ mod tests {
         assert_eq!(e.ledger().uids(), vec!["late"]);
     }
 
+    /// The fault runner's slow-then-cut API: a bind committed, a reconcile's fresh list showed
+    /// the pod bound (no longer merely assumed), then the lagging watch delivered the pod's older
+    /// events, from before the binding. The holding stays until the pod finishes or goes: a
+    /// pod's node is never unset, and releasing it gave its GPU to the next bind.
+    #[test]
+    fn an_older_unbound_event_after_a_list_showed_the_pod_bound_releases_nothing() {
+        let e = ext();
+        let nodes: Vec<Node> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "46068"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }))
+        .unwrap()];
+        bind(&e, "a").commit();
+        let gpus = e.ledger().holding("a").unwrap().placement.gpus;
+        let mut bound = pod("a", Some("n1"), "Pending");
+        bound["metadata"]["annotations"]["gpu-share.io/gpus"] =
+            json!(e.ledger().holding("a").unwrap().placement.gpus_text());
+        let d = e.reconcile_with(
+            &nodes,
+            &[typed(bound.clone())],
+            &"nvidia.com/gpu".into(),
+            Instant::now(),
+        );
+        assert_eq!(d, Drift::default());
+        assert_eq!(e.assumption("a"), None, "the list showed it bound");
+        let mut r = Relist::default();
+        e.apply_pod_event(&mut r, Event::Apply(typed(pod("a", None, "Pending"))));
+        assert_eq!(e.ledger().uids(), vec!["a"]);
+        assert_eq!(e.ledger().with_node("n1", |nl| nl.usage.slots), Some(1));
+        // Its later events: bound, then finished, which frees the GPU.
+        e.apply_pod_event(&mut r, Event::Apply(typed(bound)));
+        assert_eq!(e.ledger().holding("a").unwrap().placement.gpus, gpus);
+        e.apply_pod_event(
+            &mut r,
+            Event::Apply(typed(pod("a", Some("n1"), "Succeeded"))),
+        );
+        assert!(e.ledger().uids().is_empty());
+    }
+
     #[test]
     fn node_events_build_and_prune_the_inventory() {
         let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
