@@ -39,6 +39,8 @@ pub struct Reading {
     pub mig_single: Option<bool>,
     pub declared: Vec<crate::policy::NodeMode>,
     pub mig: crate::mig::MigTable,
+    /// What the policy says about the nodes' toolkits ([`crate::enforcement::read`]).
+    pub enforcement: crate::enforcement::EnforcementReading,
 }
 
 impl Default for Reading {
@@ -56,6 +58,7 @@ impl From<&str> for Reading {
             mig_single: Some(false),
             declared: Vec::new(),
             mig: crate::mig::MigTable::default(),
+            enforcement: Default::default(),
         }
     }
 }
@@ -72,6 +75,9 @@ impl Reading {
             },
             declared: policy.node_modes.clone(),
             mig: policy.mig_table(),
+            enforcement: crate::enforcement::EnforcementReading {
+                memory_limit_hook: policy.enforcement.memory_limit_hook,
+            },
         }
     }
 
@@ -123,6 +129,14 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let g = declare(g, labels, &reading.declared, &reading.mig);
     let mut g = opt_in_per_gpu(g, labels, &reading.declared, labelled);
     g.unreached = reading.unreached(&g);
+    // A share in per-GPU form reaches the toolkit's hook only through a CDI device name, which
+    // the webhook writes under the cluster-wide word alone (`enforcement.memoryLimitHook`).
+    if g.sharing == Sharing::PerGpu
+        && !reading.enforcement.memory_limit_hook
+        && g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied
+    {
+        g.enforcement.memory_limits = crate::enforcement::MemoryLimits::HookNotDeclared;
+    }
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);
     }
@@ -147,7 +161,10 @@ pub fn declare(
     if g.mode_source != ModeSource::Unverified || g.mig != MigLayout::None {
         return g;
     }
-    let Some(m) = modes.iter().find(|m| m.selector.matches(labels)) else {
+    let Some(m) = modes
+        .iter()
+        .find(|m| m.declares_mode() && m.selector.matches(labels))
+    else {
         return g;
     };
     let units = g.slots;
@@ -204,7 +221,8 @@ pub fn opt_in_per_gpu(
         }
         None => {
             let rule = modes.iter().enumerate().find(|(_, m)| {
-                m.selector.matches(labels)
+                m.declares_mode()
+                    && m.selector.matches(labels)
                     && (!labelled || m.sharing == Some(DeclaredSharing::PerGpu))
             });
             match rule {
@@ -274,6 +292,24 @@ fn shared_pool(class_resource: &str, count: impl Fn(&str) -> Option<u64>) -> Opt
         .iter()
         .find_map(|r| count(r).filter(|n| *n > 0).map(|n| (*r, n)))
         .or_else(|| names.iter().find_map(|r| count(r).map(|n| (*r, n))))
+}
+
+/// What can hold a share's budget on the node with `labels` ([`crate::enforcement::read`]),
+/// with the `nodeModes` rules that apply to it.
+fn enforcement_of(
+    labels: &BTreeMap<String, String>,
+    reading: &Reading,
+) -> crate::enforcement::Enforcement {
+    let declared: Vec<crate::enforcement::Declared> = reading
+        .declared
+        .iter()
+        .filter(|m| m.selector.matches(labels))
+        .map(|m| crate::enforcement::Declared {
+            driver_version: m.driver_version.clone(),
+            memory_limit_hook: m.memory_limit_hook,
+        })
+        .collect();
+    crate::enforcement::read(labels, &reading.enforcement, &declared)
 }
 
 /// [`from_node`] over plain maps (labels, allocatable quantities).
@@ -455,6 +491,7 @@ pub fn from_parts(
                 advertised,
                 unreached: None,
                 per_gpu_refused: None,
+                enforcement: enforcement_of(labels, reading),
             });
         }
     }
@@ -500,6 +537,7 @@ pub fn from_parts(
         advertised,
         unreached: None,
         per_gpu_refused: None,
+        enforcement: enforcement_of(labels, reading),
     })
 }
 

@@ -53,6 +53,12 @@ struct NodeGpuLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeHolderLabels {
+    node: String,
+    holder: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -93,6 +99,7 @@ pub struct Metrics {
     connections: Family<ListenerLabels, Gauge>,
     closed: Family<ClosedLabels, Counter>,
     node_gpus: Family<NodeGpuLabels, FloatGauge>,
+    node_memory_held: Family<NodeHolderLabels, Gauge>,
     pending_pods: Family<ClassLabels, Gauge>,
     pending_oldest: Family<ClassLabels, FloatGauge>,
     ready: Gauge,
@@ -215,6 +222,12 @@ impl Metrics {
             closed.clone(),
         );
         let node_gpus = Family::<NodeGpuLabels, FloatGauge>::default();
+        let node_memory_held = Family::<NodeHolderLabels, Gauge>::default();
+        registry.register(
+            "node_memory_held",
+            "What can hold a timeslice or mps share's memory to its budget on each GPU node, 1 per holder: driver-limit (the driver's per-container limits: r615 and later, with the toolkit's hook), device-plugin-mps (the device plugin's equal split), none",
+            node_memory_held.clone(),
+        );
         let pending_pods = Family::<ClassLabels, Gauge>::default();
         let pending_oldest = Family::<ClassLabels, FloatGauge>::default();
         let ready = Gauge::default();
@@ -272,6 +285,7 @@ impl Metrics {
         Metrics {
             registry,
             node_gpus,
+            node_memory_held,
             pending_pods,
             pending_oldest,
             ready,
@@ -414,6 +428,21 @@ impl Metrics {
                         state: state.into(),
                     })
                     .set(v);
+            }
+        }
+    }
+
+    /// Replaces the per-node gauges of what holds a share's memory: `(node, holders)`.
+    pub fn node_memory_held(&self, rows: &[(&str, Vec<&str>)]) {
+        self.node_memory_held.clear();
+        for (node, holders) in rows {
+            for h in holders {
+                self.node_memory_held
+                    .get_or_create(&NodeHolderLabels {
+                        node: (*node).into(),
+                        holder: (*h).into(),
+                    })
+                    .set(1);
             }
         }
     }

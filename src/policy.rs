@@ -13,8 +13,10 @@ use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
 use crate::workloads::WorkloadKind;
 
+mod enforcement;
 mod fields;
 mod resources;
+pub use enforcement::EnforcementPolicy;
 pub use fields::UNSET_BY_DEFAULT;
 pub use resources::{ResourceName, ResourcesPolicy, Violation};
 
@@ -279,6 +281,9 @@ pub struct Policy {
     /// by node label; the first matching rule wins.
     #[serde(default)]
     pub node_modes: Vec<NodeMode>,
+    /// What holds a share to its budget inside the GPU.
+    #[serde(default)]
+    pub enforcement: EnforcementPolicy,
     /// Workload kinds beyond Kubernetes' own controllers whose pod templates the template check
     /// reads ([`builtin_kinds`] are always read).
     #[serde(default)]
@@ -301,6 +306,22 @@ pub struct NodeMode {
     /// Single-strategy MIG: every unit of `nvidia.com/gpu` is a MIG device of this profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    /// The nodes' driver version (`615.25.01`, or a major alone), where GPU Feature Discovery's
+    /// `nvidia.com/cuda.driver-version.*` labels do not give it (they win where they do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// Whether these nodes' Container Toolkit applies the driver's per-container memory limits
+    /// (its CDI hook `apply-cuda-memory-limits`): overrides `enforcement.memoryLimitHook`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_hook: Option<bool>,
+}
+
+impl NodeMode {
+    /// Whether the rule declares a sharing mode or a MIG profile (a rule may declare only what
+    /// holds a share's budget: the driver's version, the toolkit's hook).
+    pub fn declares_mode(&self) -> bool {
+        self.sharing.is_some() || self.mig_profile.is_some()
+    }
 }
 
 /// The sharing modes a [`NodeMode`] may declare.
@@ -440,10 +461,19 @@ impl Policy {
     fn validate(&self) -> Result<(), Violation> {
         crate::workloads::validate(&self.workloads).map_err(|e| Violation(e.to_string()))?;
         for (i, m) in self.node_modes.iter().enumerate() {
+            let declares_enforcement = m.driver_version.is_some() || m.memory_limit_hook.is_some();
+            if let Some(v) = &m.driver_version
+                && crate::enforcement::driver_major(v).is_none()
+            {
+                return Err(Violation(format!(
+                    "nodeModes[{i}].driverVersion: {v:?} is not a driver version like 615.25.01"
+                )));
+            }
             match (m.sharing, m.replicas, &m.mig_profile) {
+                (None, None, None) if declares_enforcement => {}
                 (Some(_), _, Some(_)) | (None, _, None) => {
                     return Err(Violation(format!(
-                        "nodeModes[{i}]: give either sharing (none, time-slicing, mps, per-gpu) or migProfile"
+                        "nodeModes[{i}]: give either sharing (none, time-slicing, mps, per-gpu) or migProfile, or what holds a share's budget (driverVersion, memoryLimitHook)"
                     )));
                 }
                 (Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps), r, None)

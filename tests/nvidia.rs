@@ -139,6 +139,7 @@ fn ts_demand(resource: &str) -> Demand {
     Demand {
         resources: vec![resource.to_string()],
         devices: None,
+        enforcement: gpu_share::enforcement::Requirement::Off,
         ..Demand::gpu(GpuDemand::Timeslice {
             milli: 500,
             memory_mib: None,
@@ -238,6 +239,7 @@ fn nodes_without_the_pods_resource_never_fit() {
     let mig = |resource: &str| Demand {
         resources: vec![resource.to_string()],
         devices: None,
+        enforcement: gpu_share::enforcement::Requirement::Off,
         ..Demand::gpu(GpuDemand::Mig {
             profile: "1g.10gb".into(),
             count: 1,
@@ -263,6 +265,7 @@ fn nodes_without_the_pods_resource_never_fit() {
     let whole = Demand {
         resources: vec!["nvidia.com/gpu".into()],
         devices: None,
+        enforcement: gpu_share::enforcement::Requirement::Off,
         ..Demand::gpu(GpuDemand::Whole { count: 1 })
     };
     assert!(packing::fit(&one_full, &Usage::empty(&one_full), &whole).is_ok());

@@ -196,7 +196,8 @@ pub fn filter(
             bad_request = Some(e.to_string());
         }
         Ok(None) => {}
-        Ok(Some(demand)) => {
+        Ok(Some(mut demand)) => {
+            demand.enforcement = policy.policy.enforcement.budgets;
             if first_seen {
                 ext.observe_demand(&demand, policy.policy.packing.policy.into());
             }
@@ -417,14 +418,29 @@ pub fn reserve_for_bind(
     pod: &ledger::BindPod,
     node: &str,
 ) -> Result<BindPlan, ReserveError> {
-    let Some(demand) = pod.demand.clone()? else {
+    let Some(mut demand) = pod.demand.clone()? else {
         return Ok(BindPlan::Plain);
     };
+    let requirement = policy.policy.enforcement.budgets;
+    demand.enforcement = requirement;
     let scorer = ext.scorer(policy.policy.packing.policy.into());
     let pointed = demand.pointed();
+    // What holds the share's memory there, said on the pod (not under `off`).
+    let held_by = (requirement != crate::enforcement::Requirement::Off)
+        .then(|| {
+            ext.ledger()
+                .with_node(node, |nl| {
+                    packing::memory_hold(&nl.node, &demand.gpu).annotation()
+                })
+                .flatten()
+        })
+        .flatten();
     match binding.reserve(&scorer, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
-            annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())].into(),
+            annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())]
+                .into_iter()
+                .chain(held_by.map(|h| (crate::enforcement::ANNOTATION_HELD_BY.to_string(), h)))
+                .collect(),
             // The ledger now holds this share on the GPU, so no whole-GPU pod gets it while
             // the reservation starts; a bind racing this one meets it on AlreadyExists.
             reserve: p.gpus.first().map(|(i, _)| *i).filter(|i| {

@@ -55,6 +55,15 @@ pub struct NodeReport {
     /// Why the node, which asks for per-GPU sharing (label or policy), is not shared per GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_gpu_refused: Option<String>,
+    /// What holds a share's memory to its budget here, in words ([`crate::enforcement::summary`]).
+    #[serde(default)]
+    pub enforcement: String,
+    /// The node's driver version, as read (GFD's labels, or the policy's `nodeModes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// Whether the driver's per-container memory limits hold shares here.
+    #[serde(default)]
+    pub driver_memory_limits: bool,
     pub pods: Vec<PodReport>,
     /// The GPUs gpu-share shares per GPU: each with its reservation and the shares bound to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -67,6 +76,33 @@ pub struct NodeReport {
     /// node's part of `gpu_share_fragmented_gpu_milli`); absent when no request is known yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragmented_gpus: Option<f64>,
+}
+
+/// What can hold a budgeted share's memory on a node: the driver's limit, the device plugin's
+/// MPS split, or `none`.
+fn memory_holders(n: &crate::inventory::GpuNode) -> Vec<&'static str> {
+    use crate::enforcement::{Hold, Share, memory_hold};
+    let facts = n.enforcement_facts();
+    let mut out = Vec::new();
+    for share in [
+        Share::Timeslice {
+            memory_mib: Some(1),
+        },
+        Share::Mps {
+            memory_mib: Some(1),
+        },
+        Share::Mps { memory_mib: None },
+    ] {
+        if let Hold::Held(h) = memory_hold(facts, share)
+            && !out.contains(&h.as_str())
+        {
+            out.push(h.as_str());
+        }
+    }
+    if out.is_empty() {
+        out.push("none");
+    }
+    out
 }
 
 /// One class of a node's GPUs ([`gpus_by_class`]), in GPUs.
@@ -269,6 +305,11 @@ pub fn report(
             .as_ref()
             .map(crate::inventory::Unreached::sentence),
         per_gpu_refused: n.per_gpu_refused.clone(),
+        enforcement: crate::enforcement::summary(n.enforcement_facts()),
+        driver: n.enforcement.driver.clone(),
+        driver_memory_limits: n.enforcement.memory_limits
+            == crate::enforcement::MemoryLimits::Applied
+            && !n.enforcement_facts().all_mig,
         pods: nl
             .holdings
             .values()
@@ -331,7 +372,9 @@ pub fn update_gauges(
     let mut frag = 0.0;
     let mut pods = 0;
     let mut rows: Vec<(String, ClassGpus)> = Vec::new();
+    let mut held: Vec<(String, Vec<&'static str>)> = Vec::new();
     let nodes = ext.ledger().for_each_node(|nl| {
+        held.push((nl.node.name.clone(), memory_holders(&nl.node)));
         if let Some(d) = &common {
             frag += fragmented_on(nl, d);
         }
@@ -352,6 +395,8 @@ pub fn update_gauges(
         })
         .collect();
     metrics.node_gpus(&rows);
+    let held: Vec<(&str, Vec<&str>)> = held.iter().map(|(n, h)| (n.as_str(), h.clone())).collect();
+    metrics.node_memory_held(&held);
     let pending: Vec<_> = ext
         .pending_by_class(std::time::SystemTime::now())
         .into_iter()

@@ -520,6 +520,7 @@ mod tests {
             node: "n1".into(),
             demand: Demand {
                 devices: Some(format!("gpu-share-devices-{uid}")),
+                enforcement: crate::enforcement::Requirement::Off,
                 ..Demand::gpu(GpuDemand::Timeslice {
                     milli,
                     memory_mib: None,

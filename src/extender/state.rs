@@ -628,13 +628,9 @@ impl ExtenderState {
                     .and_then(|s| s.node_name.as_ref())
                     .is_none();
                 if unbound && !crate::ledger::is_terminal(pod) {
-                    // A pod's node is never unset, so a holding outlives any view of the pod
-                    // unbound: bound by us a moment ago and the watch has not caught up yet, or
-                    // an older event arriving after a list or a read back showed the pod bound
-                    // (a slow watch replaying after a reconcile). Releasing it here gave a
-                    // running pod's GPU to the next bind. A binding that did not take is
-                    // released by bind, by the read back that settles a doubt, or by the
-                    // assumption's expiry.
+                    // A pod's node is never unset: this view is older than the holding (our
+                    // bind, or a list that showed it bound, ahead of a slow watch). A binding
+                    // that did not take is released by bind, a read back, or expiry.
                     return;
                 }
                 if self.ledger.node_of(&uid).is_some() {

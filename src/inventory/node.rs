@@ -118,6 +118,8 @@ pub struct GpuNode {
     /// in words ([`crate::inventory::opt_in_per_gpu`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_gpu_refused: Option<String>,
+    /// What can hold a share to its budget here ([`crate::enforcement`]).
+    pub enforcement: crate::enforcement::Enforcement,
 }
 
 impl GpuNode {
@@ -144,6 +146,7 @@ impl GpuNode {
             },
             unreached: None,
             per_gpu_refused: None,
+            enforcement: Default::default(),
         }
     }
 
@@ -188,6 +191,21 @@ impl GpuNode {
             slots: gpus * sharing.replicas(),
             sharing,
             ..pool
+        }
+    }
+
+    /// What [`crate::enforcement::memory_hold`] reads of the node.
+    pub fn enforcement_facts(&self) -> crate::enforcement::NodeFacts<'_> {
+        use crate::enforcement::NodeSharing;
+        crate::enforcement::NodeFacts {
+            enforcement: &self.enforcement,
+            sharing: match self.sharing {
+                Sharing::None => NodeSharing::Unshared,
+                Sharing::TimeSlicing { .. } => NodeSharing::TimeSlicing,
+                Sharing::Mps { replicas } => NodeSharing::Mps { replicas },
+                Sharing::PerGpu => NodeSharing::PerGpu,
+            },
+            all_mig: self.mig != MigLayout::None && self.gpus == 0,
         }
     }
 

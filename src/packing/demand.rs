@@ -134,6 +134,10 @@ pub struct Demand {
     /// of the GPU it holds for it (a node shared per GPU only). Demands not read from a pod (the
     /// simulator's) have none and fit either kind of node.
     pub devices: Option<String>,
+    /// Whether the node must hold the share's memory to its budget (the policy's
+    /// `enforcement.budgets`, set by the extender at filter and bind; `Off` for pods recorded
+    /// from the API, which run wherever they are, and for the simulator's demands).
+    pub enforcement: crate::enforcement::Requirement,
 }
 
 impl Demand {
@@ -145,6 +149,7 @@ impl Demand {
             models: Vec::new(),
             resources: Vec::new(),
             devices: None,
+            enforcement: crate::enforcement::Requirement::Off,
         }
     }
 

@@ -51,6 +51,9 @@ pub enum Reason {
     },
     Cpu,
     Memory,
+    /// The policy requires a share's memory to be held to its budget, and nothing on the node
+    /// holds it ([`crate::enforcement`]).
+    MemoryNotHeld(crate::enforcement::Gap),
 }
 
 /// How [`Reason::ReservationFailed`]'s sentence begins, whatever the failure.
@@ -113,6 +116,7 @@ impl Reason {
             .into(),
             Reason::Cpu => "not enough free CPU".into(),
             Reason::Memory => "not enough free memory".into(),
+            Reason::MemoryNotHeld(gap) => gap.sentence().into(),
         }
     }
 
@@ -142,6 +146,9 @@ impl Reason {
             Reason::NoGpuWithMemory,
             Reason::ResourceAbsent,
             Reason::NotEnoughUnits,
+            Reason::MemoryNotHeld(crate::enforcement::Gap::NoBudget),
+            Reason::MemoryNotHeld(crate::enforcement::Gap::NoDriverLimits),
+            Reason::MemoryNotHeld(crate::enforcement::Gap::Mig),
         ]
         .into_iter()
         .filter_map(|r| match r.message_static() {
@@ -200,6 +207,7 @@ impl Reason {
             Reason::ReservationFailed { .. } => "reservation_failed",
             Reason::Cpu => "cpu",
             Reason::Memory => "memory",
+            Reason::MemoryNotHeld(gap) => gap.label(),
         }
     }
 }
@@ -221,8 +229,9 @@ fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
     }
 }
 
-/// Checks that the node advertises every resource the pod's limits name, then CPU, memory and
-/// model; then the GPU rules of [`fit_gpu`].
+/// Checks that the node advertises every resource the pod's limits name, that the node holds a
+/// share's memory where the policy requires it, then CPU, memory and model; then the GPU rules
+/// of [`fit_gpu`].
 pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
     if let Some(r) = demand.resources.iter().find(|r| !node.advertises(r)) {
         return Err(Reason::ResourceNotAdvertised {
@@ -240,6 +249,12 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
     }
     if share && node.sharing == Sharing::PerGpu && !demand.resources.is_empty() {
         return Err(mismatch(node, "a replica from the device plugin"));
+    }
+    if demand.enforcement == crate::enforcement::Requirement::Required
+        && let crate::enforcement::Hold::NotHeld { gap, .. } =
+            super::held::memory_hold(node, &demand.gpu)
+    {
+        return Err(Reason::MemoryNotHeld(gap));
     }
     if !demand.models.is_empty() {
         let product = node.product.as_deref().unwrap_or_default();

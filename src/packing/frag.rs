@@ -661,6 +661,7 @@ mod tests {
             models: vec![],
             resources: vec![],
             devices: None,
+            enforcement: crate::enforcement::Requirement::Off,
         };
         let mut ds = vec![d(1000, 500); 6];
         ds.extend(vec![d(2000, 250); 3]);

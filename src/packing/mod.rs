@@ -15,6 +15,7 @@ mod candidates;
 mod demand;
 mod fit;
 pub mod frag;
+mod held;
 mod homes;
 pub mod score;
 mod usage;
@@ -30,6 +31,7 @@ pub use candidates::*;
 pub use demand::*;
 pub use fit::*;
 pub use frag::FragMemo;
+pub use held::{memory_hold, share_of};
 pub use homes::{Homes, SCARCITY_EXPONENT};
 pub use score::{PackingPolicy, Scorer};
 pub use usage::*;
@@ -98,6 +100,62 @@ mod tests {
         assert_eq!(mps.to_string(), "mps-42.8,memory=40448Mi");
     }
     use crate::inventory::GpuNode;
+
+    /// Under `enforcement.budgets: required` a share goes only where something holds its memory
+    /// (the sentence says which gap, with no per-node value); under `preferred` anywhere it fits.
+    #[test]
+    fn required_enforcement_places_shares_only_where_their_memory_is_held() {
+        use crate::enforcement::{Enforcement, Gap, MemoryLimits, Requirement};
+        let with = |sharing: Sharing, limits: MemoryLimits| {
+            let mut n = GpuNode::shared("n", "NVIDIA-A100-SXM4-80GB", 2, 81920, sharing);
+            n.enforcement = Enforcement {
+                driver: Some("615.25.01".into()),
+                memory_limits: limits,
+            };
+            n
+        };
+        let ts = |memory_mib: Option<u64>, enforcement: Requirement| Demand {
+            enforcement,
+            ..Demand::gpu(GpuDemand::Timeslice {
+                milli: 250,
+                memory_mib,
+            })
+        };
+        let old_ts = with(
+            Sharing::TimeSlicing { replicas: 4 },
+            MemoryLimits::DriverTooOld,
+        );
+        let new_ts = with(Sharing::TimeSlicing { replicas: 4 }, MemoryLimits::Applied);
+        let old_mps = with(Sharing::Mps { replicas: 4 }, MemoryLimits::DriverTooOld);
+        let fits = |n: &GpuNode, d: &Demand| fit(n, &Usage::empty(n), d);
+        let required = ts(Some(20480), Requirement::Required);
+        assert_eq!(
+            fits(&old_ts, &required),
+            Err(Reason::MemoryNotHeld(Gap::NoDriverLimits))
+        );
+        assert!(!Reason::MemoryNotHeld(Gap::NoDriverLimits).resolvable());
+        assert!(fits(&new_ts, &required).is_ok());
+        assert_eq!(
+            fits(&new_ts, &ts(None, Requirement::Required)),
+            Err(Reason::MemoryNotHeld(Gap::NoBudget))
+        );
+        assert!(fits(&old_ts, &ts(Some(20480), Requirement::Preferred)).is_ok());
+        assert!(fits(&old_ts, &ts(None, Requirement::Off)).is_ok());
+        // MPS: the device plugin's equal split holds it on any driver.
+        let mps = Demand {
+            enforcement: Requirement::Required,
+            ..Demand::gpu(GpuDemand::Mps {
+                milli: 250,
+                memory_mib: None,
+            })
+        };
+        assert!(fits(&old_mps, &mps).is_ok());
+        let message = Reason::MemoryNotHeld(Gap::NoDriverLimits).message();
+        assert!(
+            Reason::all_messages().any(|m| m == message),
+            "kube-scheduler's events are known to carry gpu-share's word: {message}"
+        );
+    }
 
     /// The case found on paper: a node of two A10s time-sliced 4 ways takes four `timeslice-40`
     /// shares (two per GPU); a fifth fits the node's pooled budget (2000) and a free replica, but
@@ -491,6 +549,7 @@ mod tests {
         );
         let pointed = Demand {
             devices: Some("gpu-share-devices-x".into()),
+            enforcement: crate::enforcement::Requirement::Off,
             ..ts(30)
         };
         let replica = Demand {

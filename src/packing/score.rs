@@ -424,6 +424,7 @@ mod tests {
             models: vec![],
             resources: vec![],
             devices: None,
+            enforcement: crate::enforcement::Requirement::Off,
         }
     }
 
@@ -435,6 +436,7 @@ mod tests {
             models: vec![],
             resources: vec![],
             devices: None,
+            enforcement: crate::enforcement::Requirement::Off,
         }
     }
 

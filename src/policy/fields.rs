@@ -31,6 +31,9 @@ pub(super) const FIELDS: &[&str] = &[
     "perGpu.releaseAfterSeconds",
     "namespaces",
     "nodeModes",
+    "enforcement",
+    "enforcement.budgets",
+    "enforcement.memoryLimitHook",
     "workloads",
 ];
 

@@ -108,6 +108,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
                 models: ledger::pod_models(&pod),
                 resources: Vec::new(),
                 devices: None,
+                enforcement: crate::enforcement::Requirement::Off,
             },
         });
     }

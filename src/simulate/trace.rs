@@ -202,6 +202,7 @@ pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
                 models,
                 resources: Vec::new(),
                 devices: None,
+                enforcement: crate::enforcement::Requirement::Off,
             },
         });
     }

@@ -100,10 +100,14 @@ fn pods_column(r: &NodeReport) -> String {
     if pods.is_empty() { "-".into() } else { pods }
 }
 
-/// Why nodes cannot be used, or are not shared per GPU though asked.
+/// Why nodes cannot be used, or are not shared per GPU though asked; what holds a share's
+/// memory on each.
 fn notes(reports: &[NodeReport]) -> String {
     let mut out = String::new();
     for r in reports {
+        if !r.enforcement.is_empty() {
+            out.push_str(&format!("memory held: {}: {}\n", r.name, r.enforcement));
+        }
         if let Some(why) = &r.unreached {
             out.push_str(&format!("unusable: {}: {why}\n", r.name));
         }
