@@ -129,13 +129,12 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let g = declare(g, labels, &reading.declared, &reading.mig);
     let mut g = opt_in_per_gpu(g, labels, &reading.declared, labelled);
     g.unreached = reading.unreached(&g);
-    // A share in per-GPU form reaches the toolkit's hook only through a CDI device name, which
-    // the webhook writes under the cluster-wide word alone (`enforcement.memoryLimitHook`).
+    // A share in per-GPU form gets its GPU under the legacy runtime, which runs no CDI hook: the
+    // driver's limits do not reach it.
     if g.sharing == Sharing::PerGpu
-        && !reading.enforcement.memory_limit_hook
         && g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied
     {
-        g.enforcement.memory_limits = crate::enforcement::MemoryLimits::HookNotDeclared;
+        g.enforcement.memory_limits = crate::enforcement::MemoryLimits::NotThroughPerGpuForm;
     }
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);

@@ -661,3 +661,95 @@ fn declared_node_groups_are_reachable_even_scaled_to_zero() {
     let bare = Policy::default_policy();
     assert!(!selects(&planned_pod(&bare, "timeslice-25"), &ts_group));
 }
+
+/// What holds a share's memory on each generated node, as GFD labels its driver: the mock's
+/// 550.54.15 has no per-container limits (the device plugin's MPS split still holds an MPS
+/// share); the same labels with an r615 driver, under a policy that declares the toolkit's hook,
+/// have them on every node whose GPUs are not all MIG devices, and a budgeted share is held by
+/// them there.
+#[test]
+fn the_enforcement_each_generated_node_reads_as_follows_its_driver() {
+    use gpu_share::enforcement::{Hold, Holder, MemoryLimits};
+    let policy = Policy::default_policy();
+    let hook = Policy::load("enforcement:\n  memoryLimitHook: true\n", "p.yaml")
+        .unwrap()
+        .policy;
+    let mut labelled = 0;
+    for n in nvidia_nodes() {
+        let name = n.metadata.name.clone().unwrap();
+        let has_driver = labels(&n).contains_key("nvidia.com/cuda.driver-version.major");
+        let old = inventory::read_node(&n, &Reading::of(&policy)).unwrap();
+        let mut new_node = n.clone();
+        for (k, v) in new_node.metadata.labels.as_mut().unwrap().iter_mut() {
+            match k.as_str() {
+                "nvidia.com/cuda.driver-version.full" => *v = "615.25.01".into(),
+                "nvidia.com/cuda.driver-version.major" | "nvidia.com/cuda.driver.major" => {
+                    *v = "615".into()
+                }
+                _ => {}
+            }
+        }
+        let new = inventory::read_node(&new_node, &Reading::of(&hook)).unwrap();
+        let budgeted = GpuDemand::Timeslice {
+            milli: 250,
+            memory_mib: Some(1024),
+        };
+        if !has_driver {
+            assert_eq!(
+                old.enforcement.memory_limits,
+                MemoryLimits::DriverUnknown,
+                "{name}"
+            );
+            continue;
+        }
+        labelled += 1;
+        assert_eq!(
+            old.enforcement.driver.as_deref(),
+            Some("550.54.15"),
+            "{name}"
+        );
+        assert_eq!(
+            old.enforcement.memory_limits,
+            MemoryLimits::DriverTooOld,
+            "{name}"
+        );
+        assert!(
+            matches!(packing::memory_hold(&old, &budgeted), Hold::NotHeld { .. }),
+            "{name}"
+        );
+        let mps = GpuDemand::Mps {
+            milli: 250,
+            memory_mib: Some(1024),
+        };
+        if matches!(old.sharing, inventory::Sharing::Mps { .. }) {
+            assert_eq!(
+                packing::memory_hold(&old, &mps),
+                Hold::Held(Holder::DevicePluginMps),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            new.enforcement.memory_limits,
+            MemoryLimits::Applied,
+            "{name}"
+        );
+        let all_mig = new.gpus == 0 && new.mig != MigLayout::None;
+        assert_eq!(
+            packing::memory_hold(&new, &budgeted) == Hold::Held(Holder::DriverLimit),
+            !all_mig,
+            "{name}: {:?}",
+            packing::memory_hold(&new, &budgeted)
+        );
+        let report = &gpu_share::status::reports_from(&hook, &[new_node], &[])[0];
+        assert_eq!(report.driver_memory_limits, !all_mig, "{name}");
+        assert!(
+            report.enforcement.contains("615"),
+            "{name}: {}",
+            report.enforcement
+        );
+    }
+    assert!(
+        labelled >= 10,
+        "only {labelled} fixtures carry GFD's driver labels"
+    );
+}

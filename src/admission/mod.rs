@@ -3,6 +3,7 @@
 mod affinity;
 pub mod devices;
 pub mod guard;
+pub mod limits;
 mod patch;
 pub mod plan;
 pub mod review;

@@ -62,6 +62,9 @@ pub enum DenialReason {
     AnnotationUpdate,
     /// A gpu-share pod sets `NVIDIA_VISIBLE_DEVICES` itself.
     VisibleDevicesSet,
+    /// A gpu-share pod sets one of the variables that hold its share to its budget
+    /// ([`super::limits::GUARDED`]).
+    LimitsSet,
 }
 
 impl DenialReason {
@@ -80,6 +83,7 @@ impl DenialReason {
             DenialReason::RequestWithoutGpuShare => "request_without_gpu_share",
             DenialReason::AnnotationUpdate => "annotation_update",
             DenialReason::VisibleDevicesSet => "visible_devices_set",
+            DenialReason::LimitsSet => "limits_set",
         }
     }
 }
@@ -303,6 +307,10 @@ impl Intake {
             .then(|| devices::configmap_name(&self.annotations, facts.request_uid));
         if let Some(why) = devices::set_by_user(spec, index, devices_configmap.as_deref()) {
             return Err(Denial::new(DenialReason::VisibleDevicesSet, why));
+        }
+        if let Some(why) = super::limits::set_by_user(spec, index, &super::limits::env(req, policy))
+        {
+            return Err(Denial::new(DenialReason::LimitsSet, why));
         }
         let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
             && policy.mps.host_ipc
@@ -865,6 +873,14 @@ mod tests {
             env_of(&doc, "GPU_SHARE_MEMORY_MIB").as_deref(),
             Some("8192")
         );
+        // The toolkit's hook reads the budget as the driver's soft and hard limits.
+        for name in ["NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT"] {
+            assert_eq!(env_of(&doc, name).as_deref(), Some("8192"), "{name}");
+        }
+        // A second pass (reinvocation) keeps what the first wrote and adds nothing.
+        let (again, m2) = mutated(&doc);
+        assert_eq!(again, doc);
+        assert!(m2.patch.is_empty(), "{:?}", m2.patch);
         assert_eq!(
             doc["metadata"]["annotations"]["gpu-share.io/request"],
             "mps-25,memory=8192Mi"
@@ -873,6 +889,28 @@ mod tests {
             ["nodeSelectorTerms"][0];
         assert_eq!(term["matchExpressions"][0]["values"][0], "mps");
         assert!(m.warnings.iter().any(|w| w.contains("hostIPC")));
+    }
+
+    /// A user-set copy of a limit's variable is refused in words, whatever its value: the
+    /// budget is gpu-share's to set.
+    #[test]
+    fn a_user_set_limit_is_refused() {
+        for (name, value) in [
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80G"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+            ("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mine"),
+            ("NVIDIA_GPU_MEMORY_LIMIT", "81920"),
+            ("NVIDIA_GPU_MEMORY_LIMITS", "81920"),
+        ] {
+            let spec = json!({"containers": [{"name": "main", "image": "cuda",
+                "env": [{"name": name, "value": value}]}]});
+            let d = denied(&pod(
+                json!({"gpu-share": "mps-25", "gpu-share/memory": "8Gi"}),
+                spec,
+            ));
+            assert_eq!(d.reason, DenialReason::LimitsSet);
+            assert!(d.message.contains(name), "{}", d.message);
+        }
     }
 
     #[test]

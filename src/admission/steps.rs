@@ -237,7 +237,8 @@ fn set_scheduler_name(
     }
 }
 
-/// Step 7: the environment: what the workload got (`GPU_SHARE_*`), and MPS's own limits.
+/// Step 7: the environment: what the workload got (`GPU_SHARE_*`), and the limits that hold its
+/// share ([`super::limits`]).
 fn workload_env(t: &Target<'_>, policy: &Policy) -> Vec<(String, String)> {
     let req = t.request;
     let mut env: Vec<(String, String)> = Vec::new();
@@ -264,17 +265,7 @@ fn workload_env(t: &Target<'_>, policy: &Policy) -> Vec<(String, String)> {
             env.push(("GPU_SHARE_MEMORY_MIB".into(), m.to_string()));
         }
     }
-    if let GpuClass::Mps { percent } = req.class {
-        if policy.mps.active_thread_percentage {
-            env.push((
-                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
-                percent.to_string(),
-            ));
-        }
-        if let Some(m) = req.memory_mib {
-            env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M")));
-        }
-    }
+    env.extend(super::limits::env(req, policy));
     env
 }
 

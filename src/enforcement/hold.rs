@@ -60,7 +60,7 @@ pub fn summary(node: NodeFacts<'_>) -> String {
     let e = node.enforcement;
     let driver = e.driver.as_deref().unwrap_or("unknown");
     let limits = match e.memory_limits {
-        _ if node.all_mig => "no driver limits (MIG)".to_string(),
+        _ if node.all_mig => format!("no driver limits (MIG devices; driver {driver})"),
         MemoryLimits::Applied => format!("driver limits (driver {driver})"),
         MemoryLimits::HookNotDeclared => {
             format!("no driver limits (driver {driver}; the toolkit's hook not declared)")
@@ -69,6 +69,9 @@ pub fn summary(node: NodeFacts<'_>) -> String {
             format!("no driver limits (driver {driver} < r{MIN_DRIVER_FOR_MEMORY_LIMITS})")
         }
         MemoryLimits::DeclaredOff => "no driver limits (declared off)".to_string(),
+        MemoryLimits::NotThroughPerGpuForm => {
+            format!("no driver limits (driver {driver}; not through the per-GPU form)")
+        }
         MemoryLimits::DriverUnknown => "no driver limits (driver unknown)".to_string(),
     };
     let mps = match node.sharing {

@@ -59,6 +59,9 @@ pub enum MemoryLimits {
     DriverUnknown,
     /// The policy's `nodeModes` says the node's toolkit does not apply them.
     DeclaredOff,
+    /// The driver and the toolkit would, but a share in per-GPU form reaches its GPU through
+    /// `NVIDIA_VISIBLE_DEVICES` under the legacy runtime, which runs no CDI hook.
+    NotThroughPerGpuForm,
 }
 
 impl MemoryLimits {
@@ -79,6 +82,9 @@ impl MemoryLimits {
             MemoryLimits::DeclaredOff => Some(
                 "the policy's nodeModes says the node's Container Toolkit does not apply the driver's memory limits".to_string(),
             ),
+            MemoryLimits::NotThroughPerGpuForm => Some(format!(
+                "driver {driver} has per-container memory limits, but a share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
+            )),
         }
     }
 }
