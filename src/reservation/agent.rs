@@ -36,6 +36,51 @@ pub struct ReserveArgs {
     /// The NVML library to load.
     #[arg(long, default_value = "libnvidia-ml.so.1")]
     pub nvml_library: String,
+    /// Also run the GPU's MPS control daemon ([`super::mps`]), its pipe directory published on
+    /// the pod once its defaults are set.
+    #[arg(long)]
+    pub mps: bool,
+    /// Where each GPU's MPS pipe and log directories go (`<root>/<uuid>/{pipe,log}`).
+    #[arg(long, default_value = "/run/gpu-share/mps")]
+    pub mps_root: std::path::PathBuf,
+    /// `nvidia-cuda-mps-control` (default: found in PATH or NVIDIA's directories).
+    #[arg(long)]
+    pub mps_control: Option<std::path::PathBuf>,
+    /// The MPS server's default active-thread percentage.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub mps_thread_percentage: u32,
+    /// The MPS server's default pinned device-memory limit per client, MiB (default: none, the
+    /// clients' own limits only).
+    #[arg(long)]
+    pub mps_pinned_memory_mib: Option<u64>,
+    /// Seconds between the daemon's health checks.
+    #[arg(long, default_value_t = 2)]
+    pub mps_health_seconds: u64,
+    /// How many times a failed daemon is started again before the reservation fails.
+    #[arg(long, default_value_t = 3)]
+    pub mps_restarts: u32,
+}
+
+impl ReserveArgs {
+    /// The MPS daemon's settings, when asked for.
+    fn mps_settings(&self) -> Result<Option<super::mps::Settings>, super::mps::MpsError> {
+        if !self.mps {
+            return Ok(None);
+        }
+        let control = match &self.mps_control {
+            Some(c) => c.clone(),
+            None => super::mps::find_control().ok_or(super::mps::MpsError::NoControl)?,
+        };
+        Ok(Some(super::mps::Settings {
+            control,
+            root: self.mps_root.clone(),
+            thread_percentage: self.mps_thread_percentage,
+            pinned_mib: self.mps_pinned_memory_mib,
+            health_every: Duration::from_secs(self.mps_health_seconds.max(1)),
+            restarts: self.mps_restarts,
+            fake_nvml: std::env::var_os(SEAM_ENV).is_some(),
+        }))
+    }
 }
 
 /// Why `gpu-share reserve` stopped.
@@ -52,6 +97,8 @@ pub enum ReserveError {
     },
     #[error(transparent)]
     NoGpu(#[from] model::NoGpu),
+    #[error("the GPU's MPS daemon: {0}")]
+    Mps(#[from] super::mps::MpsError),
 }
 
 /// Why NVML could not list the GPUs.
@@ -131,21 +178,79 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
         .map_err(ReserveError::NoCluster)?;
     match outcome {
         Ok(uuid) => {
-            publish(&client, args, Some(&uuid), None).await?;
-            tracing::info!(uuid, pod = %args.pod_name, "holding the GPU");
-            crate::signal::terminated().await;
-            tracing::info!("stopping: the GPU is released with this pod");
-            Ok(())
-        }
-        Err(no_gpu) => {
-            let why = no_gpu.to_string();
-            if let Err(e) = publish(&client, args, None, Some(&why)).await {
-                tracing::error!("{e}");
+            let mps = match args.mps_settings() {
+                Ok(Some(settings)) => {
+                    match super::mps::Daemon::start(&settings, &uuid, &args.nvml_library).await {
+                        Ok(d) => Some(d),
+                        Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
+                    }
+                }
+                Ok(None) => None,
+                Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
+            };
+            let pipe = mps.as_ref().map(|d| d.pipe.display().to_string());
+            publish(&client, args, Some(&uuid), None, pipe.as_deref()).await?;
+            tracing::info!(uuid, pod = %args.pod_name, mps = pipe.as_deref().unwrap_or("none"), "holding the GPU");
+            let Some(daemon) = mps else {
+                crate::signal::terminated().await;
+                tracing::info!("stopping: the GPU is released with this pod");
+                return Ok(());
+            };
+            // While the daemon is down, the pod says why, and the pipe is not published.
+            let (tx, mut rx) = tokio::sync::watch::channel(None::<String>);
+            let writer = {
+                let (client, args, uuid, pipe) =
+                    (client.clone(), args.clone(), uuid.clone(), pipe.clone());
+                tokio::spawn(async move {
+                    while rx.changed().await.is_ok() {
+                        let why = rx.borrow_and_update().clone();
+                        let pipe = if why.is_some() { None } else { pipe.as_deref() };
+                        if let Err(e) =
+                            publish(&client, &args, Some(&uuid), why.as_deref(), pipe).await
+                        {
+                            tracing::error!("{e}");
+                        }
+                    }
+                })
+            };
+            let outcome = daemon
+                .supervise(crate::signal::terminated(), |why| {
+                    let _ = tx.send(why.map(str::to_string));
+                })
+                .await;
+            drop(tx);
+            let _ = writer.await;
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(
+                        "stopping: the GPU and its MPS daemon are released with this pod"
+                    );
+                    Ok(())
+                }
+                Err(e) => fail(&client, args, ReserveError::Mps(e)).await,
             }
-            record_event(client, args, &why).await;
-            Err(ReserveError::NoGpu(no_gpu))
         }
+        Err(no_gpu) => fail(&client, args, ReserveError::NoGpu(no_gpu)).await,
     }
+}
+
+/// A reservation that cannot hold its GPU: the reason on the pod, in its termination log and as
+/// an Event; the process then exits non-zero (the controller moves or evicts the shares).
+async fn fail(
+    client: &Client,
+    args: &ReserveArgs,
+    error: ReserveError,
+) -> Result<(), ReserveError> {
+    let why = error.to_string();
+    tracing::error!("{why}");
+    if let Err(e) = std::fs::write(&args.termination_log, &why) {
+        tracing::debug!(error = %e, path = %args.termination_log.display(), "no termination log");
+    }
+    if let Err(e) = publish(client, args, None, Some(&why), None).await {
+        tracing::error!("{e}");
+    }
+    record_event(client.clone(), args, &why).await;
+    Err(error)
 }
 
 /// Writes the UUID or the error onto the pod (the other one removed), retrying for about a
@@ -155,11 +260,13 @@ async fn publish(
     args: &ReserveArgs,
     uuid: Option<&str>,
     error: Option<&str>,
+    mps_pipe: Option<&str>,
 ) -> Result<(), ReserveError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
     let patch = json!({"metadata": {"annotations": {
         model::ANNOTATION_UUID: uuid,
         model::ANNOTATION_ERROR: error,
+        model::ANNOTATION_MPS_PIPE: mps_pipe,
     }}});
     let mut delay = Duration::from_millis(250);
     let mut attempt = 0;

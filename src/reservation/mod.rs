@@ -3,6 +3,7 @@
 //! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
 pub mod agent;
 pub mod model;
+pub mod mps;
 pub mod plan;
 pub mod view;
 

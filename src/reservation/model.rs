@@ -25,6 +25,9 @@ pub const ANNOTATION_GPU: &str = "gpu-share.io/reserve-gpu";
 pub const ANNOTATION_UUID: &str = "gpu-share.io/gpu-uuid";
 /// On a reservation that failed: why, in words, written by the reservation.
 pub const ANNOTATION_ERROR: &str = "gpu-share.io/reserve-error";
+/// Written by the reservation (`--mps`) once its GPU's MPS daemon answers with its defaults set:
+/// the daemon's pipe directory on the node. Removed while the daemon is down.
+pub const ANNOTATION_MPS_PIPE: &str = "gpu-share.io/mps-pipe";
 /// The label that tells reservations apart (with `app.kubernetes.io/name: gpu-share`).
 pub const LABEL_COMPONENT: (&str, &str) = ("app.kubernetes.io/component", "reservation");
 /// The label naming a reservation's node (a label value: hashed when the name is not one).

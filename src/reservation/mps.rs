@@ -1,0 +1,420 @@
+//! The MPS control daemon of a GPU gpu-share shares per GPU, run by the GPU's reservation
+//! (`gpu-share reserve --mps`), the way NVIDIA's device plugin and DRA driver run theirs:
+//!
+//! - **start**: `nvidia-cuda-mps-control -d` starts with a pipe directory and a log directory
+//!   of the GPU's own (`<root>/<uuid>/pipe`, `.../log`) and `CUDA_VISIBLE_DEVICES` set to the GPU;
+//!   the server's defaults are set (`set_default_active_thread_percentage`,
+//!   `set_default_device_pinned_mem_limit`) and read back; then the GPU's compute mode becomes
+//!   `EXCLUSIVE_PROCESS` (through NVML), so that the MPS server is the one process with a context
+//!   on it. Only then is the pipe directory published on the reservation's pod.
+//! - **health**: `get_default_active_thread_percentage` every few seconds must answer the
+//!   default set. When it does not, the GPU's compute mode becomes `PROHIBITED` at once: a
+//!   client that no MPS server serves would run with the whole GPU, its limits unheld (an MPS
+//!   client whose daemon is gone runs without MPS, and nothing says so: docs/gpu-runs.md), so no
+//!   new context may start until the daemon is back. It is started again, a few times.
+//! - **release**: `quit`, and the compute mode back to `DEFAULT`.
+//!
+//! The defaults and the health check's words are pure ([`setup_commands`], [`answers`]); the
+//! processes and NVML are the thin shell around them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+/// The control daemon's name, looked up in `PATH` and where NVIDIA's stacks put it.
+pub const CONTROL: &str = "nvidia-cuda-mps-control";
+const CONTROL_DIRS: [&str; 3] = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin"];
+/// Test seam: where the compute-mode changes go instead of NVML (one line each), when
+/// [`Settings::fake_nvml`]. Never set in a real reservation.
+pub const COMPUTE_MODE_SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_COMPUTE_MODE_LOG";
+/// How long one control command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a started daemon may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How the daemon of one GPU is run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `nvidia-cuda-mps-control`.
+    pub control: PathBuf,
+    /// Where each GPU's pipe and log directories go (`<root>/<uuid>/{pipe,log}`).
+    pub root: PathBuf,
+    /// The server's default active-thread percentage (100: clients narrow it themselves).
+    pub thread_percentage: u32,
+    /// The server's default pinned device-memory limit per client, MiB (`None`: the GPU's).
+    pub pinned_mib: Option<u64>,
+    /// How often the daemon is asked whether it is up.
+    pub health_every: Duration,
+    /// How many times a failed daemon is started again before the reservation fails.
+    pub restarts: u32,
+    /// NVML is the agent's test seam: compute-mode changes go to [`COMPUTE_MODE_SEAM_ENV`].
+    pub fake_nvml: bool,
+}
+
+/// The GPU's compute modes gpu-share sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+    Prohibited,
+}
+
+impl ComputeMode {
+    pub fn word(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "DEFAULT",
+            ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+            ComputeMode::Prohibited => "PROHIBITED",
+        }
+    }
+}
+
+/// Why the daemon could not be run, in words.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    #[error("{CONTROL} not found (looked in PATH and {dirs})", dirs = CONTROL_DIRS.join(", "))]
+    NoControl,
+    #[error("cannot make the MPS directory {path}: {source}")]
+    Dir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run {CONTROL} ({what}): {source}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{CONTROL} {what} failed: {output}")]
+    Command { what: String, output: String },
+    #[error("{CONTROL} {what} gave no answer within {seconds} s")]
+    Timeout { what: String, seconds: u64 },
+    #[error("the MPS server's default {what} reads {got:?}, not {want}")]
+    Unexpected {
+        what: &'static str,
+        got: String,
+        want: String,
+    },
+    #[error("cannot set the GPU's compute mode to {mode}: {why}")]
+    ComputeMode { mode: &'static str, why: String },
+}
+
+/// PURE: the commands that set the server's defaults for GPU `uuid`.
+pub fn setup_commands(s: &Settings, uuid: &str) -> Vec<String> {
+    let mut out = vec![format!(
+        "set_default_active_thread_percentage {}",
+        s.thread_percentage
+    )];
+    if let Some(m) = s.pinned_mib {
+        out.push(format!("set_default_device_pinned_mem_limit {uuid} {m}M"));
+    }
+    out
+}
+
+/// PURE: whether the daemon's answer to `get_default_active_thread_percentage` is `want`
+/// (it prints `25.0`, or `25`).
+pub fn answers(output: &str, want: u32) -> bool {
+    output
+        .split_whitespace()
+        .last()
+        .and_then(|w| w.parse::<f64>().ok())
+        .is_some_and(|got| (got - f64::from(want)).abs() < 0.01)
+}
+
+/// The control daemon, found in `PATH` or NVIDIA's directories.
+pub fn find_control() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(CONTROL_DIRS.iter().map(PathBuf::from))
+        .map(|d| d.join(CONTROL))
+        .find(|p| p.is_file())
+}
+
+/// One GPU's running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    settings: Settings,
+    uuid: String,
+    nvml_library: String,
+    pub pipe: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// The GPU's directories under `root`.
+    pub fn dirs(root: &Path, uuid: &str) -> (PathBuf, PathBuf) {
+        let base = root.join(uuid);
+        (base.join("pipe"), base.join("log"))
+    }
+
+    /// Starts the daemon of GPU `uuid`: compute mode, directories, daemon, defaults, read back.
+    pub async fn start(
+        settings: &Settings,
+        uuid: &str,
+        nvml_library: &str,
+    ) -> Result<Daemon, MpsError> {
+        let (pipe, log) = Self::dirs(&settings.root, uuid);
+        let d = Daemon {
+            settings: settings.clone(),
+            uuid: uuid.to_string(),
+            nvml_library: nvml_library.to_string(),
+            pipe,
+            log,
+        };
+        for dir in [&d.pipe, &d.log] {
+            std::fs::create_dir_all(dir).map_err(|source| MpsError::Dir {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let out = d.run(&["-d"], None).await?;
+        tracing::info!(uuid, pipe = %d.pipe.display(), output = %out.trim(), "MPS control daemon started");
+        let started = tokio::time::Instant::now();
+        loop {
+            match d.control("get_default_active_thread_percentage").await {
+                Ok(_) => break,
+                Err(e) if started.elapsed() < START_TIMEOUT => {
+                    tracing::debug!(error = %e, "the MPS daemon does not answer yet");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for command in setup_commands(settings, uuid) {
+            d.control(&command).await?;
+            tracing::info!(uuid, command, "MPS server default set");
+        }
+        d.check().await?;
+        // Last: until the daemon answers with its defaults, the GPU keeps the mode it had
+        // (`PROHIBITED` while a failed daemon is started again).
+        d.compute_mode(ComputeMode::ExclusiveProcess).await?;
+        Ok(d)
+    }
+
+    /// Whether the daemon answers with the default it was given.
+    pub async fn check(&self) -> Result<(), MpsError> {
+        let out = self.control("get_default_active_thread_percentage").await?;
+        if answers(&out, self.settings.thread_percentage) {
+            Ok(())
+        } else {
+            Err(MpsError::Unexpected {
+                what: "active thread percentage",
+                got: out.trim().to_string(),
+                want: self.settings.thread_percentage.to_string(),
+            })
+        }
+    }
+
+    /// Stops the daemon (`quit`) and gives the GPU back to any process (`DEFAULT`).
+    pub async fn quit(&self) {
+        match self.control("quit").await {
+            Ok(_) => tracing::info!(uuid = %self.uuid, "MPS control daemon stopped"),
+            Err(e) => tracing::warn!(uuid = %self.uuid, error = %e, "MPS daemon quit"),
+        }
+        if let Err(e) = self.compute_mode(ComputeMode::Default).await {
+            tracing::warn!(uuid = %self.uuid, error = %e, "compute mode after quit");
+        }
+    }
+
+    /// Watches the daemon until `stop` resolves: on a failed check, no new context on the GPU
+    /// (`PROHIBITED`) and the daemon started again, up to [`Settings::restarts`] times. `Err`: it
+    /// could not be brought back (the GPU stays `PROHIBITED`).
+    pub async fn supervise(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+        mut on_change: impl FnMut(Option<&str>),
+    ) -> Result<(), MpsError> {
+        tokio::pin!(stop);
+        let mut restarts = 0;
+        loop {
+            tokio::select! {
+                _ = &mut stop => {
+                    self.quit().await;
+                    return Ok(());
+                }
+                _ = tokio::time::sleep(self.settings.health_every) => {}
+            }
+            let Err(e) = self.check().await else {
+                continue;
+            };
+            let why = format!("the MPS daemon failed its health check: {e}");
+            tracing::error!(uuid = %self.uuid, "{why}; no new context on the GPU until it is back");
+            self.compute_mode(ComputeMode::Prohibited).await?;
+            on_change(Some(&why));
+            loop {
+                if restarts >= self.settings.restarts {
+                    return Err(e);
+                }
+                restarts += 1;
+                // What is left of the old one (a stuck daemon, a stale pipe) goes first.
+                let _ = self.control("quit").await;
+                match Daemon::start(&self.settings, &self.uuid, &self.nvml_library).await {
+                    Ok(d) => {
+                        tracing::info!(uuid = %self.uuid, restarts, "MPS daemon started again");
+                        self = d;
+                        on_change(None);
+                        break;
+                    }
+                    Err(again) => {
+                        tracing::error!(uuid = %self.uuid, restarts, error = %again, "MPS daemon did not start again");
+                        self.compute_mode(ComputeMode::Prohibited).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One command on the daemon's standard input; its output.
+    async fn control(&self, command: &str) -> Result<String, MpsError> {
+        self.run(&[], Some(command)).await
+    }
+
+    /// Runs the control binary with the GPU's environment.
+    async fn run(&self, args: &[&str], input: Option<&str>) -> Result<String, MpsError> {
+        let what = input.map_or_else(|| args.join(" "), str::to_string);
+        // Starting (`-d`), the daemon it leaves behind would hold captured output open: only
+        // its exit status is read then (the daemon logs to its log directory).
+        let output = || {
+            if input.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            }
+        };
+        let mut cmd = tokio::process::Command::new(&self.settings.control);
+        cmd.args(args)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
+            .env("CUDA_VISIBLE_DEVICES", &self.uuid)
+            .stdin(output())
+            .stdout(output())
+            .stderr(output())
+            .kill_on_drop(input.is_some());
+        let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
+            what: what.clone(),
+            source,
+        })?;
+        if let (Some(mut stdin), Some(line)) = (child.stdin.take(), input) {
+            let _ = stdin.write_all(format!("{line}\n").as_bytes()).await;
+        }
+        let out = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+            .await
+            .map_err(|_| MpsError::Timeout {
+                what: what.clone(),
+                seconds: COMMAND_TIMEOUT.as_secs(),
+            })?
+            .map_err(|source| MpsError::Spawn {
+                what: what.clone(),
+                source,
+            })?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The control program answers "Cannot find MPS control daemon process" (and exits
+        // non-zero) when no daemon listens on the pipe.
+        if !out.status.success() || text.contains("Cannot find MPS control daemon") {
+            return Err(MpsError::Command {
+                what,
+                output: text.trim().to_string(),
+            });
+        }
+        Ok(text)
+    }
+
+    /// Sets the GPU's compute mode through NVML (or the test seam).
+    async fn compute_mode(&self, mode: ComputeMode) -> Result<(), MpsError> {
+        let (library, uuid) = (self.nvml_library.clone(), self.uuid.clone());
+        let fake = self.settings.fake_nvml;
+        tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode, fake))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+            .map_err(|why| MpsError::ComputeMode {
+                mode: mode.word(),
+                why,
+            })?;
+        tracing::info!(uuid = %self.uuid, mode = mode.word(), "GPU compute mode set");
+        Ok(())
+    }
+}
+
+fn set_compute_mode(
+    library: &str,
+    uuid: &str,
+    mode: ComputeMode,
+    fake: bool,
+) -> Result<(), String> {
+    if fake {
+        let Some(log) = std::env::var_os(COMPUTE_MODE_SEAM_ENV) else {
+            return Ok(());
+        };
+        use std::io::Write;
+        return std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| writeln!(f, "{uuid} {}", mode.word()))
+            .map_err(|e| e.to_string());
+    }
+    use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(library))
+        .init()
+        .map_err(|e| e.to_string())?;
+    let mut device = nvml.device_by_uuid(uuid).map_err(|e| e.to_string())?;
+    device
+        .set_compute_mode(match mode {
+            ComputeMode::Default => Nvml::Default,
+            ComputeMode::ExclusiveProcess => Nvml::ExclusiveProcess,
+            ComputeMode::Prohibited => Nvml::Prohibited,
+        })
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            control: PathBuf::from(CONTROL),
+            root: PathBuf::from("/run/gpu-share/mps"),
+            thread_percentage: 100,
+            pinned_mib: Some(40960),
+            health_every: Duration::from_secs(2),
+            restarts: 3,
+            fake_nvml: false,
+        }
+    }
+
+    #[test]
+    fn the_defaults_name_the_gpu_and_read_back() {
+        let uuid = "GPU-150d62e7-6ac7-9aeb-27a6-4d200dab509e";
+        assert_eq!(
+            setup_commands(&settings(), uuid),
+            [
+                "set_default_active_thread_percentage 100".to_string(),
+                format!("set_default_device_pinned_mem_limit {uuid} 40960M"),
+            ]
+        );
+        let none = Settings {
+            pinned_mib: None,
+            ..settings()
+        };
+        assert_eq!(setup_commands(&none, uuid).len(), 1);
+        assert!(answers("100.0\n", 100));
+        assert!(answers("25", 25));
+        assert!(!answers("25.0", 100));
+        assert!(!answers("Cannot find MPS control daemon process", 100));
+        assert!(!answers("", 100));
+        let (pipe, log) = Daemon::dirs(Path::new("/run/gpu-share/mps"), uuid);
+        assert_eq!(
+            pipe,
+            PathBuf::from(format!("/run/gpu-share/mps/{uuid}/pipe"))
+        );
+        assert_eq!(log, PathBuf::from(format!("/run/gpu-share/mps/{uuid}/log")));
+    }
+}
