@@ -183,8 +183,17 @@ impl Daemon {
             }
         }
         for command in setup_commands(settings, uuid) {
-            d.control(&command).await?;
-            tracing::info!(uuid, command, "MPS server default set");
+            let done = match d.control(&command).await {
+                // A daemon that takes no UUID for the device: the GPU is its device 0
+                // (CUDA_VISIBLE_DEVICES is that GPU alone).
+                Err(e) if command.contains(uuid) => {
+                    let by_index = command.replace(uuid, "0");
+                    tracing::warn!(uuid, error = %e, command = by_index, "the MPS daemon refused the GPU's UUID; its index instead");
+                    d.control(&by_index).await.map(|_| by_index)
+                }
+                other => other.map(|_| command),
+            }?;
+            tracing::info!(uuid, command = done, "MPS server default set");
         }
         d.check().await?;
         // Last: until the daemon answers with its defaults, the GPU keeps the mode it had
@@ -248,8 +257,11 @@ impl Daemon {
                     return Err(e);
                 }
                 restarts += 1;
-                // What is left of the old one (a stuck daemon, a stale pipe) goes first.
-                let _ = self.control("quit").await;
+                // What is left of the old one goes first: a stuck daemon quits; a dead one's
+                // pipe and lock files would make the new one refuse to start.
+                if self.control("quit").await.is_err() {
+                    clear(&self.pipe);
+                }
                 match Daemon::start(&self.settings, &self.uuid, &self.nvml_library).await {
                     Ok(d) => {
                         tracing::info!(uuid = %self.uuid, restarts, "MPS daemon started again");
@@ -338,6 +350,24 @@ impl Daemon {
             })?;
         tracing::info!(uuid = %self.uuid, mode = mode.word(), "GPU compute mode set");
         Ok(())
+    }
+}
+
+/// Removes what a dead daemon left in its pipe directory.
+fn clear(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let removed = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        if let Err(err) = removed {
+            tracing::warn!(path = %p.display(), error = %err, "cannot clear the old MPS pipe");
+        }
     }
 }
 
