@@ -139,9 +139,14 @@ def nvml_has_memory_limits():
         return f"cannot load NVML: {e}"
 
 
+# The kernel keeps 15 characters of a process's name: the control daemon and the server are
+# both "nvidia-cuda-mps". Matched by that name (-x), never by command line: a shell whose command
+# names the daemon would be killed too.
+MPS_COMM = "nvidia-cuda-mps"
+
+
 def kill_daemon():
-    out = subprocess.run(["pkill", "-9", "-f", "nvidia-cuda-mps"], capture_output=True, text=True)
-    return out.returncode
+    return subprocess.run(["pkill", "-9", "-x", MPS_COMM], capture_output=True).returncode
 
 
 def main():
@@ -240,7 +245,7 @@ def main():
         except subprocess.TimeoutExpired:
             rc6 = "still running"
         R["steps"]["E6"] = {"exit": rc6, "compute_mode": compute_mode(),
-                            "daemons_left": subprocess.run(["pgrep", "-fc", "nvidia-cuda-mps"], capture_output=True, text=True).stdout.strip()}
+                            "daemons_left": subprocess.run(["pgrep", "-c", "-x", MPS_COMM], capture_output=True, text=True).stdout.strip()}
         log("E6", R["steps"]["E6"])
 
         # E7: a daemon that does not come back.
