@@ -97,8 +97,23 @@ pub enum MpsError {
         got: String,
         want: String,
     },
-    #[error("cannot set the GPU's compute mode to {mode}: {why}")]
-    ComputeMode { mode: &'static str, why: String },
+    #[error("cannot set the GPU's compute mode to {mode}: {source}")]
+    ComputeMode {
+        mode: &'static str,
+        #[source]
+        source: ModeError,
+    },
+}
+
+/// Why NVML (or its test seam) did not set a compute mode.
+#[derive(Debug, thiserror::Error)]
+pub enum ModeError {
+    #[error("NVML: {0}")]
+    Nvml(#[from] nvml_wrapper::error::NvmlError),
+    #[error("the test seam's log: {0}")]
+    Seam(#[from] std::io::Error),
+    #[error("the NVML call stopped: {0}")]
+    Stopped(String),
 }
 
 /// PURE: the commands that set the server's defaults for GPU `uuid`.
@@ -343,10 +358,10 @@ impl Daemon {
         let fake = self.settings.fake_nvml;
         tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode, fake))
             .await
-            .unwrap_or_else(|e| Err(e.to_string()))
-            .map_err(|why| MpsError::ComputeMode {
+            .unwrap_or_else(|e| Err(ModeError::Stopped(e.to_string())))
+            .map_err(|source| MpsError::ComputeMode {
                 mode: mode.word(),
-                why,
+                source,
             })?;
         tracing::info!(uuid = %self.uuid, mode = mode.word(), "GPU compute mode set");
         Ok(())
@@ -376,32 +391,30 @@ fn set_compute_mode(
     uuid: &str,
     mode: ComputeMode,
     fake: bool,
-) -> Result<(), String> {
+) -> Result<(), ModeError> {
     if fake {
         let Some(log) = std::env::var_os(COMPUTE_MODE_SEAM_ENV) else {
             return Ok(());
         };
         use std::io::Write;
-        return std::fs::OpenOptions::new()
+        let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(log)
-            .and_then(|mut f| writeln!(f, "{uuid} {}", mode.word()))
-            .map_err(|e| e.to_string());
+            .open(log)?;
+        writeln!(f, "{uuid} {}", mode.word())?;
+        return Ok(());
     }
     use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(std::ffi::OsStr::new(library))
-        .init()
-        .map_err(|e| e.to_string())?;
-    let mut device = nvml.device_by_uuid(uuid).map_err(|e| e.to_string())?;
-    device
-        .set_compute_mode(match mode {
-            ComputeMode::Default => Nvml::Default,
-            ComputeMode::ExclusiveProcess => Nvml::ExclusiveProcess,
-            ComputeMode::Prohibited => Nvml::Prohibited,
-        })
-        .map_err(|e| e.to_string())
+        .init()?;
+    let mut device = nvml.device_by_uuid(uuid)?;
+    device.set_compute_mode(match mode {
+        ComputeMode::Default => Nvml::Default,
+        ComputeMode::ExclusiveProcess => Nvml::ExclusiveProcess,
+        ComputeMode::Prohibited => Nvml::Prohibited,
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]
