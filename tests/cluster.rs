@@ -28,7 +28,9 @@
 //! 9. the nodes of tests/fixtures/nvidia/ (labelled by GFD's code, advertised by the device
 //!    plugin's) read right and scheduled onto, under the mixed and the single MIG strategy;
 //!    and the RBAC in manifests/ is enough (no 403 in any log), while a ClusterRole without
-//!    `pods/binding create` fails a named check.
+//!    `pods/binding create` fails a named check;
+//! 10. under `enforcement.budgets: required`, a budgeted share goes only where its memory is held
+//!     (gpu-share's sentence in the event where nothing holds it), and the pod says what holds it.
 
 mod common;
 
@@ -1969,6 +1971,130 @@ async fn bound_to(c: &Cluster, pods: &Api<Pod>, name: &str, node: &str) -> Check
 /// MIG pod binds to a node GFD alone labelled, as to one the MIG manager labelled (fix 4), and a
 /// time-sliced pod to the renamed node. The shipped policy is restored and the nodes removed
 /// whatever happened.
+/// Point 10: what holds a share's memory, on the real control plane. Under
+/// `enforcement.budgets: required` a budgeted time-sliced pod finds no node (the cluster's
+/// drivers are R550, without per-container limits) and waits with gpu-share's sentence in its
+/// event, while an MPS pod is bound (the device plugin's split holds it) and says so on the pod;
+/// its container carries the budget as the toolkit's hook reads it. With the time-sliced node's
+/// driver labelled r615 and the hook declared, the same pod is bound there, held by the driver.
+async fn budgets_held(c: &Cluster) -> Check {
+    let ns = "budgets";
+    c.namespace(ns, json!({})).await?;
+    let shipped = std::fs::read_to_string(policy_path(c)).map_err(|e| e.to_string())?;
+    let result = budgets_held_in(c, ns, &shipped).await;
+    let mut cleanup = vec![c.delete_pods(ns).await];
+    let out = c.kubectl(
+        &[
+            "label",
+            "node",
+            "l4-timeslice-4",
+            "--overwrite",
+            "nvidia.com/cuda.driver-version.full=550.107.02",
+            "nvidia.com/cuda.driver-version.major=550",
+        ],
+        None,
+    );
+    cleanup.push(ensure(
+        out.status.success(),
+        format!(
+            "label the node back: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ));
+    if std::fs::read_to_string(policy_path(c)).ok().as_deref() != Some(shipped.as_str()) {
+        cleanup.push(set_policy(c, &shipped).await);
+    }
+    result?;
+    cleanup.into_iter().collect()
+}
+
+async fn budgets_held_in(c: &Cluster, ns: &str, shipped: &str) -> Check {
+    const HELD_BY: &str = "gpu-share.io/memory-held-by";
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    ensure(
+        shipped.contains("budgets: preferred"),
+        "the shipped policy says budgets: preferred",
+    )?;
+    set_policy(
+        c,
+        &shipped.replace("budgets: preferred", "budgets: required"),
+    )
+    .await?;
+    let budgeted = |name: &str, class: &str| {
+        pod(
+            name,
+            json!({"gpu-share": class, "gpu-share/memory": "1Gi"}),
+            json!({}),
+        )
+    };
+    // Time-slicing holds no memory, and no node here has the driver's limits.
+    let (ts, _) = create(c, ns, &budgeted("ts-required", "timeslice-25"))?;
+    let env = env_of(&ts);
+    for name in ["NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT"] {
+        ensure(
+            env.get(name).map(String::as_str) == Some("1024"),
+            format!("{name} in the container: {env:?}"),
+        )?;
+    }
+    let why = failed_scheduling(c, ns, "ts-required").await?;
+    ensure(
+        why.contains("nothing on this node holds a share's memory"),
+        format!("ts-required waits for the wrong reason: {why}"),
+    )?;
+    // The device plugin's MPS split holds an MPS share: bound, and said on the pod.
+    create(c, ns, &budgeted("mps-required", "mps-25"))?;
+    bound(&pods, "mps-required", Duration::from_secs(60)).await?;
+    let mps = pod_json(&pods, "mps-required").await?;
+    ensure(
+        annotation(&mps, HELD_BY) == Some("device-plugin-mps"),
+        format!("mps-required: {HELD_BY} {:?}", annotation(&mps, HELD_BY)),
+    )?;
+    // An r615 driver on the time-sliced node, the hook declared: held by the driver there.
+    let out = c.kubectl(
+        &[
+            "label",
+            "node",
+            "l4-timeslice-4",
+            "--overwrite",
+            "nvidia.com/cuda.driver-version.full=615.25.01",
+            "nvidia.com/cuda.driver-version.major=615",
+        ],
+        None,
+    );
+    ensure(
+        out.status.success(),
+        format!("label the node: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    let hooked = shipped
+        .replace("budgets: preferred", "budgets: required")
+        .replace("memoryLimitHook: false", "memoryLimitHook: true");
+    set_policy(c, &hooked).await?;
+    wait_for(
+        "/v1/nodes to read l4-timeslice-4 with the driver's limits",
+        Duration::from_secs(60),
+        || async move {
+            let nodes = c.admin_json("EXTENDER_ADMIN", "/v1/nodes")?;
+            Ok(nodes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|n| n["name"] == "l4-timeslice-4" && n["driverMemoryLimits"] == true)
+                .then_some(()))
+        },
+    )
+    .await?;
+    create(c, ns, &budgeted("ts-held", "timeslice-25"))?;
+    let (node, _) = bound(&pods, "ts-held", Duration::from_secs(60)).await?;
+    let held = pod_json(&pods, "ts-held").await?;
+    ensure(
+        node == "l4-timeslice-4" && annotation(&held, HELD_BY) == Some("driver-limit"),
+        format!(
+            "ts-held bound to {node}, {HELD_BY} {:?}",
+            annotation(&held, HELD_BY)
+        ),
+    )
+}
+
 async fn nvidia_nodes(c: &Cluster) -> Check {
     let ns = "nvidia";
     c.namespace(ns, json!({})).await?;
@@ -2387,6 +2513,13 @@ async fn gpu_share_on_a_real_control_plane() {
         &mut failures,
         "9. nodes as NVIDIA's own code labels them",
         nvidia_nodes(&c),
+    )
+    .await;
+
+    point(
+        &mut failures,
+        "10. a share's memory held where the policy requires it",
+        budgets_held(&c),
     )
     .await;
 

@@ -196,14 +196,14 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                 tracing::info!("stopping: the GPU is released with this pod");
                 return Ok(());
             };
-            // While the daemon is down, the pod says why, and the pipe is not published.
-            let (tx, mut rx) = tokio::sync::watch::channel(None::<String>);
+            // While the daemon is down, the pod says why, and the pipe is not published: every
+            // change written, in order.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
             let writer = {
                 let (client, args, uuid, pipe) =
                     (client.clone(), args.clone(), uuid.clone(), pipe.clone());
                 tokio::spawn(async move {
-                    while rx.changed().await.is_ok() {
-                        let why = rx.borrow_and_update().clone();
+                    while let Some(why) = rx.recv().await {
                         let pipe = if why.is_some() { None } else { pipe.as_deref() };
                         if let Err(e) =
                             publish(&client, &args, Some(&uuid), why.as_deref(), pipe).await
