@@ -131,10 +131,12 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     g.unreached = reading.unreached(&g);
     // A share in per-GPU form gets its GPU under the legacy runtime, which runs no CDI hook: the
     // driver's limits do not reach it.
-    if g.sharing == Sharing::PerGpu
-        && g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied
-    {
-        g.enforcement.memory_limits = crate::enforcement::MemoryLimits::NotThroughPerGpuForm;
+    if g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied {
+        if g.mode_source == ModeSource::Gke {
+            g.enforcement.memory_limits = crate::enforcement::MemoryLimits::GkeStack;
+        } else if g.sharing == Sharing::PerGpu {
+            g.enforcement.memory_limits = crate::enforcement::MemoryLimits::NotThroughPerGpuForm;
+        }
     }
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);

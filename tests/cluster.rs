@@ -1961,16 +1961,6 @@ async fn bound_to(c: &Cluster, pods: &Api<Pod>, name: &str, node: &str) -> Check
     )
 }
 
-/// Every node of tests/fixtures/nvidia/nodes.yaml (labels from GFD's code, allocatable from the
-/// device plugin's) registered with the real kube-apiserver: the extender reads each right
-/// (GPUs, resource, replicas, MIG devices, memory; fix 1: the A100 80GB single-strategy nodes
-/// are 8 GPUs, not 14); it shows the nodes no pod of their class can use and warns about each
-/// once (fix 2); kube-scheduler binds pods there through it, and it refuses nodes lacking the
-/// pod's resource in words (fix 3). Then, under a policy whose MIG strategy is single and whose
-/// time-sliced pods ask for `nvidia.com/gpu.shared` (a reload, read at once): a single-strategy
-/// MIG pod binds to a node GFD alone labelled, as to one the MIG manager labelled (fix 4), and a
-/// time-sliced pod to the renamed node. The shipped policy is restored and the nodes removed
-/// whatever happened.
 /// Point 10: what holds a share's memory, on the real control plane. Under
 /// `enforcement.budgets: required` a budgeted time-sliced pod finds no node (the cluster's
 /// drivers are R550, without per-container limits) and waits with gpu-share's sentence in its
@@ -1990,7 +1980,7 @@ async fn budgets_held(c: &Cluster) -> Check {
             "l4-timeslice-4",
             "--overwrite",
             "nvidia.com/cuda.driver-version.full=550.107.02",
-            "nvidia.com/cuda.driver-version.major=550",
+            "nvidia.com/cuda.driver-version.major-",
         ],
         None,
     );
@@ -2049,7 +2039,27 @@ async fn budgets_held_in(c: &Cluster, ns: &str, shipped: &str) -> Check {
         annotation(&mps, HELD_BY) == Some("device-plugin-mps"),
         format!("mps-required: {HELD_BY} {:?}", annotation(&mps, HELD_BY)),
     )?;
-    // An r615 driver on the time-sliced node, the hook declared: held by the driver there.
+    // An r615 driver on the time-sliced node, the hook declared: held by the driver there (the
+    // waiting pod goes first, so that the new one meets the node's room alone).
+    let gone = c.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            ns,
+            "ts-required",
+            "--grace-period=0",
+            "--wait=true",
+        ],
+        None,
+    );
+    ensure(
+        gone.status.success(),
+        format!(
+            "delete ts-required: {}",
+            String::from_utf8_lossy(&gone.stderr)
+        ),
+    )?;
     let out = c.kubectl(
         &[
             "label",
@@ -2095,6 +2105,16 @@ async fn budgets_held_in(c: &Cluster, ns: &str, shipped: &str) -> Check {
     )
 }
 
+/// Every node of tests/fixtures/nvidia/nodes.yaml (labels from GFD's code, allocatable from the
+/// device plugin's) registered with the real kube-apiserver: the extender reads each right
+/// (GPUs, resource, replicas, MIG devices, memory; fix 1: the A100 80GB single-strategy nodes
+/// are 8 GPUs, not 14); it shows the nodes no pod of their class can use and warns about each
+/// once (fix 2); kube-scheduler binds pods there through it, and it refuses nodes lacking the
+/// pod's resource in words (fix 3). Then, under a policy whose MIG strategy is single and whose
+/// time-sliced pods ask for `nvidia.com/gpu.shared` (a reload, read at once): a single-strategy
+/// MIG pod binds to a node GFD alone labelled, as to one the MIG manager labelled (fix 4), and a
+/// time-sliced pod to the renamed node. The shipped policy is restored and the nodes removed
+/// whatever happened.
 async fn nvidia_nodes(c: &Cluster) -> Check {
     let ns = "nvidia";
     c.namespace(ns, json!({})).await?;

@@ -3,8 +3,9 @@
 //! (`tests/fixtures/mps/nvidia-cuda-mps-control`), NVML's compute mode through the agent's test
 //! seam, and a stand-in Kubernetes API that records what the agent writes on its pod. Start,
 //! defaults, the pipe published only once they are set, a health failure (the GPU closed to new
-//! contexts at once, the pipe withdrawn, the daemon started again), `quit` on release, and a
-//! daemon that will not come back failing the reservation in words.
+//! contexts at once, the pipe withdrawn and why said, the daemon started again), `quit` on
+//! release, and a daemon that will not come back failing the reservation in words, the GPU
+//! closed until the reservation goes.
 
 mod common;
 
@@ -152,8 +153,8 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
     let (server, patches) = fake_api().await;
     let mut run = start(&server);
     let pipe = run.pipe().display().to_string();
-    // Started: compute mode first, the daemon on this GPU's own directories, the defaults set
-    // and read back, and only then the pipe on the pod.
+    // Started: the daemon on this GPU's own directories (after clearing what an earlier one
+    // left), the defaults set and read back, the compute mode, and only then the pipe on the pod.
     until("the pipe published", Duration::from_secs(20), || {
         last(&patches)["gpu-share.io/mps-pipe"] == pipe.as_str()
     })
@@ -161,7 +162,11 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
     assert_eq!(last(&patches)["gpu-share.io/gpu-uuid"], UUID);
     assert_eq!(run.modes(), ["EXCLUSIVE_PROCESS"]);
     let log = run.log();
-    let lines: Vec<&str> = log.lines().filter(|l| !l.starts_with("get_")).collect();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with("get_") && !l.ends_with("(no daemon)"))
+        .collect();
+    assert!(log.starts_with("quit (no daemon)"), "{log}");
     assert_eq!(
         lines,
         [
@@ -183,24 +188,38 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
     })
     .await;
     until("the daemon back", Duration::from_secs(20), || {
-        run.log().matches("start visible=").count() == 2
-            && last(&patches)["gpu-share.io/mps-pipe"] == pipe.as_str()
+        let seen = patches.lock().unwrap().clone();
+        let down = seen
+            .iter()
+            .position(|a| a["gpu-share.io/mps-down"].is_string());
+        run.modes().len() == 3
+            && down.is_some_and(|i| {
+                seen[i + 1..]
+                    .iter()
+                    .any(|a| a["gpu-share.io/mps-pipe"] == pipe.as_str())
+            })
     })
     .await;
+    assert_eq!(run.log().matches("start visible=").count(), 2);
     let seen = patches.lock().unwrap().clone();
     let down = seen
         .iter()
-        .find(|a| a["gpu-share.io/reserve-error"].is_string())
+        .find(|a| a["gpu-share.io/mps-down"].is_string())
         .expect("the failure written on the pod");
     assert!(
-        down["gpu-share.io/reserve-error"]
+        down["gpu-share.io/mps-down"]
             .as_str()
             .unwrap()
             .contains("health check"),
         "{down}"
     );
     assert!(down["gpu-share.io/mps-pipe"].is_null(), "{down}");
-    assert!(last(&patches)["gpu-share.io/reserve-error"].is_null());
+    // Down and back is no failure of the reservation.
+    assert!(
+        seen.iter()
+            .all(|a| a["gpu-share.io/reserve-error"].is_null())
+    );
+    assert!(last(&patches)["gpu-share.io/mps-down"].is_null());
     assert_eq!(
         run.modes(),
         ["EXCLUSIVE_PROCESS", "PROHIBITED", "EXCLUSIVE_PROCESS"]
@@ -213,7 +232,14 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
             .unwrap()
             .success()
     );
-    let status = run.child.wait().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = run.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "still running");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(status.success(), "{status}");
     assert!(run.log().lines().any(|l| l == "quit"), "{}", run.log());
     assert_eq!(run.modes().last().map(String::as_str), Some("DEFAULT"));
@@ -230,16 +256,11 @@ async fn a_daemon_that_will_not_come_back_fails_the_reservation_in_words() {
     .await;
     std::fs::write(run.dir.path().join("mps.log.refuse-start"), "").unwrap();
     run.kill_daemon();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = run.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "still running");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(!status.success());
-    // Two tries, as told; the GPU stays closed to new contexts.
+    // Two tries, as told; then the failure on the pod, and the GPU closed meanwhile.
+    until("the failure on the pod", Duration::from_secs(60), || {
+        last(&patches)["gpu-share.io/reserve-error"].is_string()
+    })
+    .await;
     assert_eq!(
         run.log().matches("start refused").count(),
         2,
@@ -250,6 +271,27 @@ async fn a_daemon_that_will_not_come_back_fails_the_reservation_in_words() {
     let why = std::fs::read_to_string(run.dir.path().join("termination-log")).unwrap();
     assert!(why.contains("MPS daemon"), "{why}");
     let end = last(&patches);
-    assert!(end["gpu-share.io/reserve-error"].is_string(), "{end}");
     assert!(end["gpu-share.io/mps-pipe"].is_null(), "{end}");
+    assert!(
+        run.child.try_wait().unwrap().is_none(),
+        "it holds the GPU closed until it goes"
+    );
+    // The reservation goes: the GPU takes any process again, and the process says it failed.
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &run.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = run.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "still running");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    assert_eq!(run.modes().last().map(String::as_str), Some("DEFAULT"));
 }

@@ -140,6 +140,7 @@ fn ts_demand(resource: &str) -> Demand {
         resources: vec![resource.to_string()],
         devices: None,
         enforcement: gpu_share::enforcement::Requirement::Off,
+        driver_limit_mib: None,
         ..Demand::gpu(GpuDemand::Timeslice {
             milli: 500,
             memory_mib: None,
@@ -240,6 +241,7 @@ fn nodes_without_the_pods_resource_never_fit() {
         resources: vec![resource.to_string()],
         devices: None,
         enforcement: gpu_share::enforcement::Requirement::Off,
+        driver_limit_mib: None,
         ..Demand::gpu(GpuDemand::Mig {
             profile: "1g.10gb".into(),
             count: 1,
@@ -266,6 +268,7 @@ fn nodes_without_the_pods_resource_never_fit() {
         resources: vec!["nvidia.com/gpu".into()],
         devices: None,
         enforcement: gpu_share::enforcement::Requirement::Off,
+        driver_limit_mib: None,
         ..Demand::gpu(GpuDemand::Whole { count: 1 })
     };
     assert!(packing::fit(&one_full, &Usage::empty(&one_full), &whole).is_ok());
@@ -690,9 +693,12 @@ fn the_enforcement_each_generated_node_reads_as_follows_its_driver() {
             }
         }
         let new = inventory::read_node(&new_node, &Reading::of(&hook)).unwrap();
-        let budgeted = GpuDemand::Timeslice {
-            milli: 250,
-            memory_mib: Some(1024),
+        let budgeted = Demand {
+            driver_limit_mib: Some(1024),
+            ..Demand::gpu(GpuDemand::Timeslice {
+                milli: 250,
+                memory_mib: Some(1024),
+            })
         };
         if !has_driver {
             assert_eq!(
@@ -717,9 +723,12 @@ fn the_enforcement_each_generated_node_reads_as_follows_its_driver() {
             matches!(packing::memory_hold(&old, &budgeted), Hold::NotHeld { .. }),
             "{name}"
         );
-        let mps = GpuDemand::Mps {
-            milli: 250,
-            memory_mib: Some(1024),
+        let mps = Demand {
+            driver_limit_mib: Some(1024),
+            ..Demand::gpu(GpuDemand::Mps {
+                milli: 250,
+                memory_mib: Some(1024),
+            })
         };
         if matches!(old.sharing, inventory::Sharing::Mps { .. }) {
             assert_eq!(

@@ -16,8 +16,9 @@ Steps (each client its own process, tests/gpu/torch_client.py; GiB cumulative):
   E5  the daemon killed: the compute modes seen meanwhile (PROHIBITED until it is back), the pipe
       published again, and a client held to its limit again
   E6  SIGTERM: quit, the compute mode back to DEFAULT
-  E7  a daemon that does not come back (--mps-restarts 0): the GPU stays PROHIBITED, and
-      clients with and without the pipe cannot start a context (fail-closed)
+  E7  a daemon that does not come back (--mps-restarts 0): the failure on the pod, the GPU
+      PROHIBITED while the reservation stays, clients with and without the pipe unable to start
+      a context (fail-closed); then SIGTERM (the reservation goes): DEFAULT again
   E8  the driver's per-container limits (r615+): tried only where NVML has them
 The summary goes to OUT/enforce.json; everything printed to OUT/enforce-log.txt.
 """
@@ -253,14 +254,23 @@ def main():
         agents.append(ag2)
         pipe2, _ = ag2.wait_pipe()
         kill_daemon()
+        start = time.time()
+        while time.time() - start < 30 and not ag2.annotations().get("gpu-share.io/reserve-error"):
+            time.sleep(0.1)
+        failed_after = round(time.time() - start, 2)
+        mode7 = compute_mode()
+        re_ = run_client("E-pipe", {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M"}, ["--alloc", "4"], use_pipe=pipe2)
+        rf = run_client("F-no-mps", {}, ["--alloc", "4"])
+        alive = ag2.proc.poll() is None
+        # The reservation goes: the GPU takes any process again.
+        ag2.proc.send_signal(signal.SIGTERM)
         try:
             rc7 = ag2.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc7 = "still running"
-        mode7 = compute_mode()
-        re_ = run_client("E-pipe", {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M"}, ["--alloc", "4"], use_pipe=pipe2)
-        rf = run_client("F-no-mps", {}, ["--alloc", "4"])
-        R["steps"]["E7"] = {"agent_exit": rc7, "compute_mode": mode7,
+        R["steps"]["E7"] = {"failure_on_the_pod_after_s": failed_after, "compute_mode": mode7,
+                            "agent_alive_meanwhile": alive, "agent_exit_after_sigterm": rc7,
+                            "compute_mode_after_sigterm": compute_mode(),
                             "annotations": ag2.annotations(),
                             "client_with_pipe": {"stage": re_.get("stage"), "error": re_.get("error"), "held": held(re_)},
                             "client_without_mps": {"stage": rf.get("stage"), "error": rf.get("error"), "held": held(rf)}}

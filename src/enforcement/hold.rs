@@ -69,6 +69,7 @@ pub fn summary(node: NodeFacts<'_>) -> String {
             format!("no driver limits (driver {driver} < r{MIN_DRIVER_FOR_MEMORY_LIMITS})")
         }
         MemoryLimits::DeclaredOff => "no driver limits (declared off)".to_string(),
+        MemoryLimits::GkeStack => format!("no driver limits (driver {driver}; GKE's stack)"),
         MemoryLimits::NotThroughPerGpuForm => {
             format!("no driver limits (driver {driver}; not through the per-GPU form)")
         }

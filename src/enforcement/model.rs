@@ -32,16 +32,6 @@ impl Requirement {
             Requirement::Off => "off",
         }
     }
-
-    /// The annotation's value, read back; `None` for anything else.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text.trim() {
-            "required" => Some(Requirement::Required),
-            "preferred" => Some(Requirement::Preferred),
-            "off" => Some(Requirement::Off),
-            _ => None,
-        }
-    }
 }
 
 /// Whether the driver's memory limits hold a share's memory on a node.
@@ -62,6 +52,8 @@ pub enum MemoryLimits {
     /// The driver and the toolkit would, but a share in per-GPU form reaches its GPU through
     /// `NVIDIA_VISIBLE_DEVICES` under the legacy runtime, which runs no CDI hook.
     NotThroughPerGpuForm,
+    /// GKE's own GPU stack, whose device plugin and runtime run no Container Toolkit hook.
+    GkeStack,
 }
 
 impl MemoryLimits {
@@ -82,6 +74,9 @@ impl MemoryLimits {
             MemoryLimits::DeclaredOff => Some(
                 "the policy's nodeModes says the node's Container Toolkit does not apply the driver's memory limits".to_string(),
             ),
+            MemoryLimits::GkeStack => Some(format!(
+                "driver {driver}, but GKE's own GPU stack runs no Container Toolkit hook to apply the driver's memory limits"
+            )),
             MemoryLimits::NotThroughPerGpuForm => Some(format!(
                 "driver {driver} has per-container memory limits, but a share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
             )),
@@ -109,6 +104,7 @@ pub enum Holder {
     /// The device plugin's MPS server, at the replica's equal split of the GPU.
     DevicePluginMps,
     /// A MIG device's own memory.
+    #[serde(rename = "mig")]
     Hardware,
     /// The pod has its GPUs whole.
     WholeGpu,

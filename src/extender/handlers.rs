@@ -430,7 +430,7 @@ pub fn reserve_for_bind(
         .then(|| {
             ext.ledger()
                 .with_node(node, |nl| {
-                    packing::memory_hold(&nl.node, &demand.gpu).annotation()
+                    packing::memory_hold(&nl.node, &demand).annotation()
                 })
                 .flatten()
         })

@@ -521,6 +521,7 @@ mod tests {
             demand: Demand {
                 devices: Some(format!("gpu-share-devices-{uid}")),
                 enforcement: crate::enforcement::Requirement::Off,
+                driver_limit_mib: None,
                 ..Demand::gpu(GpuDemand::Timeslice {
                     milli,
                     memory_mib: None,

@@ -558,6 +558,7 @@ pub fn spawn_maintenance(ext: Arc<ExtenderState>, every: Duration, mut shutdown:
 pub fn spawn_explainer(
     client: Client,
     ext: Arc<ExtenderState>,
+    policy: Arc<PolicyStore>,
     mut pods: mpsc::Receiver<super::explain::Queued>,
     mut shutdown: Receiver<bool>,
 ) {
@@ -580,7 +581,10 @@ pub fn spawn_explainer(
             let (pod, attempt) = pod;
             // A GPU node with room may only mean the ledger has not seen binds kube-scheduler
             // already counted: weigh the pod again a little later, a few times.
-            if !explain_one(&recorder, &ext, &pod).await && attempt < super::explain::RETRIES {
+            let requirement = policy.current().policy.enforcement.budgets;
+            if !explain_one(&recorder, &ext, &pod, requirement).await
+                && attempt < super::explain::RETRIES
+            {
                 let ext = ext.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(super::explain::RETRY_AFTER).await;
@@ -593,10 +597,17 @@ pub fn spawn_explainer(
 
 /// Weighs one pod and records why it waits; false when a GPU node seems to have room for it
 /// (nothing recorded).
-async fn explain_one(recorder: &Recorder, ext: &ExtenderState, pod: &Pod) -> bool {
-    let Ok(Some(demand)) = ledger::demand_of_pod(pod) else {
+async fn explain_one(
+    recorder: &Recorder,
+    ext: &ExtenderState,
+    pod: &Pod,
+    requirement: crate::enforcement::Requirement,
+) -> bool {
+    let Ok(Some(mut demand)) = ledger::demand_of_pod(pod) else {
         return true;
     };
+    // Weighed as filter weighs it: under `required`, a node that cannot hold it has no room.
+    demand.enforcement = requirement;
     let Some(spec) = pod.spec.as_ref() else {
         return true;
     };

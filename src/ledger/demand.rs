@@ -76,8 +76,25 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
         models: pod_models(pod),
         resources,
         devices,
+        driver_limit_mib: pod.spec.as_ref().and_then(driver_limit_mib),
         ..Demand::gpu(gpu)
     }))
+}
+
+/// The memory limit the Container Toolkit's hook applies to a container of the pod, MiB: both
+/// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT` set as literal numbers (the hook
+/// skips a container that lacks either), read from the env kubelet resolves.
+pub fn driver_limit_mib(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<u64> {
+    use crate::enforcement::{ENV_MEMORY_LIMIT, ENV_MEMORY_REQUEST};
+    spec.containers.iter().find_map(|c| {
+        let literal = |name: &str| -> Option<u64> {
+            let e = c.env.iter().flatten().find(|e| e.name == name)?;
+            e.value_from.is_none().then_some(())?;
+            e.value.as_deref()?.trim().parse().ok()
+        };
+        let (request, limit) = (literal(ENV_MEMORY_REQUEST)?, literal(ENV_MEMORY_LIMIT)?);
+        (request <= limit).then_some(limit)
+    })
 }
 
 /// The ConfigMap a pod's container reads `NVIDIA_VISIBLE_DEVICES` from (the per-GPU form): read

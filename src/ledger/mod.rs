@@ -24,6 +24,38 @@ mod tests {
     use crate::packing::{Demand, GpuDemand, Reason, Scorer};
     use k8s_openapi::api::core::v1::Pod;
 
+    /// The limit the driver holds a share to is the one its container carries for the
+    /// toolkit's hook, both variables literal numbers; the request annotation's budget is not.
+    #[test]
+    fn the_driver_limit_is_read_from_the_containers_env() {
+        let pod = |env: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ml", "uid": "u",
+                             "annotations": {"gpu-share.io/request": "timeslice-25,memory=1024Mi"}},
+                "spec": {"containers": [{"name": "c", "image": "x", "env": env,
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
+            .unwrap()
+        };
+        let limit = |env| demand_of_pod(&pod(env)).unwrap().unwrap().driver_limit_mib;
+        let both = |r: &str, l: &str| {
+            serde_json::json!([{"name": "NVIDIA_GPU_MEMORY_REQUEST", "value": r},
+                               {"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": l}])
+        };
+        assert_eq!(limit(both("1024", "1024")), Some(1024));
+        assert_eq!(limit(serde_json::json!([])), None, "the annotation alone");
+        assert_eq!(
+            limit(serde_json::json!([{"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "1024"}])),
+            None,
+            "the hook skips a container without the request"
+        );
+        assert_eq!(limit(both("2048", "1024")), None, "the hook refuses it");
+        assert_eq!(limit(both("1Gi", "1024")), None);
+        let from_key = serde_json::json!([
+            {"name": "NVIDIA_GPU_MEMORY_REQUEST", "value": "1024"},
+            {"name": "NVIDIA_GPU_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]);
+        assert_eq!(limit(from_key), None);
+    }
+
     fn pinned(spec: serde_json::Value) -> Vec<String> {
         let mut spec = spec;
         spec["containers"] = serde_json::json!([{"name": "c", "image": "x",

@@ -70,7 +70,12 @@ impl NodeLedger {
             Holding {
                 pod,
                 node: self.node.name.clone(),
-                demand,
+                // The requirement was the bind's; held, the demand is what the API shows of the
+                // pod (a reconcile compares the two).
+                demand: Demand {
+                    enforcement: crate::enforcement::Requirement::Off,
+                    ..demand
+                },
                 placement: placement.clone(),
             },
         );

@@ -138,6 +138,11 @@ pub struct Demand {
     /// `enforcement.budgets`, set by the extender at filter and bind; `Off` for pods recorded
     /// from the API, which run wherever they are, and for the simulator's demands).
     pub enforcement: crate::enforcement::Requirement,
+    /// The memory limit the Container Toolkit's hook will apply to the pod's container, MiB:
+    /// `NVIDIA_GPU_MEMORY_LIMIT` and `NVIDIA_GPU_MEMORY_REQUEST` as literal values in its
+    /// environment (the webhook writes them at the budget). What the driver's limit holds is
+    /// this, never the request annotation: a pod admitted without them has none.
+    pub driver_limit_mib: Option<u64>,
 }
 
 impl Demand {
@@ -150,6 +155,7 @@ impl Demand {
             resources: Vec::new(),
             devices: None,
             enforcement: crate::enforcement::Requirement::Off,
+            driver_limit_mib: None,
         }
     }
 

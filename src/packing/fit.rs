@@ -229,9 +229,9 @@ fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
     }
 }
 
-/// Checks that the node advertises every resource the pod's limits name, that the node holds a
-/// share's memory where the policy requires it, then CPU, memory and model; then the GPU rules
-/// of [`fit_gpu`].
+/// Checks that the node advertises every resource the pod's limits name, then CPU, memory and
+/// model; then the GPU rules of [`fit_gpu`]; last, that the node holds a share's memory where
+/// the policy requires it.
 pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
     if let Some(r) = demand.resources.iter().find(|r| !node.advertises(r)) {
         return Err(Reason::ResourceNotAdvertised {
@@ -250,12 +250,6 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
     if share && node.sharing == Sharing::PerGpu && !demand.resources.is_empty() {
         return Err(mismatch(node, "a replica from the device plugin"));
     }
-    if demand.enforcement == crate::enforcement::Requirement::Required
-        && let crate::enforcement::Hold::NotHeld { gap, .. } =
-            super::held::memory_hold(node, &demand.gpu)
-    {
-        return Err(Reason::MemoryNotHeld(gap));
-    }
     if !demand.models.is_empty() {
         let product = node.product.as_deref().unwrap_or_default();
         if !demand.models.iter().any(|m| m == product) {
@@ -272,7 +266,21 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
     {
         return Err(Reason::Memory);
     }
-    fit_gpu(node, usage, &demand.gpu)
+    fit_gpu(node, usage, &demand.gpu)?;
+    // Last, once the node is of the share's kind and has room: whether it holds the share's
+    // memory, where the policy requires it (shares only: `timeslice` and `mps`).
+    let share = matches!(
+        demand.gpu,
+        GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. }
+    );
+    if share
+        && demand.enforcement == crate::enforcement::Requirement::Required
+        && let crate::enforcement::Hold::NotHeld { gap, .. } =
+            super::held::memory_hold(node, demand)
+    {
+        return Err(Reason::MemoryNotHeld(gap));
+    }
+    Ok(())
 }
 
 /// Devices of `profile` held beyond what a mixed-strategy node now advertises: devices of a

@@ -662,6 +662,7 @@ mod tests {
             resources: vec![],
             devices: None,
             enforcement: crate::enforcement::Requirement::Off,
+            driver_limit_mib: None,
         };
         let mut ds = vec![d(1000, 500); 6];
         ds.extend(vec![d(2000, 250); 3]);

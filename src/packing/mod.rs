@@ -114,8 +114,10 @@ mod tests {
             };
             n
         };
+        // The budget the driver holds is the one the container carries for the toolkit's hook.
         let ts = |memory_mib: Option<u64>, enforcement: Requirement| Demand {
             enforcement,
+            driver_limit_mib: memory_mib,
             ..Demand::gpu(GpuDemand::Timeslice {
                 milli: 250,
                 memory_mib,
@@ -138,6 +140,33 @@ mod tests {
         assert_eq!(
             fits(&new_ts, &ts(None, Requirement::Required)),
             Err(Reason::MemoryNotHeld(Gap::NoBudget))
+        );
+        // A budget in the request annotation without the hook's variables in the container
+        // (a pod admitted under `off`, or before them) is no driver limit.
+        let annotated_only = Demand {
+            driver_limit_mib: None,
+            ..required.clone()
+        };
+        assert_eq!(
+            fits(&new_ts, &annotated_only),
+            Err(Reason::MemoryNotHeld(Gap::NoBudget))
+        );
+        // The requirement is a share's: a node of another kind is refused for its kind.
+        let mps_node = with(Sharing::Mps { replicas: 4 }, MemoryLimits::Applied);
+        assert!(matches!(
+            fits(&mps_node, &required),
+            Err(Reason::SharingMismatch { .. })
+        ));
+        let units = Demand {
+            enforcement: Requirement::Required,
+            ..Demand::gpu(GpuDemand::Units {
+                resource: "nvidia.com/gpu".into(),
+                count: 1,
+            })
+        };
+        assert!(
+            fits(&old_ts, &units).is_ok(),
+            "plain device-plugin pods are no shares"
         );
         assert!(fits(&old_ts, &ts(Some(20480), Requirement::Preferred)).is_ok());
         assert!(fits(&old_ts, &ts(None, Requirement::Off)).is_ok());
@@ -550,6 +579,7 @@ mod tests {
         let pointed = Demand {
             devices: Some("gpu-share-devices-x".into()),
             enforcement: crate::enforcement::Requirement::Off,
+            driver_limit_mib: None,
             ..ts(30)
         };
         let replica = Demand {

@@ -425,6 +425,7 @@ mod tests {
             resources: vec![],
             devices: None,
             enforcement: crate::enforcement::Requirement::Off,
+            driver_limit_mib: None,
         }
     }
 
@@ -437,6 +438,7 @@ mod tests {
             resources: vec![],
             devices: None,
             enforcement: crate::enforcement::Requirement::Off,
+            driver_limit_mib: None,
         }
     }
 

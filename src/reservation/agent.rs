@@ -189,25 +189,39 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                 Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
             };
             let pipe = mps.as_ref().map(|d| d.pipe.display().to_string());
-            publish(&client, args, Some(&uuid), None, pipe.as_deref()).await?;
+            let state = Published {
+                uuid: Some(&uuid),
+                error: None,
+                mps_pipe: pipe.as_deref(),
+                mps_down: None,
+            };
+            publish(&client, args, state).await?;
             tracing::info!(uuid, pod = %args.pod_name, mps = pipe.as_deref().unwrap_or("none"), "holding the GPU");
-            let Some(daemon) = mps else {
+            let Some(mut daemon) = mps else {
                 crate::signal::terminated().await;
                 tracing::info!("stopping: the GPU is released with this pod");
                 return Ok(());
             };
-            // While the daemon is down, the pod says why, and the pipe is not published: every
-            // change written, in order.
+            // While the daemon is down the pod says why (`gpu-share.io/mps-down`) and its pipe is
+            // withdrawn: every change written, in order.
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
             let writer = {
                 let (client, args, uuid, pipe) =
                     (client.clone(), args.clone(), uuid.clone(), pipe.clone());
                 tokio::spawn(async move {
-                    while let Some(why) = rx.recv().await {
-                        let pipe = if why.is_some() { None } else { pipe.as_deref() };
-                        if let Err(e) =
-                            publish(&client, &args, Some(&uuid), why.as_deref(), pipe).await
-                        {
+                    while let Some(down) = rx.recv().await {
+                        let pipe = if down.is_some() {
+                            None
+                        } else {
+                            pipe.as_deref()
+                        };
+                        let state = Published {
+                            uuid: Some(&uuid),
+                            error: None,
+                            mps_pipe: pipe,
+                            mps_down: down.as_deref(),
+                        };
+                        if let Err(e) = publish(&client, &args, state).await {
                             tracing::error!("{e}");
                         }
                     }
@@ -227,7 +241,14 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     );
                     Ok(())
                 }
-                Err(e) => fail(&client, args, ReserveError::Mps(e)).await,
+                Err(e) => {
+                    // Failed for good: said on the pod (gpu-share moves the shares and removes
+                    // the reservation), the GPU closed to new contexts until then.
+                    let failed = fail(&client, args, ReserveError::Mps(e)).await;
+                    crate::signal::terminated().await;
+                    daemon.release().await;
+                    failed
+                }
             }
         }
         Err(no_gpu) => fail(&client, args, ReserveError::NoGpu(no_gpu)).await,
@@ -246,7 +267,13 @@ async fn fail(
     if let Err(e) = std::fs::write(&args.termination_log, &why) {
         tracing::debug!(error = %e, path = %args.termination_log.display(), "no termination log");
     }
-    if let Err(e) = publish(client, args, None, Some(&why), None).await {
+    let state = Published {
+        uuid: None,
+        error: Some(&why),
+        mps_pipe: None,
+        mps_down: None,
+    };
+    if let Err(e) = publish(client, args, state).await {
         tracing::error!("{e}");
     }
     record_event(client.clone(), args, &why).await;
@@ -255,18 +282,26 @@ async fn fail(
 
 /// Writes the UUID or the error onto the pod (the other one removed), retrying for about a
 /// minute: the API server may be a moment away when the pod starts.
+/// What the reservation says on its pod (each `None` removes its annotation).
+#[derive(Debug, Clone, Copy)]
+struct Published<'a> {
+    uuid: Option<&'a str>,
+    error: Option<&'a str>,
+    mps_pipe: Option<&'a str>,
+    mps_down: Option<&'a str>,
+}
+
 async fn publish(
     client: &Client,
     args: &ReserveArgs,
-    uuid: Option<&str>,
-    error: Option<&str>,
-    mps_pipe: Option<&str>,
+    state: Published<'_>,
 ) -> Result<(), ReserveError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
     let patch = json!({"metadata": {"annotations": {
-        model::ANNOTATION_UUID: uuid,
-        model::ANNOTATION_ERROR: error,
-        model::ANNOTATION_MPS_PIPE: mps_pipe,
+        model::ANNOTATION_UUID: state.uuid,
+        model::ANNOTATION_ERROR: state.error,
+        model::ANNOTATION_MPS_PIPE: state.mps_pipe,
+        model::ANNOTATION_MPS_DOWN: state.mps_down,
     }}});
     let mut delay = Duration::from_millis(250);
     let mut attempt = 0;

@@ -28,6 +28,10 @@ pub const ANNOTATION_ERROR: &str = "gpu-share.io/reserve-error";
 /// Written by the reservation (`--mps`) once its GPU's MPS daemon answers with its defaults set:
 /// the daemon's pipe directory on the node. Removed while the daemon is down.
 pub const ANNOTATION_MPS_PIPE: &str = "gpu-share.io/mps-pipe";
+/// Written by the reservation (`--mps`) while its GPU's MPS daemon is down and being started
+/// again (the GPU closed to new contexts meanwhile): why, in words. A daemon that cannot be
+/// brought back is a failure ([`ANNOTATION_ERROR`]).
+pub const ANNOTATION_MPS_DOWN: &str = "gpu-share.io/mps-down";
 /// The label that tells reservations apart (with `app.kubernetes.io/name: gpu-share`).
 pub const LABEL_COMPONENT: (&str, &str) = ("app.kubernetes.io/component", "reservation");
 /// The label naming a reservation's node (a label value: hashed when the name is not one).

@@ -11,8 +11,12 @@
 //!   default set. When it does not, the GPU's compute mode becomes `PROHIBITED` at once: a
 //!   client that no MPS server serves would run with the whole GPU, its limits unheld (an MPS
 //!   client whose daemon is gone runs without MPS, and nothing says so: docs/gpu-runs.md), so no
-//!   new context may start until the daemon is back. It is started again, a few times.
+//!   new context may start until the daemon is back. It is started again, a few times in a row;
+//!   when it cannot be, the GPU stays closed until the reservation goes.
 //! - **release**: `quit`, and the compute mode back to `DEFAULT`.
+//!
+//! A start first clears what an earlier daemon on the same pipe left (a reservation killed
+//! before its release).
 //!
 //! The defaults and the health check's words are pure ([`setup_commands`], [`answers`]); the
 //! processes and NVML are the thin shell around them.
@@ -178,6 +182,7 @@ impl Daemon {
             pipe,
             log,
         };
+        d.clear_leftovers().await;
         for dir in [&d.pipe, &d.log] {
             std::fs::create_dir_all(dir).map_err(|source| MpsError::Dir {
                 path: dir.display().to_string(),
@@ -242,53 +247,84 @@ impl Daemon {
         }
     }
 
-    /// Watches the daemon until `stop` resolves: on a failed check, no new context on the GPU
-    /// (`PROHIBITED`) and the daemon started again, up to [`Settings::restarts`] times. `Err`: it
-    /// could not be brought back (the GPU stays `PROHIBITED`).
+    /// Watches the daemon until `stop` resolves (then `quit`, and the GPU back to `DEFAULT`):
+    /// on a failed check, no new context on the GPU (`PROHIBITED`, said through `on_change`) and
+    /// the daemon started again, up to [`Settings::restarts`] times in a row; the GPU reopens
+    /// once it answers with its defaults. `Err`: it could not be brought back, and the GPU stays
+    /// `PROHIBITED` ([`Daemon::release`] reopens it when the reservation goes).
     pub async fn supervise(
-        mut self,
+        &mut self,
         stop: impl std::future::Future<Output = ()>,
         mut on_change: impl FnMut(Option<&str>),
     ) -> Result<(), MpsError> {
         tokio::pin!(stop);
-        let mut restarts = 0;
         loop {
-            tokio::select! {
-                _ = &mut stop => {
+            // A stop is heard during a check or a restart too: what is in flight is dropped (its
+            // processes killed) and the daemon quits.
+            let outcome = tokio::select! {
+                _ = &mut stop => None,
+                r = self.watch_once(&mut on_change) => Some(r),
+            };
+            match outcome {
+                None => {
                     self.quit().await;
                     return Ok(());
                 }
-                _ = tokio::time::sleep(self.settings.health_every) => {}
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(e),
             }
-            let Err(e) = self.check().await else {
-                continue;
-            };
-            let why = format!("the MPS daemon failed its health check: {e}");
-            tracing::error!(uuid = %self.uuid, "{why}; no new context on the GPU until it is back");
-            self.compute_mode(ComputeMode::Prohibited).await?;
-            on_change(Some(&why));
-            loop {
-                if restarts >= self.settings.restarts {
-                    return Err(e);
+        }
+    }
+
+    /// One health period: wait, check, and on a failure close the GPU and start the daemon
+    /// again.
+    async fn watch_once(
+        &mut self,
+        on_change: &mut impl FnMut(Option<&str>),
+    ) -> Result<(), MpsError> {
+        tokio::time::sleep(self.settings.health_every).await;
+        let Err(e) = self.check().await else {
+            return Ok(());
+        };
+        let why = format!("the MPS daemon failed its health check: {e}");
+        tracing::error!(uuid = %self.uuid, "{why}; no new context on the GPU until it is back");
+        self.compute_mode(ComputeMode::Prohibited).await?;
+        on_change(Some(&why));
+        for attempt in 1..=self.settings.restarts {
+            match Daemon::start(&self.settings, &self.uuid, &self.nvml_library).await {
+                Ok(d) => {
+                    tracing::info!(uuid = %self.uuid, attempt, "MPS daemon started again");
+                    *self = d;
+                    on_change(None);
+                    return Ok(());
                 }
-                restarts += 1;
-                // What is left of the old one goes first: a stuck daemon quits; a dead one's
-                // pipe and lock files would make the new one refuse to start.
-                if self.control("quit").await.is_err() {
-                    clear(&self.pipe);
+                Err(again) => {
+                    tracing::error!(uuid = %self.uuid, attempt, error = %again, "MPS daemon did not start again");
                 }
-                match Daemon::start(&self.settings, &self.uuid, &self.nvml_library).await {
-                    Ok(d) => {
-                        tracing::info!(uuid = %self.uuid, restarts, "MPS daemon started again");
-                        self = d;
-                        on_change(None);
-                        break;
-                    }
-                    Err(again) => {
-                        tracing::error!(uuid = %self.uuid, restarts, error = %again, "MPS daemon did not start again");
-                        self.compute_mode(ComputeMode::Prohibited).await?;
-                    }
-                }
+            }
+        }
+        Err(e)
+    }
+
+    /// The reservation goes after its daemon failed for good: what is left of it quits, and the
+    /// GPU takes any process again (it leaves the node's shares behind with the reservation).
+    pub async fn release(&self) {
+        self.quit().await;
+    }
+
+    /// What a previous daemon on this pipe left: a live one quits; a dead one's pipe and lock
+    /// files, which would make a new one refuse to start, are removed. A daemon that does not
+    /// answer `quit` is left: the new one then fails to start, and the GPU stays closed.
+    async fn clear_leftovers(&self) {
+        match self.control("quit").await {
+            Ok(_) => tracing::info!(uuid = %self.uuid, "an earlier MPS daemon on this pipe quit"),
+            Err(MpsError::Command { output, .. })
+                if output.contains("Cannot find MPS control daemon") =>
+            {
+                clear(&self.pipe)
+            }
+            Err(e) => {
+                tracing::warn!(uuid = %self.uuid, error = %e, "an earlier MPS daemon did not quit")
             }
         }
     }
@@ -318,7 +354,8 @@ impl Daemon {
             .stdin(output())
             .stdout(output())
             .stderr(output())
-            .kill_on_drop(input.is_some());
+            // A `-d` that daemonized has exited: this kills only one that hangs.
+            .kill_on_drop(true);
         let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
             what: what.clone(),
             source,
@@ -356,8 +393,16 @@ impl Daemon {
     async fn compute_mode(&self, mode: ComputeMode) -> Result<(), MpsError> {
         let (library, uuid) = (self.nvml_library.clone(), self.uuid.clone());
         let fake = self.settings.fake_nvml;
-        tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode, fake))
+        let call =
+            tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode, fake));
+        tokio::time::timeout(COMMAND_TIMEOUT, call)
             .await
+            .unwrap_or_else(|_| {
+                Ok(Err(ModeError::Stopped(format!(
+                    "no answer from NVML within {} s",
+                    COMMAND_TIMEOUT.as_secs()
+                ))))
+            })
             .unwrap_or_else(|e| Err(ModeError::Stopped(e.to_string())))
             .map_err(|source| MpsError::ComputeMode {
                 mode: mode.word(),

@@ -587,6 +587,7 @@ async fn connect(
             extender::sync::spawn_explainer(
                 client.clone(),
                 ext.clone(),
+                store.clone(),
                 ext.explainer().subscribe(),
                 shutdown.clone(),
             );

@@ -109,6 +109,7 @@ pub fn parse_pod_list(text: &str) -> Result<Vec<TracePod>, ManifestError> {
                 resources: Vec::new(),
                 devices: None,
                 enforcement: crate::enforcement::Requirement::Off,
+                driver_limit_mib: None,
             },
         });
     }

@@ -203,6 +203,7 @@ pub fn parse_pods_csv(text: &str) -> Result<Vec<TracePod>, TraceError> {
                 resources: Vec::new(),
                 devices: None,
                 enforcement: crate::enforcement::Requirement::Off,
+                driver_limit_mib: None,
             },
         });
     }
