@@ -104,22 +104,29 @@ fn is_ours_target(e: &EnvVar, configmap: &str) -> bool {
         })
 }
 
-/// A gpu-share pod never sets `NVIDIA_VISIBLE_DEVICES` itself: the device plugin or gpu-share
-/// chooses the GPU. Only what a previous pass of the webhook wrote for a pod in per-GPU form
-/// (`configmap`) stays. `Some`: why the pod is refused, in words.
-pub fn set_by_user(spec: &PodSpec, target: usize, configmap: Option<&str>) -> Option<String> {
-    let containers = spec
-        .containers
+/// Every container of the pod, init containers too: whether it is the target container, and
+/// what kind it is, in words (for refusals).
+pub(super) fn every_container(
+    spec: &PodSpec,
+    target: usize,
+) -> impl Iterator<Item = (bool, &'static str, &Container)> {
+    spec.containers
         .iter()
         .enumerate()
-        .map(|(i, c)| (i == target, "container", c))
+        .map(move |(i, c)| (i == target, "container", c))
         .chain(
             spec.init_containers
                 .iter()
                 .flatten()
                 .map(|c| (false, "init container", c)),
-        );
-    for (is_target, kind, c) in containers {
+        )
+}
+
+/// A gpu-share pod never sets `NVIDIA_VISIBLE_DEVICES` itself: the device plugin or gpu-share
+/// chooses the GPU. Only what a previous pass of the webhook wrote for a pod in per-GPU form
+/// (`configmap`) stays. `Some`: why the pod is refused, in words.
+pub fn set_by_user(spec: &PodSpec, target: usize, configmap: Option<&str>) -> Option<String> {
+    for (is_target, kind, c) in every_container(spec, target) {
         for e in c.env.iter().flatten().filter(|e| e.name == VISIBLE_DEVICES) {
             let ours = match configmap {
                 Some(cm) if is_target => is_ours_target(e, cm),

@@ -70,18 +70,7 @@ pub fn env(request: &GpuRequest, policy: &Policy) -> Vec<(String, String)> {
 /// `ours` says (the target container's own limits, from [`env`], which an earlier pass of the
 /// webhook wrote).
 pub fn set_by_user(spec: &PodSpec, target: usize, ours: &[(String, String)]) -> Option<String> {
-    let containers = spec
-        .containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (i == target, "container", c))
-        .chain(
-            spec.init_containers
-                .iter()
-                .flatten()
-                .map(|c| (false, "init container", c)),
-        );
-    for (is_target, kind, c) in containers {
+    for (is_target, kind, c) in super::devices::every_container(spec, target) {
         for e in c.env.iter().flatten() {
             if !GUARDED.contains(&e.name.as_str()) {
                 continue;
