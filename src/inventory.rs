@@ -129,14 +129,12 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let g = declare(g, labels, &reading.declared, &reading.mig);
     let mut g = opt_in_per_gpu(g, labels, &reading.declared, labelled);
     g.unreached = reading.unreached(&g);
-    // A share in per-GPU form gets its GPU under the legacy runtime, which runs no CDI hook: the
-    // driver's limits do not reach it.
-    if g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied {
-        if g.mode_source == ModeSource::Gke {
-            g.enforcement.memory_limits = crate::enforcement::MemoryLimits::GkeStack;
-        } else if g.sharing == Sharing::PerGpu {
-            g.enforcement.memory_limits = crate::enforcement::MemoryLimits::NotThroughPerGpuForm;
-        }
+    // GKE's stack runs no Container Toolkit. (On a node shared per GPU, the limits reach MPS
+    // shares, through their GPU's CDI device, and not time-sliced ones: said per share.)
+    if g.enforcement.memory_limits == crate::enforcement::MemoryLimits::Applied
+        && g.mode_source == ModeSource::Gke
+    {
+        g.enforcement.memory_limits = crate::enforcement::MemoryLimits::GkeStack;
     }
     if g.mode_source == ModeSource::Unverified {
         warn_unverified_once(&g.name);

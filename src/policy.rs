@@ -15,9 +15,11 @@ use crate::workloads::WorkloadKind;
 
 mod enforcement;
 mod fields;
+mod per_gpu;
 mod resources;
 pub use enforcement::EnforcementPolicy;
 pub use fields::UNSET_BY_DEFAULT;
+pub use per_gpu::PerGpuPolicy;
 pub use resources::{ResourceName, ResourcesPolicy, Violation};
 
 /// The embedded default policy.
@@ -92,38 +94,6 @@ pub struct MpsPolicy {
     /// A `runAsUser` for MPS pods that set none (one MPS server serves one UID).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as_user: Option<i64>,
-}
-
-/// The policy file's `perGpu` section: sharing per GPU on plain nodes that opt in (node label
-/// `gpu-share.io/sharing=per-gpu`, or `nodeModes` `sharing: per-gpu`), each shared GPU held by a
-/// reservation pod.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PerGpuPolicy {
-    /// `timeslice-<p>` pods take the per-GPU form (no device-plugin resource; pointed at the GPU
-    /// gpu-share holds for them) and go to nodes shared per GPU only.
-    #[serde(default)]
-    pub timeslice: bool,
-    /// Seconds a reservation outlives the last share on its GPU, so that a GPU is not
-    /// re-reserved for every pod that comes and goes.
-    #[serde(default = "defaults::release_after_seconds")]
-    pub release_after_seconds: u32,
-}
-
-impl Default for PerGpuPolicy {
-    fn default() -> Self {
-        PerGpuPolicy {
-            timeslice: false,
-            release_after_seconds: defaults::release_after_seconds(),
-        }
-    }
-}
-
-impl PerGpuPolicy {
-    /// Whether pods of `class` take the per-GPU form.
-    pub fn takes(&self, class: &GpuClass) -> bool {
-        self.timeslice && matches!(class, GpuClass::Timeslice { .. })
-    }
 }
 
 /// Node packing policy names.
@@ -384,9 +354,6 @@ mod defaults {
     pub fn per_gpu() -> PerGpuPolicy {
         DEFAULT.per_gpu.clone()
     }
-    pub fn release_after_seconds() -> u32 {
-        30
-    }
     pub fn mps_host_ipc() -> bool {
         DEFAULT.mps.host_ipc
     }
@@ -460,6 +427,11 @@ impl Policy {
     /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
     fn validate(&self) -> Result<(), Violation> {
         crate::workloads::validate(&self.workloads).map_err(|e| Violation(e.to_string()))?;
+        if self.per_gpu.mps && self.mps.run_as_user.is_none_or(|u| u < 0) {
+            return Err(Violation(
+                "perGpu.mps needs mps.runAsUser: one MPS server serves one UID at a time (a client of another waits until the server drains), so every MPS share of a GPU must run as the same user; set it, e.g. 1000".into(),
+            ));
+        }
         for (i, m) in self.node_modes.iter().enumerate() {
             let declares_enforcement = m.driver_version.is_some() || m.memory_limit_hook.is_some();
             if let Some(v) = &m.driver_version
@@ -644,12 +616,14 @@ impl Policy {
                 }
                 MigStrategy::Single => (RESOURCE_GPU.to_string(), request.count),
             },
-            GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
             // Per-GPU form: no device-plugin resource (the pod is pointed at its GPU), only
             // what brings it to the extender.
-            GpuClass::Timeslice { .. } if self.per_gpu.timeslice => {
+            GpuClass::Timeslice { .. } | GpuClass::Mps { .. }
+                if self.per_gpu.takes(&request.class) =>
+            {
                 (crate::request::RESOURCE_SHARE.to_string(), 1)
             }
+            GpuClass::Mps { .. } => (self.resources.mps_resource().to_string(), 1),
             GpuClass::Timeslice { .. } => (self.resources.timeslice_resource().to_string(), 1),
             GpuClass::Exclusive { count } => (RESOURCE_GPU.to_string(), *count),
         }

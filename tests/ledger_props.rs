@@ -92,7 +92,7 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
                 memory_mib: m,
             }
         }),
-        (0u32..4).prop_map(|gpu| GpuDemand::Reserve { gpu }),
+        (0u32..4).prop_map(|gpu| GpuDemand::Reserve { gpu, mps: false }),
     ];
     prop_oneof![
         6 => (0u8..30, 0u8..2, demand).prop_map(|(pod, node, demand)| Op::Bind { pod, node, demand }),
@@ -198,12 +198,12 @@ const PER_GPU_OBJECTS: Api = Api {
 /// the pod gpu-share creates. `gpus`: the bind annotation.
 fn per_gpu_pod(uid: &str, node: &str, gpu: &GpuDemand, gpus: Option<String>) -> Pod {
     let mut p = match gpu {
-        GpuDemand::Reserve { gpu } => {
+        GpuDemand::Reserve { gpu, mps } => {
             let t = gpu_share::reservation::Template {
                 image: "gpu-share:test".into(),
                 ..Default::default()
             };
-            gpu_share::reservation::pod(node, *gpu, &t)
+            gpu_share::reservation::pod(node, *gpu, *mps, &t)
         }
         GpuDemand::Timeslice { .. } => json!({
             "metadata": {"namespace": "ml", "annotations": {"gpu-share.io/request": gpu.to_string()}},
@@ -363,7 +363,7 @@ proptest! {
                                 shared[*i as usize] = true;
                             }
                         }
-                        GpuDemand::Reserve { gpu } => shared[*gpu as usize] = true,
+                        GpuDemand::Reserve { gpu, .. } => shared[*gpu as usize] = true,
                         _ => {
                             for (i, m) in &h.placement.gpus {
                                 milli[*i as usize] += m;

@@ -83,6 +83,21 @@ impl Run {
     fn pipe(&self) -> PathBuf {
         self.dir.path().join("mps").join(UUID).join("pipe")
     }
+    fn shm(&self) -> String {
+        self.dir
+            .path()
+            .join("mps")
+            .join(UUID)
+            .join("shm")
+            .display()
+            .to_string()
+    }
+    fn device(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("cdi")
+            .join(format!("gpu-share.io-mps-{UUID}.json"))
+    }
     fn kill_daemon(&self) {
         let pid = std::fs::read_to_string(self.pipe().join("standin-daemon.pid")).unwrap();
         assert!(
@@ -105,7 +120,16 @@ impl Drop for Run {
     }
 }
 
+/// NVIDIA's CDI specs as the node has them (one, for GPU 0).
+fn nvidia_specs() -> String {
+    format!("{}/tests/fixtures/mps/cdi", env!("CARGO_MANIFEST_DIR"))
+}
+
 fn start(server: &str) -> Run {
+    start_with(server, &nvidia_specs())
+}
+
+fn start_with(server: &str, specs: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let control = format!(
         "{}/tests/fixtures/mps/nvidia-cuda-mps-control",
@@ -120,6 +144,11 @@ fn start(server: &str) -> Run {
         .arg(dir.path().join("mps"))
         .arg("--termination-log")
         .arg(dir.path().join("termination-log"))
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .arg("--cdi-specs")
+        .arg(specs)
+        .env("GPU_SHARE_RESERVE_FAKE_MINOR", "0")
         .env("KUBECONFIG", kubeconfig(dir.path(), server))
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env("POD_NAME", "gpu-share-n1-gpu-0")
@@ -174,6 +203,36 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
     .await;
     assert_eq!(last(&patches)["gpu-share.io/gpu-uuid"], UUID);
     assert_eq!(run.modes(), ["EXCLUSIVE_PROCESS"]);
+    // The GPU's CDI device, written before the pipe was published: NVIDIA's edits for GPU 0,
+    // the daemon's pipe, its shared memory as /dev/shm, and the pipe's variable.
+    let device: Value =
+        serde_json::from_slice(&std::fs::read(run.device()).expect("the CDI device")).unwrap();
+    assert_eq!(device["kind"], "gpu-share.io/mps");
+    assert_eq!(device["devices"][0]["name"], UUID);
+    let edits = &device["devices"][0]["containerEdits"];
+    assert!(
+        edits["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["path"] == "/dev/nvidia0"),
+        "{edits}"
+    );
+    assert!(
+        edits["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"))),
+        "{edits}"
+    );
+    let mounts = edits["mounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["hostPath"] == pipe.as_str()));
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["containerPath"] == "/dev/shm" && m["hostPath"] == run.shm().as_str()),
+        "{edits}"
+    );
     let log = run.log();
     let lines: Vec<&str> = log
         .lines()
@@ -249,6 +308,32 @@ async fn the_reservation_runs_its_gpus_mps_daemon_and_closes_the_gpu_when_it_fai
     assert!(status.success(), "{status}");
     assert!(run.log().lines().any(|l| l == "quit"), "{}", run.log());
     assert_eq!(run.modes().last().map(String::as_str), Some("DEFAULT"));
+    assert!(
+        !run.device().exists(),
+        "the CDI device goes with the reservation"
+    );
+}
+
+/// A node where no NVIDIA CDI spec describes the GPU: the reservation fails in words (the
+/// shares' device would not resolve), and its daemon is released.
+#[tokio::test]
+async fn no_nvidia_cdi_spec_fails_the_reservation_in_words() {
+    let (server, patches) = fake_api().await;
+    let empty = tempfile::tempdir().unwrap();
+    let mut run = start_with(&server, &empty.path().display().to_string());
+    let status = exited(&mut run.child).await;
+    assert!(!status.success());
+    let why = last(&patches)["gpu-share.io/reserve-error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        why.contains("no NVIDIA CDI spec") && why.contains("nvidia-ctk cdi generate"),
+        "{why}"
+    );
+    assert!(last(&patches)["gpu-share.io/mps-pipe"].is_null());
+    assert_eq!(run.modes().last().map(String::as_str), Some("DEFAULT"));
+    assert!(run.log().lines().any(|l| l == "quit"), "{}", run.log());
 }
 
 #[tokio::test]
@@ -293,4 +378,8 @@ async fn a_daemon_that_will_not_come_back_fails_the_reservation_in_words() {
     let status = exited(&mut run.child).await;
     assert!(!status.success());
     assert_eq!(run.modes().last().map(String::as_str), Some("DEFAULT"));
+    assert!(
+        !run.device().exists(),
+        "no device while no daemon serves it"
+    );
 }

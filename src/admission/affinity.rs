@@ -21,11 +21,11 @@ pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
     let e = |k: &str, op: &'static str, v: &str| (k.to_string(), op, vec![v.to_string()]);
     let absent = |k: &str| (k.to_string(), "DoesNotExist", Vec::new());
     match class {
-        GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
         // The per-GPU form: plain nodes, as exclusive pods (gpu-share picks those shared per GPU).
-        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => {
+        GpuClass::Timeslice { .. } | GpuClass::Mps { .. } if policy.per_gpu.takes(class) => {
             affinity_for(&GpuClass::Exclusive { count: 1 }, policy)
         }
+        GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
         GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
         // Any node whose GPUs are not shared: GFD's `none`, and nodes without GFD's label (the
         // device plugin alone, GKE) — but not GKE's shared or MIG-partitioned nodes, which carry
@@ -97,12 +97,14 @@ pub(super) fn gfd_single_alternative(
 /// advertises.
 pub(super) fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<Expr>> {
     let (key, values) = match class {
+        // GKE's own GPU stack does not honour NVIDIA_VISIBLE_DEVICES: no per-GPU sharing there.
+        GpuClass::Timeslice { .. } | GpuClass::Mps { .. } if policy.per_gpu.takes(class) => {
+            return None;
+        }
         GpuClass::Mps { .. } => (
             LABEL_GKE_SHARING,
             vec!["mps".to_string(), "MPS".to_string()],
         ),
-        // GKE's own GPU stack does not honour NVIDIA_VISIBLE_DEVICES: no per-GPU sharing there.
-        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => return None,
         GpuClass::Timeslice { .. } => (
             LABEL_GKE_SHARING,
             vec!["time-sharing".to_string(), "TIME_SHARING".to_string()],
@@ -125,8 +127,8 @@ pub(super) fn gke_alternative(class: &GpuClass, policy: &Policy) -> Option<Vec<E
 /// with an empty selector names no labels to require, and adds nothing.
 pub(super) fn declared_alternatives(class: &GpuClass, policy: &Policy) -> Vec<Vec<Expr>> {
     let declares = |m: &crate::policy::NodeMode| match class {
+        GpuClass::Timeslice { .. } | GpuClass::Mps { .. } if policy.per_gpu.takes(class) => false,
         GpuClass::Mps { .. } => m.sharing == Some(DeclaredSharing::Mps),
-        GpuClass::Timeslice { .. } if policy.per_gpu.timeslice => false,
         GpuClass::Timeslice { .. } => m.sharing == Some(DeclaredSharing::TimeSlicing),
         GpuClass::Mig { profile } => {
             policy.mig.strategy == MigStrategy::Single && m.mig_profile.as_ref() == Some(profile)

@@ -22,6 +22,8 @@ use serde_json::{Value, json};
 
 use super::patch::PatchBuilder;
 pub use crate::request::{ANNOTATION_DEVICES, DEVICES_KEY};
+/// The key (and variable) of an MPS share's pinned device-memory limit, filled at bind.
+pub use crate::reservation::model::MPS_PINNED_KEY;
 
 /// The variable NVIDIA's Container Toolkit reads the visible GPUs from.
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -93,13 +95,18 @@ fn from_configmap(name: &str) -> Value {
 
 /// Whether `e` is exactly what [`patch`] writes into the target container.
 fn is_ours_target(e: &EnvVar, configmap: &str) -> bool {
+    reads_key(e, configmap, DEVICES_KEY)
+}
+
+/// Whether `e` reads key `key` of ConfigMap `configmap`, not optionally, and nothing else.
+pub(super) fn reads_key(e: &EnvVar, configmap: &str, key: &str) -> bool {
     e.value.is_none()
         && e.value_from.as_ref().is_some_and(|f| {
             f.field_ref.is_none()
                 && f.resource_field_ref.is_none()
                 && f.secret_key_ref.is_none()
                 && f.config_map_key_ref.as_ref().is_some_and(|r| {
-                    r.name == configmap && r.key == DEVICES_KEY && r.optional != Some(true)
+                    r.name == configmap && r.key == key && r.optional != Some(true)
                 })
         })
 }
@@ -145,14 +152,16 @@ pub fn set_by_user(spec: &PodSpec, target: usize, configmap: Option<&str>) -> Op
     None
 }
 
-/// The per-GPU form's patch: the target container reads `NVIDIA_VISIBLE_DEVICES` from the
-/// ConfigMap's key and gets `NVIDIA_DRIVER_CAPABILITIES` unless it sets its own; every other
-/// container, init containers included, sees no GPU; the annotation names the ConfigMap.
+/// The per-GPU form's patch: the target container reads `NVIDIA_VISIBLE_DEVICES` (and, for an
+/// MPS share, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) from the ConfigMap's keys and gets
+/// `NVIDIA_DRIVER_CAPABILITIES` unless it sets its own; every other container, init containers
+/// included, sees no GPU; the annotation names the ConfigMap.
 pub(super) fn patch(
     b: &mut PatchBuilder,
     spec: &PodSpec,
     target: usize,
     configmap: &str,
+    mps: bool,
     annotations: &BTreeMap<String, String>,
 ) {
     let containers = spec
@@ -177,6 +186,12 @@ pub(super) fn patch(
             } else {
                 json!({"name": VISIBLE_DEVICES, "value": NO_DEVICES})
             });
+        }
+        if is_target && mps && !has(c, MPS_PINNED_KEY) {
+            add.push(json!({
+                "name": MPS_PINNED_KEY,
+                "valueFrom": {"configMapKeyRef": {"name": configmap, "key": MPS_PINNED_KEY, "optional": false}}
+            }));
         }
         if is_target && !has(c, DRIVER_CAPABILITIES.0) {
             add.push(json!({"name": DRIVER_CAPABILITIES.0, "value": DRIVER_CAPABILITIES.1}));
@@ -301,6 +316,91 @@ mod tests {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc).unwrap();
         let d = crate::ledger::demand_of_pod(&pod).unwrap().unwrap();
         assert!(d.pointed() && d.resources.is_empty(), "{d:?}");
+    }
+
+    /// An MPS pod in per-GPU form: its GPU and its pinned limit from keys of its ConfigMap (not
+    /// optional: kubelet starts no container without them), its threads and the driver's limits
+    /// as literals, the policy's user, the policy's runtime (CDI names; not `nvidia-legacy`),
+    /// no hostIPC (the CDI device brings the pipe). Another user, or a user-set pinned limit, is
+    /// refused in words; a second pass adds nothing.
+    #[test]
+    fn the_per_gpu_mps_form_reads_its_gpu_and_limit_from_keys_and_runs_as_the_policys_user() {
+        let p = Policy::load("perGpu:\n  mps: true\nmps:\n  runAsUser: 1000\n", "p.yaml")
+            .unwrap()
+            .policy;
+        let mut obj = pod("mps-25", two_containers());
+        obj["metadata"]["annotations"]["gpu-share/memory"] = json!("20Gi");
+        let mut f = facts("u-1");
+        f.legacy_runtime_class = RuntimeClassState::Exists;
+        let doc = match plan(&obj, &p, &p.mig_table(), &f) {
+            Decision::Mutate(m) => {
+                let mut d = obj.clone();
+                json_patch::patch(&mut d, &m.patch).unwrap();
+                d
+            }
+            other => panic!("{other:?}"),
+        };
+        let cm = "gpu-share-devices-u-1";
+        let main = "/spec/containers/0/env";
+        let key = |k: &str| json!({"configMapKeyRef": {"name": cm, "key": k, "optional": false}});
+        assert_eq!(
+            env(&doc, main, VISIBLE_DEVICES).unwrap()["valueFrom"],
+            key(DEVICES_KEY)
+        );
+        assert_eq!(
+            env(&doc, main, MPS_PINNED_KEY).unwrap()["valueFrom"],
+            key(MPS_PINNED_KEY)
+        );
+        let literal = |n: &str| env(&doc, main, n).and_then(|e| e["value"].as_str());
+        assert_eq!(literal("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("25"));
+        assert_eq!(literal("NVIDIA_GPU_MEMORY_LIMIT"), Some("20480"));
+        assert_eq!(literal("NVIDIA_GPU_MEMORY_REQUEST"), Some("20480"));
+        assert_eq!(
+            env(&doc, "/spec/containers/1/env", VISIBLE_DEVICES).unwrap()["value"],
+            NO_DEVICES
+        );
+        assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
+        assert!(doc["spec"].get("hostIPC").is_none(), "{}", doc["spec"]);
+        assert_eq!(doc["spec"]["securityContext"]["runAsUser"], 1000);
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"],
+            json!({crate::request::RESOURCE_SHARE: "1"})
+        );
+        assert_eq!(run(&p, &doc, "another").unwrap(), doc);
+        let pod_ = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(doc.clone()).unwrap();
+        let d = crate::ledger::demand_of_pod(&pod_).unwrap().unwrap();
+        assert!(
+            d.pointed() && matches!(d.gpu, crate::packing::GpuDemand::Mps { milli: 250, .. }),
+            "{d:?}"
+        );
+        // Another user.
+        let mut other = obj.clone();
+        other["spec"]["securityContext"] = json!({"runAsUser": 2000});
+        let denied = run(&p, &other, "u-2").unwrap_err();
+        assert_eq!(denied.reason, DenialReason::MpsUserDiffers);
+        assert!(
+            denied.message.contains("serves user 1000"),
+            "{}",
+            denied.message
+        );
+        // A pinned limit of the user's own, even from the same ConfigMap's key in another
+        // container, or optional in the target.
+        let mut own = doc.clone();
+        own["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .filter(|e| e["name"] == MPS_PINNED_KEY)
+            .for_each(|e| e["valueFrom"]["configMapKeyRef"]["optional"] = json!(true));
+        assert_eq!(
+            run(&p, &own, "u-3").unwrap_err().reason,
+            DenialReason::LimitsSet
+        );
+        // Without perGpu.mps' user the policy does not load.
+        let e = Policy::load("perGpu:\n  mps: true\n", "p.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("perGpu.mps needs mps.runAsUser"), "{e}");
     }
 
     /// A container without `env` in per-GPU form gets both the workload variables and its

@@ -10,7 +10,10 @@
 //! - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`: an MPS client's
 //!   own limits, which can only narrow its server's.
 //!
-//! Each is written as a literal value, never read from a key that could be missing. A
+//! Each is written as a literal value, never read from a key that could be missing, but one: an
+//! MPS share in per-GPU form reads its pinned limit from its devices ConfigMap, filled at bind
+//! with its budget or its fraction of the GPU's memory, through a key that is not optional
+//! (kubelet does not start the container without it). A
 //! container that sets any of them itself, or `CUDA_MPS_PIPE_DIRECTORY` (which MPS server it
 //! talks to), or the toolkit's plural spellings (read before the singular ones by some of its
 //! versions), is refused in words, as a user-set `NVIDIA_VISIBLE_DEVICES` is: only the copy the
@@ -52,7 +55,10 @@ pub fn env(request: &GpuRequest, policy: &Policy) -> Vec<(String, String)> {
         if policy.mps.active_thread_percentage {
             env.push((MPS_THREAD_PERCENTAGE.into(), percent.to_string()));
         }
-        if let Some(m) = request.memory_mib {
+        // In per-GPU form the ConfigMap's key holds it (`devices::patch`).
+        if let Some(m) = request.memory_mib
+            && !policy.per_gpu.takes(&request.class)
+        {
             env.push((MPS_PINNED_MEMORY.into(), format!("0={m}M")));
         }
     }
@@ -68,18 +74,25 @@ pub fn env(request: &GpuRequest, policy: &Policy) -> Vec<(String, String)> {
 
 /// `Some`: why the pod is refused, in words: a container sets one of [`GUARDED`] other than as
 /// `ours` says (the target container's own limits, from [`env`], which an earlier pass of the
-/// webhook wrote).
-pub fn set_by_user(spec: &PodSpec, target: usize, ours: &[(String, String)]) -> Option<String> {
+/// webhook wrote), or, in per-GPU form, as the pinned limit read from `configmap`.
+pub fn set_by_user(
+    spec: &PodSpec,
+    target: usize,
+    ours: &[(String, String)],
+    configmap: Option<&str>,
+) -> Option<String> {
     for (is_target, kind, c) in super::devices::every_container(spec, target) {
         for e in c.env.iter().flatten() {
             if !GUARDED.contains(&e.name.as_str()) {
                 continue;
             }
-            let written = is_target
-                && e.value_from.is_none()
+            let literal = e.value_from.is_none()
                 && ours
                     .iter()
                     .any(|(n, v)| *n == e.name && e.value.as_deref() == Some(v.as_str()));
+            let from_configmap = e.name == MPS_PINNED_MEMORY
+                && configmap.is_some_and(|cm| super::devices::reads_key(e, cm, MPS_PINNED_MEMORY));
+            let written = is_target && (literal || from_configmap);
             if !written {
                 return Some(format!(
                     "gpu-share: {kind} {:?} sets {}, which would change the limits that hold the pod's share to its budget inside the GPU; gpu-share sets them from the pod's request (gpu-share, gpu-share/memory) and the device plugin sets the MPS pipe: remove it",
@@ -89,6 +102,26 @@ pub fn set_by_user(spec: &PodSpec, target: usize, ours: &[(String, String)]) -> 
         }
     }
     None
+}
+
+/// `Some`: why an MPS share in per-GPU form is refused, in words: its GPU container runs as
+/// another user than the policy's `mps.runAsUser`. One MPS server serves one UID at a time (a
+/// client of another waits until the server drains), so every MPS share of a GPU runs as that
+/// user; a pod that sets none gets it (step 4).
+pub fn other_user(spec: &PodSpec, target: usize, policy: &Policy) -> Option<String> {
+    let want = policy.mps.run_as_user?;
+    let container = spec.containers.get(target)?;
+    let set = container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_user)
+        .or_else(|| spec.security_context.as_ref().and_then(|s| s.run_as_user))?;
+    (set != want).then(|| {
+        format!(
+            "gpu-share: container {:?} runs as user {set}, and the GPU's MPS server serves user {want} (the policy's mps.runAsUser): one MPS server serves one user at a time, so every MPS share of a GPU runs as that user; remove runAsUser, or set it to {want}",
+            container.name
+        )
+    })
 }
 
 #[cfg(test)]
@@ -138,20 +171,20 @@ mod tests {
         let ours = vec![(ENV_MEMORY_LIMIT.to_string(), "1024".to_string())];
         for name in GUARDED {
             let s = spec(json!([{"name": "main", "env": [{"name": name, "value": "99999"}]}]));
-            let why = set_by_user(&s, 0, &ours).expect("refused");
+            let why = set_by_user(&s, 0, &ours, None).expect("refused");
             assert!(why.contains(name) && why.contains("\"main\""), "{why}");
         }
         // What an earlier pass wrote stays; the same name from a key, or in a sidecar, does not.
         let s =
             spec(json!([{"name": "main", "env": [{"name": ENV_MEMORY_LIMIT, "value": "1024"}]}]));
-        assert_eq!(set_by_user(&s, 0, &ours), None);
+        assert_eq!(set_by_user(&s, 0, &ours, None), None);
         let from_key = spec(json!([{"name": "main", "env": [{"name": ENV_MEMORY_LIMIT,
             "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]}]));
-        assert!(set_by_user(&from_key, 0, &ours).is_some());
+        assert!(set_by_user(&from_key, 0, &ours, None).is_some());
         let sidecar = spec(json!([{"name": "main"},
             {"name": "side", "env": [{"name": ENV_MEMORY_LIMIT, "value": "1024"}]}]));
         assert!(
-            set_by_user(&sidecar, 0, &ours)
+            set_by_user(&sidecar, 0, &ours, None)
                 .unwrap()
                 .contains("\"side\"")
         );
@@ -159,7 +192,7 @@ mod tests {
             "initContainers": [{"name": "warm", "env": [{"name": MPS_PIPE_DIRECTORY, "value": "/tmp/x"}]}]}))
         .unwrap();
         assert!(
-            set_by_user(&init, 0, &ours)
+            set_by_user(&init, 0, &ours, None)
                 .unwrap()
                 .contains("init container \"warm\"")
         );
@@ -167,6 +200,6 @@ mod tests {
         let other = spec(
             json!([{"name": "main", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]}]),
         );
-        assert_eq!(set_by_user(&other, 0, &ours), None);
+        assert_eq!(set_by_user(&other, 0, &ours, None), None);
     }
 }

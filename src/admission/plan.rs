@@ -65,6 +65,8 @@ pub enum DenialReason {
     /// A gpu-share pod sets one of the variables that hold its share to its budget
     /// ([`super::limits::GUARDED`]).
     LimitsSet,
+    /// An MPS share in per-GPU form runs as another user than the policy's `mps.runAsUser`.
+    MpsUserDiffers,
 }
 
 impl DenialReason {
@@ -84,6 +86,7 @@ impl DenialReason {
             DenialReason::AnnotationUpdate => "annotation_update",
             DenialReason::VisibleDevicesSet => "visible_devices_set",
             DenialReason::LimitsSet => "limits_set",
+            DenialReason::MpsUserDiffers => "mps_user_differs",
         }
     }
 }
@@ -209,6 +212,7 @@ impl Intake {
             mig_offers: matches!(self.annotated.request.class, GpuClass::Mig { .. })
                 && policy.mig.strategy == MigStrategy::Auto,
             legacy_runtime_class: policy.per_gpu.takes(&self.annotated.request.class)
+                && matches!(self.annotated.request.class, GpuClass::Timeslice { .. })
                 && !policy.runtime_class_name.is_empty()
                 && !pod_names_runtime_class,
         }
@@ -308,11 +312,21 @@ impl Intake {
         if let Some(why) = devices::set_by_user(spec, index, devices_configmap.as_deref()) {
             return Err(Denial::new(DenialReason::VisibleDevicesSet, why));
         }
-        if let Some(why) = super::limits::set_by_user(spec, index, &super::limits::env(req, policy))
-        {
+        if let Some(why) = super::limits::set_by_user(
+            spec,
+            index,
+            &super::limits::env(req, policy),
+            devices_configmap.as_deref(),
+        ) {
             return Err(Denial::new(DenialReason::LimitsSet, why));
         }
+        let per_gpu_mps = devices_configmap.is_some() && matches!(req.class, GpuClass::Mps { .. });
+        if per_gpu_mps && let Some(why) = super::limits::other_user(spec, index, policy) {
+            return Err(Denial::new(DenialReason::MpsUserDiffers, why));
+        }
+        // A per-GPU MPS share gets its pipe and shared memory from its GPU's CDI device.
         let inject_host_ipc = matches!(req.class, GpuClass::Mps { .. })
+            && !per_gpu_mps
             && policy.mps.host_ipc
             && spec.host_ipc != Some(true);
         if inject_host_ipc {

@@ -66,8 +66,12 @@ pub(super) fn patch(
     runtime_class: RuntimeClassState,
     legacy_runtime_class: RuntimeClassState,
 ) -> (Vec<PatchOperation>, Vec<String>) {
-    // A pod in per-GPU form runs under `nvidia-legacy` where the GPU Operator made it (CDI on).
-    let legacy = t.devices_configmap.is_some() && legacy_runtime_class == RuntimeClassState::Exists;
+    // A time-sliced pod in per-GPU form runs under `nvidia-legacy` where the GPU Operator made it
+    // (CDI on); an MPS one names a CDI device, which the policy's runtime (CDI or auto mode)
+    // resolves.
+    let legacy = t.devices_configmap.is_some()
+        && matches!(t.request.class, GpuClass::Timeslice { .. })
+        && legacy_runtime_class == RuntimeClassState::Exists;
     let (runtime_class_name, runtime_class) = if legacy {
         (
             super::devices::LEGACY_RUNTIME_CLASS,
@@ -102,7 +106,8 @@ pub(super) fn patch(
     add_env(&mut b, t.container, &cpath, &workload_env(t, policy));
     if let Some(cm) = &t.devices_configmap {
         // Step 7b: the per-GPU form's devices (`devices.rs`).
-        super::devices::patch(&mut b, t.spec, t.index, cm, t.annotations);
+        let mps = matches!(t.request.class, GpuClass::Mps { .. });
+        super::devices::patch(&mut b, t.spec, t.index, cm, mps, t.annotations);
     }
     if !t.request_annotated {
         // Step 8: the normalized request annotation (the parent exists: it holds the

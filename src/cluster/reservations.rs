@@ -11,7 +11,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
 use super::ClusterFacts;
-use crate::reservation::view::{Filled, Owner, ReservationPod, devices_configmap};
+use crate::reservation::view::{Filled, Owner, Pointing, ReservationPod, devices_configmap};
 use crate::reservation::{self, Template};
 
 /// Why a reservation pod was not created.
@@ -31,18 +31,20 @@ pub enum CreateError {
 /// 5 s, of which the binding call itself needs up to 3).
 pub const CREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
 
-/// Creates the reservation of GPU `gpu` on `node`; one that exists already (a racing bind, or
-/// one still in its release grace) is the same reservation.
+/// Creates the reservation of GPU `gpu` on `node` (running the GPU's MPS daemon when `mps`);
+/// one that exists already (a racing bind, or one still in its release grace) is the same
+/// reservation.
 pub async fn create(
     client: &Client,
     node: &str,
     gpu: u32,
+    mps: bool,
     template: &Template,
 ) -> Result<(), CreateError> {
     if template.image.is_empty() {
         return Err(CreateError::NoImage);
     }
-    let pod: Pod = serde_json::from_value(reservation::pod(node, gpu, template))
+    let pod: Pod = serde_json::from_value(reservation::pod(node, gpu, mps, template))
         .expect("the reservation pod is a valid Pod (tested)");
     let api: Api<Pod> = Api::namespaced(client.clone(), reservation::NAMESPACE);
     match tokio::time::timeout(CREATE_TIMEOUT, api.create(&PostParams::default(), &pod)).await {
@@ -66,24 +68,24 @@ pub enum Fill {
     Foreign(String),
 }
 
-/// Creates the devices ConfigMap of share `owner`, holding `uuid`.
+/// Creates the devices ConfigMap of share `owner`, pointing it at `to`.
 pub async fn fill(
     client: &Client,
     configmap: &str,
     owner: &Owner,
-    uuid: &str,
+    to: &Pointing,
     reservation: &str,
 ) -> Result<Fill, kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &owner.namespace);
     let cm: ConfigMap =
-        serde_json::from_value(devices_configmap(configmap, owner, uuid, reservation))
+        serde_json::from_value(devices_configmap(configmap, owner, to, reservation))
             .expect("the devices ConfigMap is a valid ConfigMap (tested)");
     match api.create(&PostParams::default(), &cm).await {
         Ok(_) => Ok(Fill::Done),
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let found = api.get(configmap).await?;
             Ok(match Filled::of(&found) {
-                Some(f) if f.is_of(&owner.uid, configmap) && f.uuid == uuid => Fill::Done,
+                Some(f) if f.is_of(&owner.uid, configmap) && f.says(to) => Fill::Done,
                 Some(f) if f.owner_uid == owner.uid => {
                     Fill::Foreign(format!("it holds {:?}", f.uuid))
                 }
@@ -250,13 +252,13 @@ impl Seen {
         self.pods_where(|_| true)
     }
 
-    /// The reservation of GPU `gpu` on `node` that has published its GPU's UUID: its name and
-    /// the UUID.
-    pub fn ready(&self, node: &str, gpu: u32) -> Option<(String, String)> {
+    /// The reservation of GPU `gpu` on `node` that is ready (its GPU's UUID published, and its
+    /// MPS daemon's pipe where it runs one): its name, the UUID, and whether it runs a daemon.
+    pub fn ready(&self, node: &str, gpu: u32) -> Option<(String, String, bool)> {
         let on_node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
         self.pods_where(on_node).into_iter().find_map(|r| {
             let uuid = r.state.uuid()?.to_string();
-            (r.gpu == gpu).then_some((r.name, uuid))
+            (r.gpu == gpu).then_some((r.name, uuid, r.mps))
         })
     }
 
@@ -318,16 +320,16 @@ mod tests {
                 send.send_response(mock::json(status, &reply));
             }
         });
-        create(&client, "n1", 3, &template()).await.unwrap();
-        create(&client, "n1", 3, &template()).await.unwrap();
-        let e = create(&client, "n1", 3, &template())
+        create(&client, "n1", 3, false, &template()).await.unwrap();
+        create(&client, "n1", 3, false, &template()).await.unwrap();
+        let e = create(&client, "n1", 3, false, &template())
             .await
             .unwrap_err()
             .to_string();
         assert!(e.contains("status 403"), "{e}");
         server.await.unwrap();
         // Without an image nothing is sent.
-        let e = create(&client, "n1", 3, &Template::default())
+        let e = create(&client, "n1", 3, false, &Template::default())
             .await
             .unwrap_err();
         assert!(matches!(e, CreateError::NoImage), "{e}");

@@ -9,6 +9,9 @@ use super::model::{
 /// nothing does. MIG devices and whole GPUs hold themselves.
 pub fn memory_hold(node: NodeFacts<'_>, share: Share) -> Hold {
     let driver = node.enforcement.driver.as_deref();
+    // A time-sliced share in per-GPU form gets its GPU under the legacy runtime, which runs no
+    // CDI hook; an MPS one through its GPU's CDI device, NVIDIA's edits with the hook.
+    let legacy = matches!(share, Share::Timeslice { .. }) && node.sharing == NodeSharing::PerGpu;
     let driver_limit = |budget: Option<u64>| -> Result<Holder, (Gap, String)> {
         if node.all_mig {
             return Err((
@@ -16,7 +19,11 @@ pub fn memory_hold(node: NodeFacts<'_>, share: Share) -> Hold {
                 "the driver's memory limits do not apply to MIG devices".to_string(),
             ));
         }
-        match node.enforcement.memory_limits.why_not(driver) {
+        let limits = match node.enforcement.memory_limits {
+            MemoryLimits::Applied if legacy => MemoryLimits::NotThroughPerGpuForm,
+            l => l,
+        };
+        match limits.why_not(driver) {
             Some(why) => Err((Gap::NoDriverLimits, why)),
             None if budget.is_none() => Err((
                 Gap::NoBudget,
@@ -38,6 +45,7 @@ pub fn memory_hold(node: NodeFacts<'_>, share: Share) -> Hold {
         Share::Mps { memory_mib } => match (driver_limit(memory_mib), node.sharing) {
             (Ok(h), _) => Hold::Held(h),
             (Err(_), NodeSharing::Mps { .. }) => Hold::Held(Holder::DevicePluginMps),
+            (Err(_), NodeSharing::PerGpu) => Hold::Held(Holder::GpuShareMps),
             (Err((gap, why)), _) => {
                 not_held(gap, format!("no MPS server holds it here, and {why}"))
             }
@@ -61,6 +69,9 @@ pub fn summary(node: NodeFacts<'_>) -> String {
     let driver = e.driver.as_deref().unwrap_or("unknown");
     let limits = match e.memory_limits {
         _ if node.all_mig => format!("no driver limits (MIG devices; driver {driver})"),
+        MemoryLimits::Applied if node.sharing == NodeSharing::PerGpu => format!(
+            "driver limits for mps shares (driver {driver}; time-sliced shares: not through the per-GPU form)"
+        ),
         MemoryLimits::Applied => format!("driver limits (driver {driver})"),
         MemoryLimits::HookNotDeclared => {
             format!("no driver limits (driver {driver}; the toolkit's hook not declared)")
@@ -78,6 +89,9 @@ pub fn summary(node: NodeFacts<'_>) -> String {
     let mps = match node.sharing {
         NodeSharing::Mps { replicas } => {
             format!("; mps: the device plugin's equal split (1/{replicas})")
+        }
+        NodeSharing::PerGpu => {
+            "; mps: gpu-share's daemon per GPU (each client's own limits)".to_string()
         }
         _ => String::new(),
     };

@@ -49,8 +49,9 @@ pub enum MemoryLimits {
     DriverUnknown,
     /// The policy's `nodeModes` says the node's toolkit does not apply them.
     DeclaredOff,
-    /// The driver and the toolkit would, but a share in per-GPU form reaches its GPU through
-    /// `NVIDIA_VISIBLE_DEVICES` under the legacy runtime, which runs no CDI hook.
+    /// The driver and the toolkit would, but a time-sliced share in per-GPU form reaches its GPU
+    /// through `NVIDIA_VISIBLE_DEVICES` under the legacy runtime, which runs no CDI hook (said
+    /// per share, never read from a node).
     NotThroughPerGpuForm,
     /// GKE's own GPU stack, whose device plugin and runtime run no Container Toolkit hook.
     GkeStack,
@@ -78,7 +79,7 @@ impl MemoryLimits {
                 "driver {driver}, but GKE's own GPU stack runs no Container Toolkit hook to apply the driver's memory limits"
             )),
             MemoryLimits::NotThroughPerGpuForm => Some(format!(
-                "driver {driver} has per-container memory limits, but a share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
+                "driver {driver} has per-container memory limits, but a time-sliced share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
             )),
         }
     }
@@ -103,6 +104,10 @@ pub enum Holder {
     DriverLimit,
     /// The device plugin's MPS server, at the replica's equal split of the GPU.
     DevicePluginMps,
+    /// gpu-share's MPS daemon of the GPU (a node shared per GPU): the client's pinned limit at
+    /// its budget (or its fraction of the GPU's memory) and its thread percentage, set in its
+    /// environment.
+    GpuShareMps,
     /// A MIG device's own memory.
     #[serde(rename = "mig")]
     Hardware,
@@ -115,6 +120,7 @@ impl Holder {
         match self {
             Holder::DriverLimit => "driver-limit",
             Holder::DevicePluginMps => "device-plugin-mps",
+            Holder::GpuShareMps => "gpu-share-mps",
             Holder::Hardware => "mig",
             Holder::WholeGpu => "whole-gpu",
         }

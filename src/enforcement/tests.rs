@@ -178,15 +178,29 @@ fn what_holds_a_share_by_class_and_node() {
         gap(memory_hold(node(ts4, &applied), Share::Units)).0,
         Gap::NoDriverLimits
     );
-    // Per GPU, no MPS server of gpu-share's yet: the driver's limit or nothing.
+    // Per GPU: an MPS share through its GPU's CDI device (the driver's limit where it applies,
+    // else gpu-share's daemon and the client's own limits); a time-sliced one under the legacy
+    // runtime, which no driver limit reaches.
     let per_gpu = node(NodeSharing::PerGpu, &old);
     assert_eq!(
-        gap(memory_hold(per_gpu, mps(Some(1024)))).0,
-        Gap::NoDriverLimits
+        memory_hold(per_gpu, mps(Some(1024))),
+        Hold::Held(Holder::GpuShareMps)
     );
     assert_eq!(
-        memory_hold(node(NodeSharing::PerGpu, &applied), ts(Some(1024))),
+        memory_hold(per_gpu, mps(None)),
+        Hold::Held(Holder::GpuShareMps)
+    );
+    let per_gpu_new = node(NodeSharing::PerGpu, &applied);
+    assert_eq!(
+        memory_hold(per_gpu_new, mps(Some(1024))),
         Hold::Held(Holder::DriverLimit)
+    );
+    let (g, why) = gap(memory_hold(per_gpu_new, ts(Some(1024))));
+    assert_eq!(g, Gap::NoDriverLimits);
+    assert!(why.contains("legacy runtime"), "{why}");
+    assert!(summary(per_gpu_new).contains("time-sliced shares: not through the per-GPU form"));
+    assert!(
+        summary(per_gpu).ends_with("mps: gpu-share's daemon per GPU (each client's own limits)")
     );
     // MIG devices and whole GPUs hold themselves; on an all-MIG node the driver's limits apply
     // to nothing.

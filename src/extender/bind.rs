@@ -178,11 +178,11 @@ async fn bind(
                 reserve,
             } => (annotations, reserve),
         };
-    if let (Some(c), Some(gpu)) = (cluster, reserve) {
+    if let (Some(c), Some((gpu, mps))) = (cluster, reserve) {
         let mut template = (*state.reservations).clone();
         template.runtime_class = policy.policy.runtime_class_name.clone();
         if let Err(source) =
-            crate::cluster::reservations::create(c.client(), &args.node, gpu, &template).await
+            crate::cluster::reservations::create(c.client(), &args.node, gpu, mps, &template).await
         {
             binding.abort();
             return Err(BindError::Reservation {
@@ -276,8 +276,29 @@ fn fill_if_held(client: &kube::Client, ext: &ExtenderState, uid: &str) {
     let (Some(configmap), [(gpu, _)]) = (h.demand.devices, h.placement.gpus.as_slice()) else {
         return;
     };
-    let Some((reservation, uuid)) = ext.reservations.ready(&h.node, *gpu) else {
+    let Some((reservation, uuid, daemon)) = ext.reservations.ready(&h.node, *gpu) else {
         return;
+    };
+    let gpu_memory = ext
+        .ledger()
+        .with_node(&h.node, |nl| nl.node.gpu_memory_mib)
+        .flatten();
+    // What does not match (a share of the other class, an MPS share with no limit to give) is
+    // the controller's to handle, in words.
+    let to = match crate::reservation::plan::ShareKind::of(&h.demand.gpu, gpu_memory) {
+        crate::reservation::plan::ShareKind::Timeslice if !daemon => {
+            crate::reservation::view::Pointing {
+                uuid,
+                mps_pinned_mib: None,
+            }
+        }
+        crate::reservation::plan::ShareKind::Mps {
+            pinned_mib: Some(mib),
+        } if daemon => crate::reservation::view::Pointing {
+            uuid,
+            mps_pinned_mib: Some(mib),
+        },
+        _ => return,
     };
     let owner = crate::reservation::view::Owner {
         namespace: h.pod.namespace,
@@ -287,9 +308,9 @@ fn fill_if_held(client: &kube::Client, ext: &ExtenderState, uid: &str) {
     let client = client.clone();
     tokio::spawn(async move {
         let pod = format!("{}/{}", owner.namespace, owner.name);
-        match api::fill(&client, &configmap, &owner, &uuid, &reservation).await {
+        match api::fill(&client, &configmap, &owner, &to, &reservation).await {
             Ok(api::Fill::Done) => {
-                tracing::info!(pod, uuid, "share pointed at its GPU at bind")
+                tracing::info!(pod, devices = %to.devices(), "share pointed at its GPU at bind")
             }
             Ok(api::Fill::Foreign(what)) => {
                 tracing::warn!(
@@ -642,7 +663,7 @@ mod tests {
                 image: "gpu-share:test".into(),
                 ..Default::default()
             };
-            let mut r = crate::reservation::pod("n1", 2, &t);
+            let mut r = crate::reservation::pod("n1", 2, false, &t);
             r["metadata"]["uid"] = json!("r-1");
             r["status"] = json!({"phase": "Running"});
             if ready {

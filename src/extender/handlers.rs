@@ -393,7 +393,8 @@ pub enum BindPlan {
     /// holds no share).
     Reserved {
         annotations: BTreeMap<String, String>,
-        reserve: Option<u32>,
+        /// The GPU, and whether its reservation runs the GPU's MPS daemon (an MPS share).
+        reserve: Option<(u32, bool)>,
     },
 }
 
@@ -425,6 +426,7 @@ pub fn reserve_for_bind(
     demand.enforcement = requirement;
     let scorer = ext.scorer(policy.policy.packing.policy.into());
     let pointed = demand.pointed();
+    let mps = matches!(demand.gpu, packing::GpuDemand::Mps { .. });
     // What holds the share's memory there, said on the pod (not under `off`).
     let held_by = (requirement != crate::enforcement::Requirement::Off)
         .then(|| {
@@ -443,15 +445,20 @@ pub fn reserve_for_bind(
                 .collect(),
             // The ledger now holds this share on the GPU, so no whole-GPU pod gets it while
             // the reservation starts; a bind racing this one meets it on AlreadyExists.
-            reserve: p.gpus.first().map(|(i, _)| *i).filter(|i| {
-                pointed
-                    && ext
-                        .ledger()
-                        .with_node(node, |nl| {
-                            nl.usage.reserved.get(*i as usize).is_none_or(|r| *r == 0)
-                        })
-                        .unwrap_or(false)
-            }),
+            reserve: p
+                .gpus
+                .first()
+                .map(|(i, _)| *i)
+                .filter(|i| {
+                    pointed
+                        && ext
+                            .ledger()
+                            .with_node(node, |nl| {
+                                nl.usage.reserved.get(*i as usize).is_none_or(|r| *r == 0)
+                            })
+                            .unwrap_or(false)
+                })
+                .map(|i| (i, mps)),
         }),
         Err(reason) => Err(ReserveError::NoLongerFits {
             node: node.to_string(),

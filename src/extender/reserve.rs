@@ -24,7 +24,7 @@ use super::state::ExtenderState;
 use crate::cluster::reservations as api;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::reservation::plan::{self, Action, ReservationState, Share};
+use crate::reservation::plan::{self, Action, ReservationState, Share, ShareKind};
 use crate::reservation::view::{DEVICES_SELECTOR, Filled, FilledByOwner, Owner, ReservationPod};
 use crate::reservation::{NAMESPACE, Template};
 use crate::shared::{PolicyStore, stopped};
@@ -269,6 +269,7 @@ fn gather(
             .or_insert_with(|| plan::Gpu {
                 node: node.to_string(),
                 index,
+                mps: false,
                 reservation: None,
                 shares: Vec::new(),
                 idle_for: None,
@@ -279,12 +280,16 @@ fn gather(
             let Some(configmap) = &h.demand.devices else {
                 continue;
             };
+            let kind = ShareKind::of(&h.demand.gpu, nl.node.gpu_memory_mib);
             for (i, _) in &h.placement.gpus {
-                entry(&mut gpus, &nl.node.name, *i).shares.push(Share {
+                let g = entry(&mut gpus, &nl.node.name, *i);
+                g.mps |= kind.is_mps();
+                g.shares.push(Share {
                     namespace: h.pod.namespace.clone(),
                     name: h.pod.name.clone(),
                     uid: h.pod.uid.clone(),
                     configmap: configmap.clone(),
+                    kind,
                     filled: filled
                         .get(&h.pod.uid)
                         .filter(|f| f.is_of(&h.pod.uid, configmap))
@@ -295,7 +300,9 @@ fn gather(
     });
     let wall = SystemTime::now();
     for r in reservations {
-        entry(&mut gpus, &r.node, r.gpu).reservation = Some(r.at(wall));
+        let g = entry(&mut gpus, &r.node, r.gpu);
+        g.mps |= r.mps;
+        g.reservation = Some(r.at(wall));
     }
     for (k, g) in gpus.iter_mut() {
         if g.shares.is_empty() && g.reservation.is_some() {
@@ -314,7 +321,7 @@ fn key(a: &Action) -> String {
     match a {
         Action::Fill { share, .. } => format!("fill/{}", share.uid),
         Action::Delete { uid, .. } => format!("delete/{uid}"),
-        Action::Recreate { node, gpu } => format!("create/{node}/{gpu}"),
+        Action::Recreate { node, gpu, .. } => format!("create/{node}/{gpu}"),
         Action::Move { share, .. } => format!("move/{}", share.uid),
         Action::Evict { share, .. } => format!("evict/{}", share.uid),
     }
@@ -348,7 +355,7 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
         Action::Evict { .. } => "evict",
     };
     let result: Result<(), ActionError> = match action {
-        Action::Fill { share, uuid } => {
+        Action::Fill { share, to } => {
             let reservation = gpu
                 .reservation
                 .as_ref()
@@ -358,19 +365,19 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
                 &ctx.client,
                 &share.configmap,
                 &owner(&share),
-                &uuid,
+                &to,
                 &reservation,
             )
             .await
             {
                 Ok(api::Fill::Done) => {
-                    tracing::info!(pod = %format!("{}/{}", share.namespace, share.name), gpu = %at, uuid = %uuid, "share pointed at its GPU");
+                    tracing::info!(pod = %format!("{}/{}", share.namespace, share.name), gpu = %at, devices = %to.devices(), "share pointed at its GPU");
                     Ok(())
                 }
                 Ok(api::Fill::Foreign(what)) => {
                     let why = format!(
-                        "its devices ConfigMap {} already exists and {what}; it is immutable, so the pod cannot be pointed at {at} ({uuid})",
-                        share.configmap
+                        "its devices ConfigMap {} already exists and {what}; it is immutable, so the pod cannot be pointed at {at} ({})",
+                        share.configmap, to.uuid
                     );
                     evict(ctx, &share, &why).await
                 }
@@ -393,10 +400,14 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
             }
             r.map_err(ActionError::from)
         }
-        Action::Recreate { node, gpu: index } => {
+        Action::Recreate {
+            node,
+            gpu: index,
+            mps,
+        } => {
             let mut template = (*ctx.template).clone();
             template.runtime_class = ctx.policy.current().policy.runtime_class_name.clone();
-            let r = api::create(&ctx.client, &node, index, &template).await;
+            let r = api::create(&ctx.client, &node, index, mps, &template).await;
             if r.is_ok() {
                 tracing::info!(
                     node,
@@ -537,6 +548,7 @@ mod tests {
             uid: format!("r-{gpu}"),
             node: "n1".into(),
             gpu,
+            mps: false,
             state,
             created: Some(SystemTime::now()),
         }
@@ -562,6 +574,7 @@ mod tests {
             name: name.into(),
             owner_uid: uid.into(),
             uuid: "GPU-0".into(),
+            mps_pinned_mib: None,
         };
         filled.insert("a".into(), f("a", "gpu-share-devices-a"));
         filled.insert("b".into(), f("b", "some-other-configmap"));

@@ -66,7 +66,9 @@ pub fn demand_of_pod(pod: &Pod) -> Result<Option<Demand>, DemandError> {
         .as_ref()
         .map(|s| limit_totals(s, true).into_keys().collect())
         .unwrap_or_default();
-    let devices = if matches!(gpu, GpuDemand::Timeslice { .. }) && resources.is_empty() {
+    let devices = if matches!(gpu, GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. })
+        && resources.is_empty()
+    {
         pod.spec.as_ref().and_then(devices_configmap)
     } else {
         None
@@ -501,7 +503,7 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
     }
     // A reservation (gpu-share's own, in its namespace) holds its GPU for shares, not whole.
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    if let Some(gpu) =
+    if let Some((gpu, mps)) =
         crate::reservation::reserved_gpu(namespace, pod.metadata.annotations.as_ref())
     {
         return Ok(Some(ObservedPod {
@@ -509,7 +511,7 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
             node,
             demand: Demand {
                 cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
-                ..Demand::gpu(GpuDemand::Reserve { gpu })
+                ..Demand::gpu(GpuDemand::Reserve { gpu, mps })
             },
             gpus: None,
         }));

@@ -452,11 +452,11 @@ mod tests {
             image: "gpu-share:test".into(),
             ..Default::default()
         };
-        let mut p = crate::reservation::pod("n1", 2, &t);
+        let mut p = crate::reservation::pod("n1", 2, false, &t);
         p["metadata"]["uid"] = "r1".into();
         p["status"] = serde_json::json!({"phase": "Running"});
         let o = observed_holding(&pod(p.clone())).unwrap().unwrap();
-        assert_eq!(o.demand.gpu, GpuDemand::Reserve { gpu: 2 });
+        assert_eq!(o.demand.gpu, GpuDemand::Reserve { gpu: 2, mps: false });
         assert_eq!((o.node.as_str(), o.gpus.clone()), ("n1", None));
         let mut n = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 4, 81920);
         n.sharing = crate::inventory::Sharing::PerGpu;

@@ -49,14 +49,17 @@ pub(super) fn random_gpu(
     cands: &[Placement],
 ) -> Placement {
     let first = cands[0].clone();
-    let (milli, memory) = match &demand.gpu {
+    let (mps, milli, memory) = match &demand.gpu {
         GpuDemand::Timeslice { milli, memory_mib } if node.sharing == Sharing::PerGpu => {
-            (*milli, *memory_mib)
+            (false, *milli, *memory_mib)
+        }
+        GpuDemand::Mps { milli, memory_mib } if node.sharing == Sharing::PerGpu => {
+            (true, *milli, *memory_mib)
         }
         _ => return first,
     };
     let eligible: Vec<u32> = (0..usage.gpu_milli.len())
-        .filter(|i| usage.takes_share(*i, milli, memory, node.gpu_memory_mib))
+        .filter(|i| usage.takes_share(*i, mps, milli, memory, node.gpu_memory_mib))
         .map(|i| i as u32)
         .collect();
     if eligible.is_empty() {

@@ -37,9 +37,10 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
             },
         },
         GpuDemand::Mps { memory_mib, .. } => Placement {
-            slots: 1,
+            slots: u32::from(!per_gpu_model),
             gpu_memory_mib: memory_mib.unwrap_or(0),
             shared: true,
+            mps: true,
             ..base
         },
         GpuDemand::Timeslice { milli, memory_mib } => Placement {
@@ -49,8 +50,9 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
             shared: true,
             ..base
         },
-        GpuDemand::Reserve { gpu } => Placement {
+        GpuDemand::Reserve { gpu, mps } => Placement {
             reserve: Some(*gpu),
+            mps: *mps,
             ..base
         },
         GpuDemand::Units { count, .. } => Placement {
@@ -69,9 +71,11 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
 struct ShareRule {
     /// Room for the share's declared memory: time-sliced shares' memory adds up on their GPU.
     memory: bool,
-    /// The per-GPU model is enforced (a node gpu-share shares per GPU): never a GPU held whole,
-    /// and never a share modelled where no GPU has room.
+    /// The per-GPU model is enforced (a node gpu-share shares per GPU): never a GPU held whole
+    /// or by the other sharing class, and never a share modelled where no GPU has room.
     per_gpu: bool,
+    /// An MPS share ([`Usage::class_ok`]).
+    mps: bool,
 }
 
 impl ShareRule {
@@ -79,16 +83,25 @@ impl ShareRule {
     const REPLICA: ShareRule = ShareRule {
         memory: false,
         per_gpu: false,
+        mps: true,
     };
     /// A time-slicing replica of the device plugin with a declared budget and memory.
     const BUDGET: ShareRule = ShareRule {
         memory: true,
         per_gpu: false,
+        mps: false,
     };
-    /// A share on a node gpu-share shares per GPU.
+    /// A time-sliced share on a node gpu-share shares per GPU.
     const PER_GPU: ShareRule = ShareRule {
         memory: true,
         per_gpu: true,
+        mps: false,
+    };
+    /// An MPS share on a node gpu-share shares per GPU, served by its GPU's own MPS daemon.
+    const PER_GPU_MPS: ShareRule = ShareRule {
+        memory: true,
+        per_gpu: true,
+        mps: true,
     };
 }
 
@@ -158,7 +171,7 @@ pub fn for_each_candidate(
                 usage.gpu_milli[i],
                 usage.gpu_memory.get(i).copied().unwrap_or(0),
                 usage.is_free(i),
-                usage.is_shareable(i),
+                usage.is_shareable(i) && usage.class_ok(i, rule.mps),
             )
         };
         for (i, m) in usage.gpu_milli.iter().enumerate() {
@@ -196,6 +209,9 @@ pub fn for_each_candidate(
             whole: true,
             ..base
         }),
+        GpuDemand::Mps { milli, .. } if node.sharing == Sharing::PerGpu => {
+            one_gpu_each(*milli, ShareRule::PER_GPU_MPS, base)
+        }
         GpuDemand::Mps { .. } => one_gpu_each(replica_milli(node), ShareRule::REPLICA, base),
         GpuDemand::Timeslice { milli, .. } => {
             let rule = if node.sharing == Sharing::PerGpu {

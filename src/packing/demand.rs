@@ -23,8 +23,9 @@ pub enum GpuDemand {
     /// gpu-share annotation): whole GPUs, replicas or single-strategy MIG devices, by node.
     Units { resource: String, count: u32 },
     /// gpu-share's reservation of GPU `gpu` of a node it shares per GPU: the pod that holds the
-    /// GPU through the device plugin (one `nvidia.com/gpu`) so that shares can use it.
-    Reserve { gpu: u32 },
+    /// GPU through the device plugin (one `nvidia.com/gpu`) so that shares can use it; `mps`:
+    /// it runs the GPU's MPS daemon, for MPS shares only.
+    Reserve { gpu: u32, mps: bool },
 }
 
 impl GpuDemand {
@@ -111,7 +112,10 @@ impl std::fmt::Display for GpuDemand {
             GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
             GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
             GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
-            GpuDemand::Reserve { gpu } => write!(f, "reservation of GPU {gpu}"),
+            GpuDemand::Reserve { gpu, mps: false } => write!(f, "reservation of GPU {gpu}"),
+            GpuDemand::Reserve { gpu, mps: true } => {
+                write!(f, "reservation of GPU {gpu} with its MPS daemon")
+            }
         }
     }
 }

@@ -37,6 +37,9 @@ pub enum Reason {
     /// A GPU has room for the share's thousandths, but none of those has room for its memory
     /// (the per-GPU model, enforced on nodes gpu-share shares per GPU).
     NoGpuWithMemory,
+    /// A GPU has room for the share, but every such GPU serves the other sharing class (MPS
+    /// shares and time-sliced shares never share a GPU; nodes gpu-share shares per GPU).
+    GpusOfOtherClass,
     ResourceAbsent,
     NotEnoughUnits,
     /// The node does not advertise a resource the pod's limits name (kube-scheduler's own
@@ -105,6 +108,9 @@ impl Reason {
             Reason::NoGpuWithMemory => {
                 "no GPU with a free enough share has enough free memory for the request".into()
             }
+            Reason::GpusOfOtherClass => {
+                "every GPU with room serves the other sharing class (MPS shares and time-sliced shares never share a GPU)".into()
+            }
             Reason::ResourceAbsent => "node does not advertise the requested GPU resource".into(),
             Reason::NotEnoughUnits => "not enough free units of the requested GPU resource".into(),
             Reason::ResourceNotAdvertised { resource } => {
@@ -144,6 +150,7 @@ impl Reason {
             Reason::NoFreeGpus,
             Reason::NoGpuWithRoom,
             Reason::NoGpuWithMemory,
+            Reason::GpusOfOtherClass,
             Reason::ResourceAbsent,
             Reason::NotEnoughUnits,
             Reason::MemoryNotHeld(crate::enforcement::Gap::NoBudget),
@@ -172,6 +179,7 @@ impl Reason {
                 | Reason::NoFreeGpus
                 | Reason::NoGpuWithRoom
                 | Reason::NoGpuWithMemory
+                | Reason::GpusOfOtherClass
                 | Reason::NotEnoughUnits
                 | Reason::Cpu
                 | Reason::Memory
@@ -201,6 +209,7 @@ impl Reason {
             Reason::NoFreeGpus => "no_free_gpus",
             Reason::NoGpuWithRoom => "no_gpu_with_room",
             Reason::NoGpuWithMemory => "no_gpu_with_memory",
+            Reason::GpusOfOtherClass => "gpus_of_other_class",
             Reason::ResourceAbsent => "resource_absent",
             Reason::NotEnoughUnits => "not_enough_units",
             Reason::ResourceNotAdvertised { .. } => "resource_not_advertised",
@@ -322,20 +331,44 @@ pub fn mig_blocked_by_old_layout(node: &GpuNode, usage: &Usage, profile: &str) -
 /// `gpu_memory_mib` each): not held whole, with room for both. Else why not, in words.
 fn gpu_with_room(
     usage: &Usage,
+    mps: bool,
     milli: u32,
     memory_mib: Option<u64>,
     gpu_memory_mib: Option<u64>,
 ) -> Result<(), Reason> {
-    let room = |i: usize| usage.takes_share(i, milli, None, None);
-    let memory_room = |i: usize| usage.takes_share(i, milli, memory_mib, gpu_memory_mib);
+    let room = |i: usize| usage.takes_share(i, mps, milli, None, None);
+    let memory_room = |i: usize| usage.takes_share(i, mps, milli, memory_mib, gpu_memory_mib);
     let n = usage.gpu_milli.len();
     if (0..n).any(|i| room(i) && memory_room(i)) {
         Ok(())
     } else if (0..n).any(room) {
         Err(Reason::NoGpuWithMemory)
+    } else if (0..n).any(|i| usage.takes_share(i, !mps, milli, memory_mib, gpu_memory_mib)) {
+        Err(Reason::GpusOfOtherClass)
     } else {
         Err(Reason::NoGpuWithRoom)
     }
+}
+
+/// A share on a node gpu-share shares per GPU (an MPS one when `mps`): a GPU not held whole nor
+/// by the other class, with room for the share's thousandths and for its memory. Per GPU, shares
+/// never pass 100% nor the GPU's memory.
+fn per_gpu_share(
+    node: &GpuNode,
+    usage: &Usage,
+    mps: bool,
+    milli: u32,
+    memory_mib: Option<u64>,
+) -> Result<(), Reason> {
+    if node.gpus == 0 {
+        return Err(Reason::TooFewGpus);
+    }
+    if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+        && want > gpu_mem
+    {
+        return Err(Reason::GpuMemoryTooSmall);
+    }
+    gpu_with_room(usage, mps, milli, memory_mib, node.gpu_memory_mib)
 }
 
 pub(super) fn replica_milli(node: &GpuNode) -> u32 {
@@ -422,8 +455,11 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                     return Err(Reason::NoFreeReplica);
                 }
                 // A replica is its GPU's 1/replicas; units asked for directly count the same.
-                gpu_with_room(usage, replica_milli(node), None, None)
+                gpu_with_room(usage, true, replica_milli(node), None, None)
             }
+            // gpu-share's own MPS daemon per GPU: shares of unequal sizes on one GPU, never
+            // beside time-sliced ones.
+            Sharing::PerGpu => per_gpu_share(node, usage, true, *milli, *memory_mib),
             _ => Err(mismatch(node, "MPS")),
         },
         GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {
@@ -450,21 +486,9 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 // The node's budget is its GPUs' together, but a share runs on one GPU: one
                 // must have room for its thousandths and its memory, or the model (and what
                 // `status` shows) would put a GPU past 100%.
-                gpu_with_room(usage, *milli, *memory_mib, node.gpu_memory_mib)
+                gpu_with_room(usage, false, *milli, *memory_mib, node.gpu_memory_mib)
             }
-            Sharing::PerGpu => {
-                if node.gpus == 0 {
-                    return Err(Reason::TooFewGpus);
-                }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && *want > gpu_mem
-                {
-                    return Err(Reason::GpuMemoryTooSmall);
-                }
-                // A GPU not held whole, with room for the share's thousandths, and with room
-                // for its memory: per GPU, shares never pass 100% nor the GPU's memory.
-                gpu_with_room(usage, *milli, *memory_mib, node.gpu_memory_mib)
-            }
+            Sharing::PerGpu => per_gpu_share(node, usage, false, *milli, *memory_mib),
             _ => Err(mismatch(node, "time-slicing")),
         },
         GpuDemand::Units { resource, count } => {
@@ -510,12 +534,12 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             }
             Ok(())
         }
-        GpuDemand::Reserve { gpu } => {
+        GpuDemand::Reserve { gpu, mps } => {
             if node.sharing != Sharing::PerGpu {
                 Err(mismatch(node, "per-GPU sharing"))
             } else if *gpu >= node.gpus {
                 Err(Reason::TooFewGpus)
-            } else if usage.is_shareable(*gpu as usize) {
+            } else if usage.is_shareable(*gpu as usize) && usage.class_ok(*gpu as usize, *mps) {
                 Ok(())
             } else {
                 Err(Reason::NoFreeGpus)

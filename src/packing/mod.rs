@@ -520,7 +520,7 @@ mod tests {
         let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
         n.sharing = Sharing::PerGpu;
         let mut u = Usage::empty(&n);
-        let reserve = |gpu| Demand::gpu(GpuDemand::Reserve { gpu });
+        let reserve = |gpu| Demand::gpu(GpuDemand::Reserve { gpu, mps: false });
         add(&n, &mut u, &reserve(0)).unwrap();
         assert_eq!(
             (u.reserved.clone(), u.gpu_milli.clone()),
@@ -560,6 +560,70 @@ mod tests {
                 .message(),
             "node does not share GPUs; pod asks per-GPU sharing"
         );
+    }
+
+    /// Per GPU, MPS shares of unequal sizes share a GPU (its own MPS daemon), within 100% and
+    /// its memory, and never a GPU with time-sliced shares or a reservation without a daemon:
+    /// a process that is no client of the GPU's MPS server cannot open a context there.
+    #[test]
+    fn per_gpu_mps_shares_take_unequal_sizes_and_never_a_time_sliced_gpu() {
+        let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = Sharing::PerGpu;
+        let mut u = Usage::empty(&n);
+        let mps = |p: u32, gib: u64| {
+            Demand::gpu(GpuDemand::Mps {
+                milli: p * 10,
+                memory_mib: Some(gib * 1024),
+            })
+        };
+        let ts_mem = |p: u32, gib: u64| {
+            Demand::gpu(GpuDemand::Timeslice {
+                milli: p * 10,
+                memory_mib: Some(gib * 1024),
+            })
+        };
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let placed = |u: &mut Usage, d: &Demand| {
+            let (p, _) = place(&scorer, &n, u, d, &mut FragMemo::default()).unwrap();
+            apply(u, &p);
+            p
+        };
+        let a = placed(&mut u, &mps(25, 20));
+        assert!(a.mps && a.shared && a.slots == 0, "{a:?}");
+        let b = placed(&mut u, &mps(50, 40));
+        assert_eq!(a.gpus[0].0, b.gpus[0].0, "packed on one GPU");
+        let g = a.gpus[0].0 as usize;
+        assert_eq!((u.gpu_milli[g], u.gpu_memory[g]), (750, 60 * 1024));
+        assert_eq!(u.mps_holds[g], 2);
+        // The time-sliced share goes to the other GPU, whatever room this one has.
+        let t = placed(&mut u, &ts_mem(20, 10));
+        assert_ne!(t.gpus[0].0 as usize, g);
+        // Both GPUs now hold one class each: another time-sliced share that only the MPS GPU
+        // has room for is refused for its class, in words.
+        assert_eq!(fit(&n, &u, &ts_mem(90, 10)), Err(Reason::NoGpuWithRoom));
+        assert_eq!(fit(&n, &u, &ts_mem(25, 10)), Ok(()));
+        add(&n, &mut u, &ts_mem(75, 10)).unwrap();
+        assert_eq!(fit(&n, &u, &ts_mem(25, 10)), Err(Reason::GpusOfOtherClass));
+        assert!(
+            Reason::GpusOfOtherClass
+                .message()
+                .contains("MPS shares and time-sliced shares never share a GPU")
+        );
+        // The MPS GPU still takes an MPS share within its room and memory.
+        assert_eq!(fit(&n, &u, &mps(25, 20)), Ok(()));
+        assert_eq!(fit(&n, &u, &mps(25, 21)), Err(Reason::NoGpuWithMemory));
+        // Reservations: one with a daemon fits only a GPU of MPS shares, and the other way.
+        let reserve = |gpu, mps| Demand::gpu(GpuDemand::Reserve { gpu, mps });
+        assert_eq!(fit(&n, &u, &reserve(g as u32, true)), Ok(()));
+        assert_eq!(
+            fit(&n, &u, &reserve(g as u32, false)),
+            Err(Reason::NoFreeGpus)
+        );
+        // Released, the GPU takes either class again.
+        unapply(&mut u, &a);
+        unapply(&mut u, &b);
+        assert_eq!(u.mps_holds[g], 0);
+        assert_eq!(fit(&n, &u, &reserve(g as u32, false)), Ok(()));
     }
 
     /// A share in per-GPU form (no device-plugin resource, pointed at its GPU by gpu-share)

@@ -38,6 +38,12 @@ pub struct Usage {
     pub reserved: Vec<u32>,
     /// Per full GPU, the declared memory of the shares on it, MiB.
     pub gpu_memory: Vec<u64>,
+    /// Per full GPU, the MPS shares and MPS reservations on it: a GPU whose MPS server serves
+    /// shares takes no time-sliced one (a process that is no client of the server cannot open a
+    /// context on a GPU in `EXCLUSIVE_PROCESS` mode), and the other way round.
+    pub mps_holds: Vec<u32>,
+    /// Per full GPU, the time-sliced shares and the reservations without MPS on it.
+    pub plain_holds: Vec<u32>,
 }
 
 impl Usage {
@@ -49,6 +55,8 @@ impl Usage {
             whole: vec![0; n],
             reserved: vec![0; n],
             gpu_memory: vec![0; n],
+            mps_holds: vec![0; n],
+            plain_holds: vec![0; n],
             ..Usage::default()
         }
     }
@@ -75,18 +83,31 @@ impl Usage {
         i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)
     }
 
-    /// Whether GPU `i` takes a share of `milli` thousandths and `memory_mib` of declared memory
-    /// on a node whose GPUs have `gpu_memory_mib` each (unknown: memory is not checked): it is
-    /// not held whole, and neither its thousandths nor its memory pass the GPU's (the per-GPU
-    /// model as enforced).
+    /// Whether GPU `i` holds nothing of the other sharing class than `mps` says (MPS shares and
+    /// time-sliced shares never share a GPU).
+    pub fn class_ok(&self, i: usize, mps: bool) -> bool {
+        let other = if mps {
+            &self.plain_holds
+        } else {
+            &self.mps_holds
+        };
+        other.get(i).is_none_or(|n| *n == 0)
+    }
+
+    /// Whether GPU `i` takes a share (an MPS one when `mps`) of `milli` thousandths and
+    /// `memory_mib` of declared memory on a node whose GPUs have `gpu_memory_mib` each (unknown:
+    /// memory is not checked): it is not held whole nor by the other class, and neither its
+    /// thousandths nor its memory pass the GPU's (the per-GPU model as enforced).
     pub fn takes_share(
         &self,
         i: usize,
+        mps: bool,
         milli: u32,
         memory_mib: Option<u64>,
         gpu_memory_mib: Option<u64>,
     ) -> bool {
         self.is_shareable(i)
+            && self.class_ok(i, mps)
             && self.gpu_milli[i].saturating_add(milli) <= GPU_MILLI
             && match (memory_mib, gpu_memory_mib) {
                 (Some(want), Some(cap)) => {
@@ -95,6 +116,14 @@ impl Usage {
                 }
                 _ => true,
             }
+    }
+
+    fn class_holds(&mut self, mps: bool) -> &mut Vec<u32> {
+        if mps {
+            &mut self.mps_holds
+        } else {
+            &mut self.plain_holds
+        }
     }
 
     /// Full GPUs with nothing on them (model).
@@ -133,6 +162,9 @@ pub struct Placement {
     pub whole: bool,
     /// A reservation holding this GPU for shares ([`GpuDemand::Reserve`]).
     pub reserve: Option<u32>,
+    /// The share, or the reservation, is an MPS one ([`Usage::mps_holds`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub mps: bool,
 }
 
 impl Placement {
@@ -208,9 +240,19 @@ fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
         {
             step(w, 1, ADD);
         }
+        if p.shared
+            && let Some(h) = usage.class_holds(p.mps).get_mut(i)
+        {
+            step(h, 1, ADD);
+        }
     }
-    if let Some(r) = p.reserve.and_then(|i| usage.reserved.get_mut(i as usize)) {
-        step(r, 1, ADD);
+    if let Some(i) = p.reserve {
+        if let Some(r) = usage.reserved.get_mut(i as usize) {
+            step(r, 1, ADD);
+        }
+        if let Some(h) = usage.class_holds(p.mps).get_mut(i as usize) {
+            step(h, 1, ADD);
+        }
     }
     step(&mut usage.slots, p.slots, ADD);
     step(&mut usage.budget_milli, p.budget_milli, ADD);

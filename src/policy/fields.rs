@@ -28,6 +28,7 @@ pub(super) const FIELDS: &[&str] = &[
     "packing.policy",
     "perGpu",
     "perGpu.timeslice",
+    "perGpu.mps",
     "perGpu.releaseAfterSeconds",
     "namespaces",
     "nodeModes",

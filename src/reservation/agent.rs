@@ -43,6 +43,18 @@ pub struct ReserveArgs {
     /// Where each GPU's MPS pipe and log directories go (`<root>/<uuid>/{pipe,log}`).
     #[arg(long, default_value = "/run/gpu-share/mps")]
     pub mps_root: std::path::PathBuf,
+    /// The GPU's own MPS directory instead (`pipe`, `log`, and `shm`, which must be the
+    /// container's `/dev/shm`), the same path on the node and in the container.
+    #[arg(long)]
+    pub mps_dir: Option<std::path::PathBuf>,
+    /// Where the GPU's CDI device (`gpu-share.io/mps=<UUID>`) is written, the node's CDI
+    /// directory, mounted at the same path; `none`: no device (the daemon serves only clients
+    /// that reach its pipe otherwise).
+    #[arg(long, default_value = model::CDI_DIR)]
+    pub cdi_dir: std::path::PathBuf,
+    /// Where NVIDIA's CDI specs are read from (their edits for the GPU are the device's own).
+    #[arg(long, value_delimiter = ',', default_values = [model::CDI_STATIC_MOUNT, model::CDI_DIR])]
+    pub cdi_specs: Vec<std::path::PathBuf>,
     /// `nvidia-cuda-mps-control` (default: found in PATH or NVIDIA's directories).
     #[arg(long)]
     pub mps_control: Option<std::path::PathBuf>,
@@ -74,6 +86,7 @@ impl ReserveArgs {
         Ok(Some(super::mps::Settings {
             control,
             root: self.mps_root.clone(),
+            dir: self.mps_dir.clone(),
             thread_percentage: self.mps_thread_percentage,
             pinned_mib: self.mps_pinned_memory_mib,
             health_every: Duration::from_secs(self.mps_health_seconds.max(1)),
@@ -99,6 +112,21 @@ pub enum ReserveError {
     NoGpu(#[from] model::NoGpu),
     #[error("the GPU's MPS daemon: {0}")]
     Mps(#[from] super::mps::MpsError),
+    #[error("the GPU's CDI device: {0}")]
+    Cdi(#[from] DeviceError),
+}
+
+/// Why the GPU's CDI device could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    NoSpec(#[from] super::cdi::CdiError),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Why NVML could not list the GPUs.
@@ -122,6 +150,97 @@ pub enum ProbeError {
     Seam(String),
     #[error("the NVML probe stopped: {0}")]
     Stopped(String),
+}
+
+/// Test seam: the GPU's device-node minor number NVML would give (`/dev/nvidia<minor>`), when
+/// [`SEAM_ENV`] replaces NVML. Never set in a real reservation.
+pub const MINOR_SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_MINOR";
+
+/// Writes the GPU's CDI device `gpu-share.io/mps=<UUID>` ([`super::cdi`]) into `--cdi-dir`,
+/// under a temporary name then renamed (the runtime reads only `*.json`, so never half a
+/// file). `None`: `--cdi-dir none`.
+fn write_device(
+    args: &ReserveArgs,
+    uuid: &str,
+    daemon: &super::mps::Daemon,
+) -> Result<Option<std::path::PathBuf>, DeviceError> {
+    if args.cdi_dir.as_os_str() == "none" {
+        return Ok(None);
+    }
+    let specs = read_specs(&args.cdi_specs);
+    let minor = minor_of(&args.nvml_library, uuid);
+    let (version, edits) = super::cdi::gpu_edits(&specs, uuid, minor)?;
+    let shm = daemon
+        .pipe
+        .parent()
+        .map(|d| d.join("shm"))
+        .unwrap_or_else(|| "/dev/shm".into());
+    let spec = super::cdi::mps_spec(
+        &version,
+        &edits,
+        uuid,
+        &daemon.pipe.display().to_string(),
+        &shm.display().to_string(),
+    );
+    let path = args.cdi_dir.join(super::cdi::file_name(uuid));
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec_pretty(&spec).unwrap_or_default();
+    std::fs::create_dir_all(&args.cdi_dir)
+        .and_then(|()| std::fs::write(&tmp, &text))
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|source| DeviceError::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+    tracing::info!(path = %path.display(), device = %format!("{}={uuid}", model::MPS_CDI_KIND), "the GPU's CDI device written");
+    Ok(Some(path))
+}
+
+/// NVIDIA's CDI specs in `dirs` (`*.json`, `*.yaml`, `*.yml`), with their paths; a file that
+/// does not read is skipped, with a warning.
+fn read_specs(dirs: &[std::path::PathBuf]) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            let ext = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .unwrap_or_default();
+            let parsed = match ext {
+                "json" => std::fs::read(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())),
+                "yaml" | "yml" => std::fs::read_to_string(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| serde_saphyr::from_str(&t).map_err(|e| e.to_string())),
+                _ => continue,
+            };
+            match parsed {
+                Ok(v) => out.push((path.display().to_string(), v)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "a CDI spec that does not read: skipped")
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The GPU's device-node minor number, from NVML (or [`MINOR_SEAM_ENV`] under the seam).
+fn minor_of(library: &str, uuid: &str) -> Option<u32> {
+    if std::env::var_os(SEAM_ENV).is_some() {
+        return std::env::var(MINOR_SEAM_ENV).ok()?.trim().parse().ok();
+    }
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(library))
+        .init()
+        .ok()?;
+    nvml.device_by_uuid(uuid).ok()?.minor_number().ok()
 }
 
 /// The GPU UUIDs NVML sees, or why it cannot tell.
@@ -188,6 +307,33 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                 Ok(None) => None,
                 Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
             };
+            // The device the shares name, once the daemon answers: written before the pipe is
+            // published, removed before the daemon quits.
+            let device = match &mps {
+                Some(d) => match write_device(args, &uuid, d) {
+                    Ok(path) => path,
+                    Err(e) => {
+                        d.release().await;
+                        return fail(&client, args, ReserveError::Cdi(e)).await;
+                    }
+                },
+                None => None,
+            };
+            let remove_device = {
+                let device = device.clone();
+                move || {
+                    if let Some(p) = &device {
+                        match std::fs::remove_file(p) {
+                            Ok(()) => {
+                                tracing::info!(path = %p.display(), "the GPU's CDI device removed")
+                            }
+                            Err(e) => {
+                                tracing::warn!(path = %p.display(), error = %e, "cannot remove the GPU's CDI device")
+                            }
+                        }
+                    }
+                }
+            };
             let pipe = mps.as_ref().map(|d| d.pipe.display().to_string());
             let state = Published {
                 uuid: Some(&uuid),
@@ -227,8 +373,15 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     }
                 })
             };
+            let stop = {
+                let remove_device = remove_device.clone();
+                async move {
+                    crate::signal::terminated().await;
+                    remove_device();
+                }
+            };
             let outcome = daemon
-                .supervise(crate::signal::terminated(), |why| {
+                .supervise(stop, |why| {
                     let _ = tx.send(why.map(str::to_string));
                 })
                 .await;
@@ -244,6 +397,7 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                 Err(e) => {
                     // Failed for good: said on the pod (gpu-share moves the shares and removes
                     // the reservation), the GPU closed to new contexts until then.
+                    remove_device();
                     let failed = fail(&client, args, ReserveError::Mps(e)).await;
                     crate::signal::terminated().await;
                     daemon.release().await;

@@ -2,6 +2,7 @@
 //! NVIDIA's device plugin and tells gpu-share which GPU it is. The model is pure
 //! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
 pub mod agent;
+pub mod cdi;
 pub mod model;
 pub mod mps;
 pub mod plan;

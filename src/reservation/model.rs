@@ -23,6 +23,27 @@ pub const PRIORITY_CLASS: &str = "gpu-share-reservation";
 pub const ANNOTATION_GPU: &str = "gpu-share.io/reserve-gpu";
 /// On a reservation: the UUID of the GPU the device plugin gave it, written by the reservation.
 pub const ANNOTATION_UUID: &str = "gpu-share.io/gpu-uuid";
+/// On a reservation that runs its GPU's MPS daemon (`"true"`): its GPU takes MPS shares only.
+pub const ANNOTATION_MPS: &str = "gpu-share.io/reserve-mps";
+/// The CDI kind of the device an MPS reservation writes for its GPU: `gpu-share.io/mps=<UUID>`
+/// names the GPU with its MPS daemon's pipe and shared memory (a share's devices ConfigMap
+/// holds this name where it would hold the UUID).
+pub const MPS_CDI_KIND: &str = "gpu-share.io/mps";
+/// The key of an MPS share's devices ConfigMap that holds its pinned device-memory limit, read
+/// by its container as the variable of the same name (`0=<MiB>M`).
+pub const MPS_PINNED_KEY: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+/// Where the MPS reservations keep each GPU's pipe, log and shared-memory directories, on the
+/// node: `<MPS_ROOT>/gpu-<index>` ([`mps_dir`]). `/run` is a tmpfs on the distributions GPU
+/// nodes run, so nothing of it outlives a reboot.
+pub const MPS_ROOT: &str = "/run/gpu-share/mps";
+/// Where the nodes' CDI specs are; the MPS reservation writes its GPU's device there.
+pub const CDI_DIR: &str = "/var/run/cdi";
+/// Where NVIDIA's static CDI specs are, besides [`CDI_DIR`] (read only, in the pod at
+/// `/host/etc/cdi`).
+pub const CDI_STATIC_DIR: &str = "/etc/cdi";
+/// [`CDI_STATIC_DIR`] inside the MPS reservation's container.
+pub const CDI_STATIC_MOUNT: &str = "/host/etc/cdi";
+
 /// On a reservation that failed: why, in words, written by the reservation.
 pub const ANNOTATION_ERROR: &str = "gpu-share.io/reserve-error";
 /// Written by the reservation (`--mps`) once its GPU's MPS daemon answers with its defaults set:
@@ -85,12 +106,69 @@ impl Default for Template {
     }
 }
 
+/// The node directory of the MPS daemon of GPU `gpu` (gpu-share's index): its `pipe`, `log` and
+/// `shm` (the daemon's and its clients' `/dev/shm`).
+pub fn mps_dir(gpu: u32) -> String {
+    format!("{MPS_ROOT}/gpu-{gpu}")
+}
+
 /// The reservation pod of GPU `gpu` on `node`. Bound at creation (`nodeName`): gpu-share chose
 /// the node, and the GPU on it; kubelet then admits it only if the device plugin has a GPU left.
 /// It tolerates every taint (a GPU node's taints are for workloads), restarts never (a failure
 /// is handled by gpu-share, which re-points or evicts the shares), and runs as Pod Security's
-/// `restricted` level allows.
-pub fn pod(node: &str, gpu: u32, t: &Template) -> Value {
+/// `restricted` level allows. With `mps`, it also runs the GPU's MPS daemon ([`mps_pod`]).
+pub fn pod(node: &str, gpu: u32, mps: bool, t: &Template) -> Value {
+    let mut p = plain_pod(node, gpu, t);
+    if mps {
+        mps_pod(&mut p, gpu);
+    }
+    p
+}
+
+/// What an MPS reservation adds, as NVIDIA's device plugin runs its MPS control daemon: root and
+/// privileged (the GPU's compute mode is set through NVML; the daemon's pipe and the CDI spec
+/// are the node's), the GPU's compute libraries (the daemon is a driver binary the runtime
+/// mounts with them), and four host directories: the GPU's MPS directory, its `shm` as the
+/// container's `/dev/shm` (the MPS server, which the daemon spawns here, and its clients share
+/// it), the CDI spec directory it writes to, and NVIDIA's static one it reads. So the
+/// reservations' namespace must allow `privileged` pods (the `per-gpu-mps` component, or the
+/// chart's `perGpu.mps`); the shares themselves need no privilege (the runtime injects their
+/// MPS mounts from the CDI spec).
+fn mps_pod(p: &mut Value, gpu: u32) {
+    let dir = mps_dir(gpu);
+    p["metadata"]["annotations"][ANNOTATION_MPS] = json!("true");
+    let spec = &mut p["spec"];
+    spec["securityContext"] = json!({"runAsUser": 0, "runAsNonRoot": false, "seccompProfile": {"type": "RuntimeDefault"}});
+    let host = |path: &str| json!({"path": path, "type": "DirectoryOrCreate"});
+    spec["volumes"] = json!([
+        {"name": "mps", "hostPath": host(&dir)},
+        {"name": "shm", "hostPath": host(&format!("{dir}/shm"))},
+        {"name": "cdi", "hostPath": host(CDI_DIR)},
+        {"name": "static-cdi", "hostPath": host(CDI_STATIC_DIR)},
+    ]);
+    let c = &mut spec["containers"][0];
+    c["args"] = json!(["reserve", "--mps", "--mps-dir", dir]);
+    c["securityContext"] = json!({"privileged": true, "readOnlyRootFilesystem": true});
+    c["volumeMounts"] = json!([
+        {"name": "mps", "mountPath": dir},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "cdi", "mountPath": CDI_DIR},
+        {"name": "static-cdi", "mountPath": CDI_STATIC_MOUNT, "readOnly": true},
+    ]);
+    if let Some(env) = c["env"].as_array_mut() {
+        for e in env.iter_mut() {
+            if e["name"] == "NVIDIA_DRIVER_CAPABILITIES" {
+                e["value"] = json!("compute,utility");
+            }
+        }
+    }
+    c["resources"]["limits"]["cpu"] = json!("500m");
+    c["resources"]["limits"]["memory"] = json!("256Mi");
+    c["resources"]["requests"]["cpu"] = json!("20m");
+    c["resources"]["requests"]["memory"] = json!("64Mi");
+}
+
+fn plain_pod(node: &str, gpu: u32, t: &Template) -> Value {
     let mut spec = json!({
         "nodeName": node,
         "restartPolicy": "Never",
@@ -147,15 +225,19 @@ pub fn pod(node: &str, gpu: u32, t: &Template) -> Value {
     })
 }
 
-/// The GPU a pod reserves, when it is a reservation: in [`NAMESPACE`], with [`ANNOTATION_GPU`].
+/// The GPU a pod reserves, when it is a reservation: in [`NAMESPACE`], with [`ANNOTATION_GPU`];
+/// and whether it runs the GPU's MPS daemon ([`ANNOTATION_MPS`]).
 pub fn reserved_gpu(
     namespace: &str,
     annotations: Option<&BTreeMap<String, String>>,
-) -> Option<u32> {
+) -> Option<(u32, bool)> {
     if namespace != NAMESPACE {
         return None;
     }
-    annotations?.get(ANNOTATION_GPU)?.trim().parse().ok()
+    let annotations = annotations?;
+    let gpu = annotations.get(ANNOTATION_GPU)?.trim().parse().ok()?;
+    let mps = annotations.get(ANNOTATION_MPS).map(|v| v.trim()) == Some("true");
+    Some((gpu, mps))
 }
 
 const HINT: &str = "the device plugin gives a reservation one nvidia.com/gpu, and the nvidia runtime \
@@ -224,7 +306,7 @@ mod tests {
             image: "ghcr.io/x/gpu-share:1".into(),
             ..Template::default()
         };
-        let p = pod("n1", 3, &t);
+        let p = pod("n1", 3, false, &t);
         assert_eq!(p["spec"]["nodeName"], "n1");
         assert_eq!(p["metadata"]["namespace"], NAMESPACE);
         assert_eq!(p["metadata"]["annotations"][ANNOTATION_GPU], "3");
@@ -238,7 +320,7 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some(3)
+            Some((3, false))
         );
         assert_eq!(
             reserved_gpu("default", typed.metadata.annotations.as_ref()),
@@ -249,9 +331,76 @@ mod tests {
             ..t
         };
         assert!(
-            pod("n1", 0, &none)["spec"]
+            pod("n1", 0, false, &none)["spec"]
                 .get("runtimeClassName")
                 .is_none()
+        );
+    }
+
+    /// An MPS reservation runs the daemon as NVIDIA's device plugin runs its own (root,
+    /// privileged, the compute libraries), with the GPU's MPS directory, its shared memory as
+    /// the container's /dev/shm, and the node's CDI directories; the ledger reads its class.
+    #[test]
+    fn an_mps_reservation_mounts_its_gpus_directories_and_says_its_class() {
+        let t = Template {
+            image: "ghcr.io/x/gpu-share:1".into(),
+            ..Template::default()
+        };
+        let p = pod("n1", 2, true, &t);
+        assert_eq!(p["metadata"]["annotations"][ANNOTATION_MPS], "true");
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(
+            c["args"],
+            json!(["reserve", "--mps", "--mps-dir", "/run/gpu-share/mps/gpu-2"])
+        );
+        assert_eq!(c["securityContext"]["privileged"], true);
+        assert_eq!(p["spec"]["securityContext"]["runAsUser"], 0);
+        let mounts: Vec<(String, String)> = c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap().into(),
+                    m["mountPath"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let host = |name: &str| {
+            p["spec"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .unwrap()["hostPath"]["path"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        for (name, path) in &mounts {
+            match name.as_str() {
+                "mps" => assert_eq!(
+                    (host(name).as_str(), path.as_str()),
+                    ("/run/gpu-share/mps/gpu-2", "/run/gpu-share/mps/gpu-2")
+                ),
+                "shm" => assert_eq!(
+                    (host(name).as_str(), path.as_str()),
+                    ("/run/gpu-share/mps/gpu-2/shm", "/dev/shm")
+                ),
+                "cdi" => assert_eq!((host(name).as_str(), path.as_str()), (CDI_DIR, CDI_DIR)),
+                "static-cdi" => assert_eq!(
+                    (host(name).as_str(), path.as_str()),
+                    (CDI_STATIC_DIR, CDI_STATIC_MOUNT)
+                ),
+                other => panic!("{other}"),
+            }
+        }
+        assert_eq!(mounts.len(), 4);
+        assert!(c["env"].to_string().contains("compute,utility"));
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
+        assert_eq!(
+            reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
+            Some((2, true))
         );
     }
 

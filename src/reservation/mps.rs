@@ -44,6 +44,9 @@ pub struct Settings {
     pub control: PathBuf,
     /// Where each GPU's pipe and log directories go (`<root>/<uuid>/{pipe,log}`).
     pub root: PathBuf,
+    /// The GPU's own directory, in place of `<root>/<uuid>` (a reservation pod mounts the one
+    /// of its GPU index: [`super::model::mps_dir`]).
+    pub dir: Option<PathBuf>,
     /// The server's default active-thread percentage (100: clients narrow it themselves).
     pub thread_percentage: u32,
     /// The server's default pinned device-memory limit per client, MiB (`None`: the GPU's).
@@ -174,7 +177,10 @@ impl Daemon {
         uuid: &str,
         nvml_library: &str,
     ) -> Result<Daemon, MpsError> {
-        let (pipe, log) = Self::dirs(&settings.root, uuid);
+        let (pipe, log) = match &settings.dir {
+            Some(dir) => (dir.join("pipe"), dir.join("log")),
+            None => Self::dirs(&settings.root, uuid),
+        };
         let d = Daemon {
             settings: settings.clone(),
             uuid: uuid.to_string(),
@@ -470,6 +476,7 @@ mod tests {
         Settings {
             control: PathBuf::from(CONTROL),
             root: PathBuf::from("/run/gpu-share/mps"),
+            dir: None,
             thread_percentage: 100,
             pinned_mib: Some(40960),
             health_every: Duration::from_secs(2),

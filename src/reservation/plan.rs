@@ -26,6 +26,8 @@ pub struct Reservation {
     pub name: String,
     /// Its pod's UID: a reservation deleted is this pod, not a later one of the same name.
     pub uid: String,
+    /// It runs its GPU's MPS daemon.
+    pub mps: bool,
     pub state: ReservationState,
     /// Since it was created.
     pub age: Duration,
@@ -82,8 +84,40 @@ pub struct Share {
     pub uid: String,
     /// The ConfigMap its container reads the GPU from ([`crate::packing::Demand::devices`]).
     pub configmap: String,
+    /// Time-sliced, or an MPS client of the GPU's daemon.
+    pub kind: ShareKind,
     /// The UUID its ConfigMap holds, when it exists (its container may have started on it).
     pub filled: Option<String>,
+}
+
+/// What a share is to its GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareKind {
+    Timeslice,
+    /// An MPS client, with its pinned device-memory limit: its budget, else its fraction of the
+    /// GPU's memory (`None`: it has no budget and the node's GPU memory is unknown).
+    Mps {
+        pinned_mib: Option<u64>,
+    },
+}
+
+impl ShareKind {
+    pub fn is_mps(self) -> bool {
+        matches!(self, ShareKind::Mps { .. })
+    }
+
+    /// The kind of a share in per-GPU form that asks `gpu`, on GPUs of `gpu_memory_mib` each: an
+    /// MPS share's pinned limit is its budget, else its thousandths of the GPU's memory (the
+    /// same fraction as its threads), rounded down.
+    pub fn of(gpu: &crate::packing::GpuDemand, gpu_memory_mib: Option<u64>) -> ShareKind {
+        match gpu {
+            crate::packing::GpuDemand::Mps { milli, memory_mib } => ShareKind::Mps {
+                pinned_mib: memory_mib
+                    .or_else(|| gpu_memory_mib.map(|m| m * u64::from(*milli) / 1000)),
+            },
+            _ => ShareKind::Timeslice,
+        }
+    }
 }
 
 /// One shared GPU of a node.
@@ -91,6 +125,8 @@ pub struct Share {
 pub struct Gpu {
     pub node: String,
     pub index: u32,
+    /// Its shares are MPS clients, or its reservation runs an MPS daemon.
+    pub mps: bool,
     pub reservation: Option<Reservation>,
     pub shares: Vec<Share>,
     /// How long the GPU has had no share (`None`: shares are on it, or it is not known when
@@ -98,11 +134,32 @@ pub struct Gpu {
     pub idle_for: Option<Duration>,
 }
 
+/// What a share's devices ConfigMap points it at: its GPU, and for an MPS share its pinned
+/// device-memory limit (its budget, or its fraction of the GPU's memory), which makes its
+/// GPU the CDI device of the GPU's MPS daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointing {
+    pub uuid: String,
+    pub mps_pinned_mib: Option<u64>,
+}
+
+impl Pointing {
+    /// What [`DEVICES_KEY`] holds: the GPU's UUID (read by the toolkit's legacy runtime), or the
+    /// fully qualified name of the CDI device the GPU's MPS reservation wrote
+    /// (`gpu-share.io/mps=<UUID>`: the GPU, the daemon's pipe and its `/dev/shm`).
+    pub fn devices(&self) -> String {
+        match self.mps_pinned_mib {
+            Some(_) => format!("{}={}", super::model::MPS_CDI_KIND, self.uuid),
+            None => self.uuid.clone(),
+        }
+    }
+}
+
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Create the share's ConfigMap with the GPU's UUID (owned by the pod; immutable).
-    Fill { share: Share, uuid: String },
+    /// Create the share's ConfigMap pointing it at the GPU (owned by the pod; immutable).
+    Fill { share: Share, to: Pointing },
     /// Delete the reservation: released, or `failed`.
     Delete {
         reservation: String,
@@ -110,8 +167,8 @@ pub enum Action {
         why: String,
         failed: bool,
     },
-    /// Create the GPU's reservation again.
-    Recreate { node: String, gpu: u32 },
+    /// Create the GPU's reservation again (with its MPS daemon when `mps`).
+    Recreate { node: String, gpu: u32, mps: bool },
     /// Move a share that has not started to another GPU of its node (or evict it if none has
     /// room).
     Move { share: Share, why: String },
@@ -127,6 +184,7 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
         None if !gpu.shares.is_empty() => out.push(Action::Recreate {
             node: gpu.node.clone(),
             gpu: gpu.index,
+            mps: gpu.mps,
         }),
         None => {}
         Some(r) => {
@@ -165,19 +223,46 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                 });
             } else if let ReservationState::Ready { uuid } = &r.state {
                 for s in &gpu.shares {
-                    match &s.filled {
-                        None => out.push(Action::Fill {
+                    match (&s.filled, s.kind) {
+                        (None, ShareKind::Mps { .. }) if !r.mps => out.push(Action::Evict {
                             share: s.clone(),
-                            uuid: uuid.clone(),
+                            why: format!(
+                                "{at} is held by reservation {}, which runs no MPS daemon, and the pod is an MPS share",
+                                r.name
+                            ),
                         }),
-                        Some(u) if u != uuid => out.push(Action::Evict {
+                        (None, ShareKind::Timeslice) if r.mps => out.push(Action::Evict {
+                            share: s.clone(),
+                            why: format!(
+                                "{at} is held by reservation {} for MPS shares (its GPU takes no other process), and the pod is time-sliced",
+                                r.name
+                            ),
+                        }),
+                        (None, ShareKind::Mps { pinned_mib: None }) => out.push(Action::Evict {
+                            share: s.clone(),
+                            why: format!(
+                                "the pod is an MPS share without gpu-share/memory and the GPU memory of node {} is unknown (no nvidia.com/gpu.memory label), so it has no pinned-memory limit to be given: set gpu-share/memory",
+                                gpu.node
+                            ),
+                        }),
+                        (None, kind) => out.push(Action::Fill {
+                            share: s.clone(),
+                            to: Pointing {
+                                uuid: uuid.clone(),
+                                mps_pinned_mib: match kind {
+                                    ShareKind::Mps { pinned_mib } => pinned_mib,
+                                    ShareKind::Timeslice => None,
+                                },
+                            },
+                        }),
+                        (Some(u), _) if u != uuid => out.push(Action::Evict {
                             share: s.clone(),
                             why: format!(
                                 "{at} is now {uuid}, held by reservation {}; the pod was pointed at {u}, which gpu-share no longer holds",
                                 r.name
                             ),
                         }),
-                        Some(_) => {}
+                        (Some(_), _) => {}
                     }
                 }
                 if gpu.shares.is_empty() && gpu.idle_for.is_some_and(|d| d >= grace) {
@@ -204,7 +289,15 @@ mod tests {
             name: name.into(),
             uid: format!("uid-{name}"),
             configmap: format!("gpu-share-devices-{name}"),
+            kind: ShareKind::Timeslice,
             filled: filled.map(str::to_string),
+        }
+    }
+
+    fn to(uuid: &str, mps_pinned_mib: Option<u64>) -> Pointing {
+        Pointing {
+            uuid: uuid.into(),
+            mps_pinned_mib,
         }
     }
 
@@ -212,9 +305,11 @@ mod tests {
         Gpu {
             node: "n1".into(),
             index: 2,
+            mps: false,
             reservation: state.map(|state| Reservation {
                 name: "gpu-share-n1-gpu-2".into(),
                 uid: "r-uid".into(),
+                mps: false,
                 state,
                 age: Duration::from_secs(5),
             }),
@@ -237,7 +332,7 @@ mod tests {
             plan(&g, GRACE),
             vec![Action::Fill {
                 share: share("a", None),
-                uuid: U.into()
+                to: to(U, None)
             }]
         );
         // Starting: the shares wait (their containers do not start without the key).
@@ -251,6 +346,83 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn an_mps_shares_pinned_limit_is_its_budget_else_its_fraction_of_the_gpu() {
+        use crate::packing::GpuDemand;
+        let mps = |memory_mib| GpuDemand::Mps {
+            milli: 250,
+            memory_mib,
+        };
+        assert_eq!(
+            ShareKind::of(&mps(Some(20480)), Some(81920)),
+            ShareKind::Mps {
+                pinned_mib: Some(20480)
+            }
+        );
+        assert_eq!(
+            ShareKind::of(&mps(None), Some(81920)),
+            ShareKind::Mps {
+                pinned_mib: Some(20480)
+            }
+        );
+        assert_eq!(
+            ShareKind::of(&mps(None), None),
+            ShareKind::Mps { pinned_mib: None }
+        );
+        let ts = GpuDemand::Timeslice {
+            milli: 250,
+            memory_mib: None,
+        };
+        assert_eq!(ShareKind::of(&ts, Some(81920)), ShareKind::Timeslice);
+    }
+
+    /// An MPS reservation points its MPS shares at its daemon's CDI device, with their pinned
+    /// limits; a share of the other class, or one with no limit to give, is evicted in words;
+    /// a vanished MPS reservation comes back with its daemon.
+    #[test]
+    fn mps_shares_get_their_daemon_and_limit_and_never_a_gpu_of_the_other_class() {
+        let mps = |name: &str, pinned_mib| Share {
+            kind: ShareKind::Mps { pinned_mib },
+            ..share(name, None)
+        };
+        let mut g = gpu(
+            ready(),
+            vec![mps("a", Some(20480)), mps("b", None), share("ts", None)],
+        );
+        g.mps = true;
+        g.reservation.as_mut().unwrap().mps = true;
+        let actions = plan(&g, GRACE);
+        assert_eq!(
+            actions[0],
+            Action::Fill {
+                share: mps("a", Some(20480)),
+                to: to(U, Some(20480))
+            }
+        );
+        let [
+            _,
+            Action::Evict { why: no_limit, .. },
+            Action::Evict { why: plain, .. },
+        ] = actions.as_slice()
+        else {
+            panic!("{actions:?}")
+        };
+        assert!(no_limit.contains("set gpu-share/memory"), "{no_limit}");
+        assert!(plain.contains("for MPS shares"), "{plain}");
+        // A reservation without a daemon takes no MPS share.
+        g.reservation.as_mut().unwrap().mps = false;
+        let actions = plan(&g, GRACE);
+        assert!(
+            matches!(&actions[0], Action::Evict { why, .. } if why.contains("runs no MPS daemon")),
+            "{actions:?}"
+        );
+        g.reservation = None;
+        assert!(matches!(
+            plan(&g, GRACE).as_slice(),
+            [Action::Recreate { mps: true, .. }]
+        ));
     }
 
     #[test]
@@ -315,7 +487,8 @@ mod tests {
             plan(&g, GRACE),
             vec![Action::Recreate {
                 node: "n1".into(),
-                gpu: 2
+                gpu: 2,
+                mps: false
             }]
         );
         assert!(plan(&gpu(None, vec![]), GRACE).is_empty());

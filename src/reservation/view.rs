@@ -14,7 +14,11 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use serde_json::{Value, json};
 
-use super::model::{ANNOTATION_ERROR, ANNOTATION_GPU, ANNOTATION_UUID, NAMESPACE, is_gpu_uuid};
+use super::model::{
+    ANNOTATION_ERROR, ANNOTATION_GPU, ANNOTATION_MPS, ANNOTATION_MPS_DOWN, ANNOTATION_MPS_PIPE,
+    ANNOTATION_UUID, MPS_CDI_KIND, MPS_PINNED_KEY, NAMESPACE, is_gpu_uuid,
+};
+pub use super::plan::Pointing;
 use super::plan::{Reservation, ReservationState};
 use crate::request::DEVICES_KEY;
 
@@ -33,6 +37,8 @@ pub struct ReservationPod {
     pub uid: String,
     pub node: String,
     pub gpu: u32,
+    /// It runs the GPU's MPS daemon ([`ANNOTATION_MPS`]).
+    pub mps: bool,
     pub state: ReservationState,
     pub created: Option<SystemTime>,
 }
@@ -46,14 +52,16 @@ impl ReservationPod {
         }
         let annotations = m.annotations.as_ref();
         let gpu = annotations?.get(ANNOTATION_GPU)?.trim().parse().ok()?;
+        let mps = annotations?.get(ANNOTATION_MPS).map(|v| v.trim()) == Some("true");
         let node = pod.spec.as_ref()?.node_name.clone()?;
         let name = m.name.clone()?;
-        let state = state_of(pod, &name);
+        let state = state_of(pod, &name, mps);
         Some(ReservationPod {
             name,
             uid: m.uid.clone().unwrap_or_default(),
             node,
             gpu,
+            mps,
             state,
             created: m.creation_timestamp.as_ref().map(|t| SystemTime::from(t.0)),
         })
@@ -64,6 +72,7 @@ impl ReservationPod {
         Reservation {
             name: self.name.clone(),
             uid: self.uid.clone(),
+            mps: self.mps,
             state: self.state.clone(),
             age: self
                 .created
@@ -74,9 +83,13 @@ impl ReservationPod {
 }
 
 /// What a reservation pod says of itself, most telling first: being deleted, the error it wrote,
-/// a finished pod (kubelet refused it, or its process ended), the UUID it published, else
-/// starting (with why its container waits, if kubelet says).
-fn state_of(pod: &Pod, name: &str) -> ReservationState {
+/// a finished pod (kubelet refused it, or its process ended), the UUID it published (and, for
+/// an MPS reservation, the pipe of its daemon, which it publishes once the daemon answers with
+/// its defaults set and the GPU's CDI device is written), else starting (with why its container
+/// waits, if kubelet says). An MPS daemon down after it was up ([`ANNOTATION_MPS_DOWN`]) leaves
+/// the reservation ready: its GPU is closed to new contexts meanwhile, so a share pointed at it
+/// waits for the daemon, not on another GPU.
+fn state_of(pod: &Pod, name: &str, mps: bool) -> ReservationState {
     if pod.metadata.deletion_timestamp.is_some() {
         return ReservationState::Leaving;
     }
@@ -117,7 +130,10 @@ fn state_of(pod: &Pod, name: &str) -> ReservationState {
             why: format!("reservation {name} ended ({phase}): {why}"),
         };
     }
-    if let Some(uuid) = annotation(ANNOTATION_UUID) {
+    let daemon_up = !mps
+        || annotation(ANNOTATION_MPS_PIPE).is_some()
+        || annotation(ANNOTATION_MPS_DOWN).is_some();
+    if let Some(uuid) = annotation(ANNOTATION_UUID).filter(|_| daemon_up) {
         return if is_gpu_uuid(&uuid) {
             ReservationState::Ready { uuid }
         } else {
@@ -153,10 +169,20 @@ pub struct Owner {
     pub uid: String,
 }
 
-/// The devices ConfigMap `configmap` of pod `owner`: its GPU's UUID under [`DEVICES_KEY`],
-/// immutable (what a container started with cannot change under it), owned by the pod so the
-/// garbage collector deletes it with the pod.
-pub fn devices_configmap(configmap: &str, owner: &Owner, uuid: &str, reservation: &str) -> Value {
+/// The devices ConfigMap `configmap` of pod `owner`: what its container reads under
+/// [`DEVICES_KEY`] (and, for an MPS share, [`MPS_PINNED_KEY`]), immutable (what a container
+/// started with cannot change under it), owned by the pod so the garbage collector deletes it
+/// with the pod.
+pub fn devices_configmap(
+    configmap: &str,
+    owner: &Owner,
+    to: &Pointing,
+    reservation: &str,
+) -> Value {
+    let mut data = json!({DEVICES_KEY: to.devices()});
+    if let Some(mib) = to.mps_pinned_mib {
+        data[MPS_PINNED_KEY] = json!(format!("0={mib}M"));
+    }
     json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -176,7 +202,7 @@ pub fn devices_configmap(configmap: &str, owner: &Owner, uuid: &str, reservation
             }],
         },
         "immutable": true,
-        "data": {DEVICES_KEY: uuid},
+        "data": data,
     })
 }
 
@@ -187,8 +213,10 @@ pub struct Filled {
     pub name: String,
     /// The pod it belongs to (its owner reference).
     pub owner_uid: String,
-    /// What its key holds (the container that reads it sees this).
+    /// The GPU its key names (the container that reads it sees this GPU).
     pub uuid: String,
+    /// It names the GPU's MPS device, with this pinned limit (MiB; 0 where it does not read).
+    pub mps_pinned_mib: Option<u64>,
 }
 
 impl Filled {
@@ -202,13 +230,35 @@ impl Filled {
             .find(|o| o.kind == "Pod" && o.api_version == "v1")?
             .uid
             .clone();
-        let uuid = cm.data.as_ref()?.get(DEVICES_KEY)?.clone();
+        let data = cm.data.as_ref()?;
+        let devices = data.get(DEVICES_KEY)?;
+        let (uuid, mps_pinned_mib) = match devices
+            .strip_prefix(MPS_CDI_KIND)
+            .and_then(|r| r.strip_prefix('='))
+        {
+            Some(uuid) => {
+                let pinned = data
+                    .get(MPS_PINNED_KEY)
+                    .and_then(|v| v.strip_prefix("0="))
+                    .and_then(|v| v.strip_suffix('M'))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                (uuid.to_string(), Some(pinned))
+            }
+            None => (devices.clone(), None),
+        };
         Some(Filled {
             namespace: cm.metadata.namespace.clone()?,
             name: cm.metadata.name.clone()?,
             owner_uid,
             uuid,
+            mps_pinned_mib,
         })
+    }
+
+    /// Whether it says what `to` says.
+    pub fn says(&self, to: &Pointing) -> bool {
+        self.uuid == to.uuid && self.mps_pinned_mib == to.mps_pinned_mib
     }
 
     /// Whether it is the ConfigMap `configmap` of pod `uid`: the one its container reads.
@@ -320,11 +370,30 @@ mod tests {
             name: "infer-0".into(),
             uid: "u-1".into(),
         };
-        let v = devices_configmap("gpu-share-devices-abc", &owner, "GPU-0a1b", "r");
+        let to = Pointing {
+            uuid: "GPU-0a1b".into(),
+            mps_pinned_mib: None,
+        };
+        let v = devices_configmap("gpu-share-devices-abc", &owner, &to, "r");
         assert_eq!(v["immutable"], true);
+        assert_eq!(v["data"], json!({DEVICES_KEY: "GPU-0a1b"}));
         let cm: ConfigMap = serde_json::from_value(v.clone()).unwrap();
         let f = Filled::of(&cm).unwrap();
         assert_eq!(f.uuid, "GPU-0a1b");
+        assert!(f.says(&to));
+        // An MPS share: the GPU's CDI device of gpu-share's own, and its pinned limit.
+        let mps = Pointing {
+            uuid: "GPU-0a1b".into(),
+            mps_pinned_mib: Some(20480),
+        };
+        let m = devices_configmap("gpu-share-devices-abc", &owner, &mps, "r");
+        assert_eq!(
+            m["data"],
+            json!({DEVICES_KEY: "gpu-share.io/mps=GPU-0a1b", MPS_PINNED_KEY: "0=20480M"})
+        );
+        let f = Filled::of(&serde_json::from_value(m).unwrap()).unwrap();
+        assert_eq!(f.uuid, "GPU-0a1b");
+        assert!(f.says(&mps) && !f.says(&to));
         assert!(f.is_of("u-1", "gpu-share-devices-abc"));
         assert!(!f.is_of("u-1", "another"));
         // The selector names exactly the labels it carries.

@@ -322,7 +322,7 @@ fn reservation_demand() -> Demand {
         image: "gpu-share".into(),
         ..Default::default()
     };
-    let pod = serde_json::from_value(crate::reservation::pod("node", 0, &template))
+    let pod = serde_json::from_value(crate::reservation::pod("node", 0, false, &template))
         .expect("the reservation pod is a Pod (tested)");
     crate::ledger::observed_holding(&pod)
         .ok()
@@ -354,7 +354,7 @@ fn with_reservations(
     let mut held = Vec::with_capacity(opens.len());
     for gpu in opens {
         let d = Demand {
-            gpu: GpuDemand::Reserve { gpu },
+            gpu: GpuDemand::Reserve { gpu, mps: p.mps },
             ..reservation.clone()
         };
         let placed = packing::fit(node, usage, &d)

@@ -509,7 +509,7 @@ mod tests {
             ..Default::default()
         };
         let reservation = |gpu: u32, uid: &str, extra: serde_json::Value| -> Pod {
-            let mut p = crate::reservation::pod("a100-per-gpu", gpu, &template);
+            let mut p = crate::reservation::pod("a100-per-gpu", gpu, false, &template);
             p["metadata"]["uid"] = uid.into();
             json_patch::merge(&mut p, &extra);
             serde_json::from_value(p).unwrap()
