@@ -270,7 +270,7 @@ cp "$dir/gpu-share-certs"/{ca.crt,tls.crt,tls.key} "$dir/manifests/overlays/self
 # With per-GPU sharing's objects (the component), which the per-GPU points and the fault runner use.
 mkdir -p "$dir/manifests/test"
 printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
-  'resources: [../overlays/self-signed]' 'components: [../components/per-gpu]' \
+  'resources: [../overlays/self-signed]' 'components: [../components/per-gpu, ../components/per-gpu-mps]' \
   >"$dir/manifests/test/kustomization.yaml"
 "$kubectl" kustomize "$dir/manifests/test" >"$dir/rendered.yaml"
 # The changes: the webhooks call the local process by URL, trusting the test CA (the self-signed

@@ -1,7 +1,10 @@
 //! The one part of a node no process here plays: a kubelet that runs reservation pods (per-GPU
 //! sharing). Each reservation pod KWOK marks Running gets a real `gpu-share reserve` process,
 //! under the reserve ServiceAccount's own token, whose NVML is the test seam
-//! (`GPU_SHARE_RESERVE_FAKE_NVML`): a made-up UUID per pod, or an error.
+//! (`GPU_SHARE_RESERVE_FAKE_NVML`): a made-up UUID per pod, or an error. A reservation that
+//! runs its GPU's MPS daemon (`--mps`) gets the stand-in `nvidia-cuda-mps-control`
+//! (`tests/fixtures/mps`), NVML's compute mode through its seam, NVIDIA's CDI spec of the
+//! fixtures, and directories of the test's own for the daemon and the CDI device it writes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Child, Command, Stdio};
@@ -26,11 +29,32 @@ pub struct Kubelet {
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
-        for (_, mut a) in self.agents.drain() {
-            let _ = a.kill();
-            let _ = a.wait();
+        for (_, a) in self.agents.drain() {
+            stop(a);
         }
     }
+}
+
+/// Stops an agent as kubelet does: SIGTERM (an MPS reservation quits its daemon), then SIGKILL
+/// after a grace of 5 s.
+fn stop(mut a: Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status();
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        if let Ok(Some(_)) = a.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = a.kill();
+    let _ = a.wait();
+}
+
+/// Where the MPS reservations' CDI devices are written (under the cluster's directory).
+pub fn cdi_dir(c: &Cluster) -> std::path::PathBuf {
+    c.dir.join("cdi")
 }
 
 /// The UUID the seam gives reservation pod `uid`.
@@ -95,14 +119,17 @@ impl Kubelet {
             })
             .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
             .collect();
-        self.agents.retain(|uid, a| {
-            let keep = live.contains_key(uid);
-            if !keep {
-                let _ = a.kill();
-                let _ = a.wait();
+        let gone: Vec<String> = self
+            .agents
+            .keys()
+            .filter(|uid| !live.contains_key(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            if let Some(a) = self.agents.remove(&uid) {
+                stop(a);
             }
-            keep
-        });
+        }
         for (uid, p) in live {
             if self.agents.contains_key(&uid) {
                 continue;
@@ -116,8 +143,34 @@ impl Kubelet {
             } else {
                 uuid_of(&uid)
             };
-            let child = Command::new(super::BIN)
-                .args(["reserve"])
+            let mut cmd = Command::new(super::BIN);
+            cmd.args(["reserve"]);
+            let mps = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.args.as_ref())
+                .is_some_and(|a| a.iter().any(|a| a == "--mps"));
+            if mps {
+                let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mps");
+                let logs = c.dir.join("logs");
+                cmd.args(["--mps", "--mps-health-seconds", "1"])
+                    .arg("--mps-dir")
+                    .arg(c.dir.join("mps").join(&name))
+                    .arg("--mps-control")
+                    .arg(format!("{fixtures}/nvidia-cuda-mps-control"))
+                    .arg("--cdi-dir")
+                    .arg(cdi_dir(c))
+                    .arg("--cdi-specs")
+                    .arg(format!("{fixtures}/cdi"))
+                    .env("GPU_SHARE_RESERVE_FAKE_MINOR", "0")
+                    .env(
+                        "GPU_SHARE_RESERVE_FAKE_COMPUTE_MODE_LOG",
+                        logs.join(format!("reserve-{name}.modes")),
+                    )
+                    .env("MPS_STANDIN_LOG", logs.join(format!("reserve-{name}.mps")));
+            }
+            let child = cmd
                 .env("KUBECONFIG", &self.kubeconfig)
                 .env("POD_NAME", &name)
                 .env("POD_NAMESPACE", RESERVATIONS)
