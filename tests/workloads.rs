@@ -18,11 +18,16 @@
 //!    template's path, `--dry-run=server`, UPDATEs, CronJobs, and a workload without gpu-share
 //!    annotations never sent to gpu-share, admitted with the webhook down);
 //! per-GPU sharing: a plain node shared per GPU, its reservations run by real `gpu-share reserve`
-//!    processes (tests/workloads/per_gpu.rs).
+//!    processes (tests/workloads/per_gpu.rs);
+//! MPS per GPU: MPS shares of unequal sizes beside time-sliced and exclusive ones on that node,
+//!    in a `restricted` namespace, their reservations running MPS daemons and writing CDI devices
+//!    (tests/workloads/per_gpu_mps.rs).
 
 mod common;
 #[path = "workloads/per_gpu.rs"]
 mod per_gpu;
+#[path = "workloads/per_gpu_mps.rs"]
+mod per_gpu_mps;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -1158,6 +1163,7 @@ async fn workloads_on_a_cluster_whose_pods_run() {
         per_gpu::per_gpu_sharing(&c),
     )
     .await;
+    point(&mut failures, "MPS per GPU", per_gpu_mps::per_gpu_mps(&c)).await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

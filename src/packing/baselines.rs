@@ -53,9 +53,11 @@ pub(super) fn random_gpu(
         GpuDemand::Timeslice { milli, memory_mib } if node.sharing == Sharing::PerGpu => {
             (false, *milli, *memory_mib)
         }
-        GpuDemand::Mps { milli, memory_mib } if node.sharing == Sharing::PerGpu => {
-            (true, *milli, *memory_mib)
-        }
+        GpuDemand::Mps { milli, memory_mib } if node.sharing == Sharing::PerGpu => (
+            true,
+            *milli,
+            super::demand::per_gpu_mps_memory(*milli, *memory_mib, node.gpu_memory_mib),
+        ),
         _ => return first,
     };
     let eligible: Vec<u32> = (0..usage.gpu_milli.len())

@@ -36,9 +36,15 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
                 ..base
             },
         },
-        GpuDemand::Mps { memory_mib, .. } => Placement {
+        GpuDemand::Mps { milli, memory_mib } => Placement {
             slots: u32::from(!per_gpu_model),
-            gpu_memory_mib: memory_mib.unwrap_or(0),
+            // Per GPU, a share without a budget is pinned at its fraction of the GPU's memory.
+            gpu_memory_mib: if per_gpu_model {
+                super::demand::per_gpu_mps_memory(*milli, *memory_mib, node.gpu_memory_mib)
+                    .unwrap_or(0)
+            } else {
+                memory_mib.unwrap_or(0)
+            },
             shared: true,
             mps: true,
             ..base

@@ -120,6 +120,17 @@ impl std::fmt::Display for GpuDemand {
     }
 }
 
+/// The GPU memory an MPS share in per-GPU form holds on its GPU (and is pinned at by its MPS
+/// server): its budget, else its thousandths of the GPU's memory (rounded down; unknown when
+/// the GPU's memory is).
+pub fn per_gpu_mps_memory(
+    milli: u32,
+    memory_mib: Option<u64>,
+    gpu_memory_mib: Option<u64>,
+) -> Option<u64> {
+    memory_mib.or_else(|| gpu_memory_mib.map(|m| m * u64::from(milli) / u64::from(GPU_MILLI)))
+}
+
 /// A pod's full demand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]

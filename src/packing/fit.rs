@@ -459,7 +459,11 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             }
             // gpu-share's own MPS daemon per GPU: shares of unequal sizes on one GPU, never
             // beside time-sliced ones.
-            Sharing::PerGpu => per_gpu_share(node, usage, true, *milli, *memory_mib),
+            Sharing::PerGpu => {
+                let memory =
+                    super::demand::per_gpu_mps_memory(*milli, *memory_mib, node.gpu_memory_mib);
+                per_gpu_share(node, usage, true, *milli, memory)
+            }
             _ => Err(mismatch(node, "MPS")),
         },
         GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {

@@ -619,6 +619,15 @@ mod tests {
             fit(&n, &u, &reserve(g as u32, false)),
             Err(Reason::NoFreeGpus)
         );
+        // A share without a budget holds its fraction of the GPU's memory (its pinned limit).
+        let unbudgeted = Demand::gpu(GpuDemand::Mps {
+            milli: 250,
+            memory_mib: None,
+        });
+        let c = placed(&mut u, &unbudgeted);
+        assert_eq!(c.gpus[0].0 as usize, g);
+        assert_eq!(u.gpu_memory[g], 80 * 1024);
+        unapply(&mut u, &c);
         // Released, the GPU takes either class again.
         unapply(&mut u, &a);
         unapply(&mut u, &b);

@@ -112,8 +112,7 @@ impl ShareKind {
     pub fn of(gpu: &crate::packing::GpuDemand, gpu_memory_mib: Option<u64>) -> ShareKind {
         match gpu {
             crate::packing::GpuDemand::Mps { milli, memory_mib } => ShareKind::Mps {
-                pinned_mib: memory_mib
-                    .or_else(|| gpu_memory_mib.map(|m| m * u64::from(*milli) / 1000)),
+                pinned_mib: crate::packing::per_gpu_mps_memory(*milli, *memory_mib, gpu_memory_mib),
             },
             _ => ShareKind::Timeslice,
         }

@@ -177,6 +177,7 @@ launch_env="" launcher kube-apiserver "$bin/kube-apiserver" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
   --authorization-mode Node,RBAC \
+  --allow-privileged=true \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range 10.96.0.0/16 \
