@@ -199,8 +199,10 @@ impl Intake {
     /// What [`Intake::plan`] will need to know about the cluster for this pod under `policy`.
     pub fn needs(&self, policy: &Policy) -> Needs {
         let selector_rules = policy.namespaces.iter().any(|r| r.selector.is_some());
-        let mps_host_ipc =
-            matches!(self.annotated.request.class, GpuClass::Mps { .. }) && policy.mps.host_ipc;
+        // A per-GPU MPS share gets its pipe from its GPU's CDI device, not hostIPC.
+        let mps_host_ipc = matches!(self.annotated.request.class, GpuClass::Mps { .. })
+            && policy.mps.host_ipc
+            && !policy.per_gpu.takes(&self.annotated.request.class);
         let pod_names_runtime_class = self
             .pod
             .spec
