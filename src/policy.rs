@@ -239,6 +239,11 @@ pub struct Policy {
     /// Add `GPU_SHARE_CLASS`, `GPU_SHARE_FRACTION` and `GPU_SHARE_MEMORY_MIB` to the container.
     #[serde(default = "defaults::workload_env")]
     pub workload_env: bool,
+    /// Add `gpu-share.io/gpu-milli` (the pod's size in thousandths of a GPU) to the GPU
+    /// container's limits, for ResourceQuota and Kueue to count. Needs the scheduler's
+    /// `managedResources` entry for it with `ignoredByScheduler: true`.
+    #[serde(default = "defaults::gpu_milli")]
+    pub gpu_milli: bool,
     #[serde(default = "defaults::mps")]
     pub mps: MpsPolicy,
     #[serde(default)]
@@ -347,6 +352,9 @@ mod defaults {
     }
     pub fn workload_env() -> bool {
         DEFAULT.workload_env
+    }
+    pub fn gpu_milli() -> bool {
+        DEFAULT.gpu_milli
     }
     pub fn mps() -> MpsPolicy {
         DEFAULT.mps.clone()
@@ -636,6 +644,7 @@ impl Policy {
             self.resources.timeslice_resource().to_string(),
             self.resources.mps_resource().to_string(),
             crate::request::RESOURCE_SHARE.to_string(),
+            crate::request::RESOURCE_GPU_MILLI.to_string(),
         ];
         if self.mig.strategy != MigStrategy::Single {
             names.extend(

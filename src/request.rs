@@ -37,6 +37,14 @@ pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
 /// drops an extended resource its node does not advertise before its own fit check.
 pub const RESOURCE_SHARE: &str = "gpu-share.io/shared-gpu";
 
+/// The quantity every gpu-share pod carries, in thousandths of a GPU, as an extended resource of
+/// its GPU container (limits, which requests default to): `mps-25` 250, `mig-3g.40gb` 428,
+/// `exclusive-2` 2000 ([`GpuRequest::gpu_milli`]). ResourceQuota (`requests.gpu-share.io/gpu-milli`)
+/// and Kueue count it as they count any resource. No node advertises it: kube-scheduler skips it
+/// (the extender's `managedResources`, `ignoredByScheduler: true`), and kubelet drops an extended
+/// resource its node does not advertise before its own fit check, as for [`RESOURCE_SHARE`].
+pub const RESOURCE_GPU_MILLI: &str = "gpu-share.io/gpu-milli";
+
 /// The valid forms, listed in every parse denial.
 pub const VALID_FORMS: &str = "valid forms: mig-<profile> (e.g. mig-1g.10gb), mps-<1..100>, \
     timeslice-<1..100>, exclusive, exclusive-<n>";
@@ -127,6 +135,19 @@ impl GpuRequest {
             class,
             memory_mib: None,
             count: 1,
+        }
+    }
+
+    /// Its size in thousandths of a GPU ([`RESOURCE_GPU_MILLI`]): a share its percentage, whole
+    /// GPUs 1000 each, a MIG device its compute slices of its GPU's (sevenths rounded down, as
+    /// the packing counts them, so the seven slices of a GPU never count over one GPU).
+    pub fn gpu_milli(&self) -> u32 {
+        match &self.class {
+            GpuClass::Mps { percent } | GpuClass::Timeslice { percent } => u32::from(*percent) * 10,
+            GpuClass::Exclusive { count } => count.saturating_mul(crate::mig::GPU_MILLI),
+            GpuClass::Mig { profile } => {
+                crate::mig::mig_profile_milli(profile).saturating_mul(self.count.max(1))
+            }
         }
     }
 
@@ -498,6 +519,33 @@ pub fn from_annotations(
 
 #[cfg(test)]
 mod tests {
+
+    /// A share is its percentage; whole GPUs a thousand each; a MIG device its compute sevenths
+    /// rounded down, so that the seven slices of a GPU never count over one GPU.
+    #[test]
+    fn every_class_has_its_size_in_thousandths() {
+        let of = |text: &str, count: u32| {
+            GpuRequest {
+                count,
+                ..GpuRequest::new(parse_class(text).unwrap())
+            }
+            .gpu_milli()
+        };
+        assert_eq!(of("mps-25", 1), 250);
+        assert_eq!(of("timeslice-1", 1), 10);
+        assert_eq!(of("timeslice-100", 1), 1000);
+        assert_eq!(of("exclusive", 1), 1000);
+        assert_eq!(of("exclusive-8", 1), 8000);
+        let sevenths: Vec<u32> = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+            .iter()
+            .map(|p| of(&format!("mig-{p}"), 1))
+            .collect();
+        assert_eq!(sevenths, [142, 285, 428, 571, 1000]);
+        assert!(
+            7 * of("mig-1g.10gb", 1) <= 1000 && of("mig-3g.40gb", 1) + of("mig-4g.40gb", 1) <= 1000
+        );
+        assert_eq!(of("mig-1g.10gb", 3), 426);
+    }
     use super::*;
 
     #[test]

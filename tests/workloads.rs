@@ -21,13 +21,17 @@
 //!    processes (tests/workloads/per_gpu.rs);
 //! MPS per GPU: MPS shares of unequal sizes beside time-sliced and exclusive ones on that node,
 //!    in a `restricted` namespace, their reservations running MPS daemons and writing CDI devices
-//!    (tests/workloads/per_gpu_mps.rs).
+//!    (tests/workloads/per_gpu_mps.rs);
+//! quotas: a ResourceQuota on requests.gpu-share.io/gpu-milli caps a namespace's GPUs in fractions,
+//!    on device-plugin and per-GPU nodes (tests/workloads/quota.rs).
 
 mod common;
 #[path = "workloads/per_gpu.rs"]
 mod per_gpu;
 #[path = "workloads/per_gpu_mps.rs"]
 mod per_gpu_mps;
+#[path = "workloads/quota.rs"]
+mod quota;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -1164,6 +1168,7 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     )
     .await;
     point(&mut failures, "MPS per GPU", per_gpu_mps::per_gpu_mps(&c)).await;
+    point(&mut failures, "quotas", quota::quotas(&c)).await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

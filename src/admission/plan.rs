@@ -307,6 +307,7 @@ impl Intake {
         check_request_annotation(&self.annotations, &normalized)?;
         let (resource, quantity) = policy.resource_for(req);
         check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
+        check_gpu_milli(spec, index, super::steps::gpu_milli_for(spec, req, policy))?;
         let devices_configmap = policy
             .per_gpu
             .takes(&req.class)
@@ -521,6 +522,36 @@ fn check_request_annotation(
 }
 
 /// Existing GPU resources must agree with the annotation.
+/// `gpu-share.io/gpu-milli` is gpu-share's to write: a container that sets it (other than the
+/// target container at the pod's own size, which an earlier pass of the webhook wrote) is
+/// refused, since quotas would count the pod at a size of its own choosing.
+fn check_gpu_milli(spec: &PodSpec, target: usize, want: Option<u32>) -> Result<(), Denial> {
+    let name = crate::request::RESOURCE_GPU_MILLI;
+    for (is_target, kind, c) in devices::every_container(spec, target) {
+        let Some(res) = c.resources.as_ref() else {
+            continue;
+        };
+        for (field, map) in [("limits", &res.limits), ("requests", &res.requests)] {
+            let Some(q) = map.as_ref().and_then(|m| m.get(name)) else {
+                continue;
+            };
+            if is_target && want.is_some_and(|w| q.0 == w.to_string()) {
+                continue;
+            }
+            return Err(Denial::new(
+                DenialReason::ConflictingLimits,
+                format!(
+                    "gpu-share: {kind} {:?} sets {name}: {} in resources.{field}; gpu-share sets it to the pod's size in thousandths of a GPU{}, which quotas count: remove it",
+                    c.name,
+                    q.0,
+                    want.map(|w| format!(" ({w} here)")).unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_existing_gpu_resources(
     containers: &[Container],
     target: usize,
@@ -544,7 +575,7 @@ fn check_existing_gpu_resources(
                         DenialReason::ConflictingLimits,
                         format!(
                             "gpu-share: container {:?} sets {name}: {} in resources.{field}, but on this cluster \
-                             timeslice pods are shared per GPU (policy perGpu.timeslice): gpu-share holds their GPU \
+                             these pods are shared per GPU (policy perGpu): gpu-share holds their GPU \
                              and points them at it, and they ask the device plugin for nothing; remove the GPU resources",
                             c.name, q.0
                         ),
@@ -692,6 +723,75 @@ mod tests {
             .iter()
             .find(|e| e["name"] == name)
             .map(|e| e["value"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Every class carries its size in thousandths of a GPU beside its device, in the GPU
+    /// container's limits (which requests default to); a second pass adds nothing; a pod that
+    /// keeps a scheduler of its own gets none; a size of the pod's own is refused in words.
+    #[test]
+    fn every_pod_carries_its_size_in_thousandths_for_quotas() {
+        let milli = crate::request::RESOURCE_GPU_MILLI;
+        for (request, want) in [
+            ("mps-25", "250"),
+            ("timeslice-50", "500"),
+            ("mig-3g.40gb", "428"),
+            ("mig-1g.10gb", "142"),
+            ("exclusive-2", "2000"),
+        ] {
+            let obj = pod(json!({"gpu-share": request}), basic_spec());
+            let (doc, _) = mutated(&obj);
+            let limits = &doc["spec"]["containers"][0]["resources"]["limits"];
+            assert_eq!(limits[milli], want, "{request}: {limits}");
+            assert_eq!(limits.as_object().unwrap().len(), 2, "{request}: {limits}");
+            let (again, _) = mutated(&doc);
+            assert_eq!(again, doc, "{request}: a second pass adds nothing");
+        }
+        // MIG devices counted together.
+        let two = pod(
+            json!({"gpu-share": "mig-2g.20gb", "gpu-share/count": "2"}),
+            basic_spec(),
+        );
+        let (doc, _) = mutated(&two);
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"][milli],
+            "570"
+        );
+        // A scheduler of its own: no quantity, and the warning says so.
+        let mut own = basic_spec();
+        own["schedulerName"] = json!("volcano");
+        let (doc, m) = mutated(&pod(json!({"gpu-share": "mps-25"}), own));
+        assert!(doc["spec"]["containers"][0]["resources"]["limits"][milli].is_null());
+        assert!(
+            m.warnings
+                .iter()
+                .any(|w| w.contains("nor counted in gpu-share.io/gpu-milli")),
+            "{:?}",
+            m.warnings
+        );
+        // Set by the pod: refused, wherever.
+        for (path, value) in [("containers", "100"), ("initContainers", "250")] {
+            let mut spec = basic_spec();
+            let c = json!({"name": "x", "image": "x", "resources": {"requests": {milli: value}, "limits": {milli: value}}});
+            if path == "containers" {
+                spec["containers"][0]["resources"] = c["resources"].clone();
+            } else {
+                spec["initContainers"] = json!([c]);
+            }
+            let d = denied(&pod(json!({"gpu-share": "mps-25"}), spec));
+            assert_eq!(d.reason, DenialReason::ConflictingLimits);
+            assert!(
+                d.message.contains("gpu-share.io/gpu-milli") && d.message.contains("(250 here)"),
+                "{}",
+                d.message
+            );
+        }
+        // Off in the policy: nothing.
+        let p = Policy::load("gpuMilli: false\n", "p.yaml").unwrap().policy;
+        let obj = pod(json!({"gpu-share": "mps-25"}), basic_spec());
+        let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
+            panic!()
+        };
+        assert!(apply(&obj, &m)["spec"]["containers"][0]["resources"]["limits"][milli].is_null());
     }
 
     #[test]

@@ -84,7 +84,7 @@ pub(super) fn patch(
     let mut warnings = Vec::new();
     let index = t.index.to_string();
     let cpath = ["spec", "containers", index.as_str()];
-    add_resource_limit(&mut b, t, &cpath);
+    add_resource_limit(&mut b, t, &cpath, policy);
     add_tolerations(&mut b, t.spec, policy);
     set_runtime_class(
         &mut b,
@@ -120,30 +120,59 @@ pub(super) fn patch(
     (b.ops, warnings)
 }
 
-/// Step 1: the extended resource, as a limit of the target container.
-fn add_resource_limit(b: &mut PatchBuilder, t: &Target<'_>, cpath: &[&str]) {
-    let resource = t.resource.as_str();
-    let has_limit = t
+/// Step 1: the extended resource, as a limit of the target container, and the pod's size in
+/// thousandths of a GPU ([`gpu_milli_for`]) beside it.
+fn add_resource_limit(b: &mut PatchBuilder, t: &Target<'_>, cpath: &[&str], policy: &Policy) {
+    let limits = t
         .container
         .resources
         .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .is_some_and(|l| l.contains_key(resource));
-    if has_limit {
+        .and_then(|r| r.limits.as_ref());
+    let wanted = [(t.resource.as_str(), Some(t.quantity))]
+        .into_iter()
+        .chain([(
+            crate::request::RESOURCE_GPU_MILLI,
+            gpu_milli_for(t.spec, t.request, policy),
+        )]);
+    let missing: Vec<(&str, Value)> = wanted
+        .filter_map(|(name, n)| Some((name, json!(n?.to_string()))))
+        .filter(|(name, _)| !limits.is_some_and(|l| l.contains_key(*name)))
+        .collect();
+    if missing.is_empty() {
         return;
     }
-    let value = json!(t.quantity.to_string());
+    let map = || {
+        Value::Object(
+            missing
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        )
+    };
     match t.container.resources.as_ref() {
         None => b.add(
             &[cpath, &["resources"]].concat(),
-            json!({ "limits": { resource: value } }),
+            json!({ "limits": map() }),
         ),
-        Some(r) if r.limits.is_none() => b.add(
-            &[cpath, &["resources", "limits"]].concat(),
-            json!({ resource: value }),
-        ),
-        Some(_) => b.add(&[cpath, &["resources", "limits", resource]].concat(), value),
+        Some(r) if r.limits.is_none() => b.add(&[cpath, &["resources", "limits"]].concat(), map()),
+        Some(_) => {
+            for (name, value) in missing {
+                b.add(&[cpath, &["resources", "limits", name]].concat(), value);
+            }
+        }
     }
+}
+
+/// The pod's `gpu-share.io/gpu-milli`, when the policy adds it (`gpuMilli`) and the pod goes to
+/// gpu-share's scheduler: a pod that keeps a scheduler of its own gets none, since that
+/// scheduler would not know to ignore a resource no node advertises.
+pub(super) fn gpu_milli_for(spec: &PodSpec, request: &GpuRequest, policy: &Policy) -> Option<u32> {
+    let another = !policy.scheduler_name.is_empty()
+        && match spec.scheduler_name.as_deref() {
+            None | Some("") | Some("default-scheduler") => false,
+            Some(s) => s != policy.scheduler_name,
+        };
+    (policy.gpu_milli && !another).then(|| request.gpu_milli())
 }
 
 /// Step 2: the policy's tolerations the pod does not have yet.
@@ -237,7 +266,7 @@ fn set_scheduler_name(
         }
         Some(s) if s == policy.scheduler_name => {}
         Some(s) => warnings.push(format!(
-            "gpu-share: pod keeps its own scheduler {s}; GPU shares are not accounted by gpu-share"
+            "gpu-share: pod keeps its own scheduler {s}; GPU shares are not accounted by gpu-share, nor counted in gpu-share.io/gpu-milli quotas"
         )),
     }
 }

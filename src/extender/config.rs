@@ -124,7 +124,10 @@ impl KubeSchedulerConfiguration {
                         r.name
                     ));
                 }
-                if r.name == crate::request::RESOURCE_SHARE && !r.ignored_by_scheduler {
+                if (r.name == crate::request::RESOURCE_SHARE
+                    || r.name == crate::request::RESOURCE_GPU_MILLI)
+                    && !r.ignored_by_scheduler
+                {
                     errors.push(format!("extenders[{i}]: {} is advertised by no node and must be ignoredByScheduler", r.name));
                 }
                 if r.ignored_by_scheduler && r.name.starts_with("nvidia.com/") {

@@ -20,6 +20,7 @@ pub(super) const FIELDS: &[&str] = &[
     "schedulerName",
     "nodeAffinity",
     "workloadEnv",
+    "gpuMilli",
     "mps",
     "mps.hostIPC",
     "mps.activeThreadPercentage",

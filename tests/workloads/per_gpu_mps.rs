@@ -457,13 +457,15 @@ pub async fn per_gpu_mps(c: &Cluster) -> Check {
         )
     };
     wait_for(
-        "the webhook to take the per-GPU MPS form",
-        Duration::from_secs(30),
+        // The webhook trusts a RuntimeClass lookup for a minute: an earlier point's may say
+        // the class is missing.
+        "the webhook to take the per-GPU MPS form, under the nvidia RuntimeClass",
+        Duration::from_secs(90),
         || async {
             let out = dry_run(&restricted_pod("probe", json!({"gpu-share": "mps-25"})))?;
-            Ok(out
-                .contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
-                .then_some(()))
+            Ok((out.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+                && out.contains(r#""runtimeClassName": "nvidia""#))
+            .then_some(()))
         },
     )
     .await?;

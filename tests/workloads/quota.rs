@@ -1,0 +1,308 @@
+//! Quotas that count fractions: every gpu-share pod carries its size in thousandths of a GPU
+//! (`gpu-share.io/gpu-milli`), and a ResourceQuota on `requests.gpu-share.io/gpu-milli` caps a
+//! namespace's GPUs through the API server's own quota admission. The pods carrying it are bound
+//! as before (kube-scheduler ignores it on gpu-share's say-so; kubelet's part is read from its
+//! code: docs/quotas.md), on device-plugin nodes and on a node shared per GPU alike.
+
+use std::process::Command;
+
+use super::*;
+
+const NS: &str = "quota";
+const QUOTA: &str = "gpus";
+const MILLI: &str = "requests.gpu-share.io/gpu-milli";
+
+fn bare(name: &str, request: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"gpu-share": request}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.11.0"}],
+        },
+    })
+}
+
+/// What the quota says it uses, as the quota controller counts it (`None`: not yet counted).
+fn used(c: &Cluster) -> Result<Option<String>, String> {
+    let out = kubectl(
+        c,
+        &["-n", NS, "get", "resourcequota", QUOTA, "-o", "json"],
+        None,
+    )?;
+    let q: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    Ok(q["status"]["used"][MILLI].as_str().map(str::to_string))
+}
+
+async fn used_becomes(c: &Cluster, want: &str) -> Check {
+    let last = std::sync::Mutex::new(None);
+    wait_for(
+        &format!("the quota to count {want}"),
+        Duration::from_secs(60),
+        || async {
+            let u = used(c)?;
+            *last.lock().unwrap() = u.clone();
+            Ok((u.as_deref() == Some(want)).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; it counts {:?}", last.lock().unwrap()))
+}
+
+/// The API server's quota admission refuses `obj` in its own words, naming the quantity.
+fn refused(c: &Cluster, obj: &Value, requested: &str) -> Check {
+    let e = apply(c, NS, obj).err().unwrap_or_default();
+    ensure(
+        e.contains("exceeded quota: gpus")
+            && e.contains(&format!("requested: {MILLI}={requested}")),
+        format!("{} over the quota: {e:?}", obj["metadata"]["name"]),
+    )
+}
+
+fn set_policy(c: &Cluster, pairs: &[(&str, &str)]) -> Check {
+    let path = c.dir.join("policy/policy.yaml");
+    let mut text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    for (from, to) in pairs {
+        if text.contains(to) {
+            continue;
+        }
+        ensure(
+            text.contains(from),
+            format!("the policy file has no {from:?}"),
+        )?;
+        text = text.replacen(from, to, 1);
+    }
+    std::fs::write(&path, text).map_err(|e| e.to_string())
+}
+
+/// The webhook writes what the policy now says (it reloads the file): a dry run of an mps-25
+/// pod carries the quantity, or not.
+async fn webhook_writes(c: &Cluster, quantity: bool) -> Check {
+    wait_for(
+        "the webhook to take the policy",
+        Duration::from_secs(30),
+        || async {
+            let out = kubectl(
+                c,
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-n",
+                    "default",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&bare("probe", "mps-25", "quota-mps").to_string()),
+            )?;
+            Ok((out.contains("gpu-share.io/gpu-milli") == quantity).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Registers the nodes of `file` (tests/cluster/).
+fn register(c: &Cluster, file: &str) -> Check {
+    let out = Command::new("python3")
+        .args([
+            &format!("{}/tests/cluster/nodes.py", env!("CARGO_MANIFEST_DIR")),
+            &c.dir.display().to_string(),
+            &format!("{}/tests/cluster/{file}", env!("CARGO_MANIFEST_DIR")),
+        ])
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure(
+        out.status.success(),
+        format!("nodes.py {file}: {}", String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+/// Nodes of the point's own (earlier points change or delete the shared ones): an MPS node
+/// (4 replicas per GPU) and a time-sliced one (4 per GPU). MIG devices come from
+/// `a100-mig-layout`, which an earlier point left cut into 3g.40gb.
+const OWN_NODES: [&str; 3] = ["quota-mps", "a10-ts4x2", "a100-per-gpu"];
+
+pub async fn quotas(c: &Cluster) -> Check {
+    let _ = c.kubectl(&["delete", "namespace", NS, "--wait=true"], None);
+    namespace(c, NS).await?;
+    // As an earlier run may have left the policy: per-GPU forms off, the quantity on.
+    set_policy(
+        c,
+        &[
+            ("gpuMilli: false\n", "gpuMilli: true\n"),
+            ("  timeslice: true\n", "  timeslice: false\n"),
+        ],
+    )?;
+    register(c, "quota-mps-node.yaml")?;
+    register(c, "time-sliced-node.yaml")?;
+    apply(
+        c,
+        NS,
+        &json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": QUOTA},
+                "spec": {"hard": {MILLI: "1500"}}}),
+    )?;
+    used_becomes(c, "0").await?;
+    // The webhook has the policy as an earlier point left it (its per-GPU forms off): MPS
+    // pods in the device plugin's form, with the quantity.
+    wait_for(
+        "the webhook to write MPS pods in the device plugin's form",
+        Duration::from_secs(30),
+        || async {
+            let out = kubectl(
+                c,
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-n",
+                    "default",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&bare("probe", "mps-25", "quota-mps").to_string()),
+            )?;
+            Ok(
+                (out.contains(r#""nvidia.com/gpu": "1""#)
+                    && out.contains("gpu-share.io/gpu-milli"))
+                .then_some(()),
+            )
+        },
+    )
+    .await?;
+
+    // Device-plugin nodes: 0.25 + 0.5 + 3/7 (428) of a GPU, each bound as before.
+    for (name, request, node) in [
+        ("mps", "mps-25", "quota-mps"),
+        ("ts", "timeslice-50", "a10-ts4x2"),
+        ("mig", "mig-3g.40gb", "a100-mig-layout"),
+    ] {
+        apply(c, NS, &bare(name, request, node))?;
+    }
+    wait_pods(c, NS, 3, 0).await?;
+    let pods = pods_of(c, NS).await?;
+    for (name, want) in [("mps", "250"), ("ts", "500"), ("mig", "428")] {
+        let p = &pods[name];
+        let requests = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].resources.as_ref())
+            .and_then(|r| r.requests.clone())
+            .unwrap_or_default();
+        ensure(
+            limits_of(p)
+                .get("gpu-share.io/gpu-milli")
+                .map(String::as_str)
+                == Some(want)
+                && requests.get("gpu-share.io/gpu-milli").map(|q| q.0.as_str()) == Some(want),
+            format!(
+                "{name} carries {:?} / {requests:?}, not {want}",
+                limits_of(p)
+            ),
+        )?;
+    }
+    used_becomes(c, "1178").await?;
+    // One more is refused at creation, in the API server's words; a Deployment's ReplicaSet says
+    // the same in its events.
+    refused(c, &bare("one-more", "timeslice-50", "a10-ts4x2"), "500")?;
+    let mut t = bare("x", "timeslice-50", "a10-ts4x2");
+    t["metadata"] =
+        json!({"labels": {"app": "over"}, "annotations": {"gpu-share": "timeslice-50"}});
+    if let Some(t) = t.as_object_mut() {
+        t.remove("apiVersion");
+        t.remove("kind");
+    }
+    apply(c, NS, &deployment("over", 1, t))?;
+    let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
+    wait_for(
+        "the ReplicaSet to say the quota refused its pod",
+        Duration::from_secs(60),
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("FailedCreate")
+                        && e.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("exceeded quota: gpus"))
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    kubectl(c, &["-n", NS, "delete", "deployment", "over"], None)?;
+
+    // A node shared per GPU: a share in per-GPU form counts too (0.3).
+    register(c, "per-gpu-node.yaml")?;
+    let per_gpu = [
+        ("  timeslice: false\n", "  timeslice: true\n"),
+        ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
+    ];
+    set_policy(c, &per_gpu)?;
+    wait_for(
+        "the webhook to take the per-GPU form",
+        Duration::from_secs(30),
+        || async {
+            let out = kubectl(
+                c,
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-n",
+                    "default",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&bare("probe", "timeslice-30", "a100-per-gpu").to_string()),
+            )?;
+            Ok(out.contains("configMapKeyRef").then_some(()))
+        },
+    )
+    .await?;
+    apply(c, NS, &bare("per-gpu", "timeslice-30", "a100-per-gpu"))?;
+    used_becomes(c, "1478").await?;
+    refused(c, &bare("one-more", "mps-25", "quota-mps"), "250")?;
+
+    // Pods admitted before the quantity (here: with the policy's gpuMilli off) carry none: the
+    // quota neither counts nor limits them.
+    set_policy(c, &[("gpuMilli: true\n", "gpuMilli: false\n")])?;
+    webhook_writes(c, false).await?;
+    apply(c, NS, &bare("before-upgrade", "mps-25", "quota-mps"))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    used_becomes(c, "1478").await?;
+    set_policy(c, &[("gpuMilli: false\n", "gpuMilli: true\n")])?;
+    webhook_writes(c, true).await?;
+
+    // Put back: the share gone, its reservation (run by the test's kubelet for them) released
+    // after the grace, the node and the policy as they were.
+    kubectl(c, &["delete", "namespace", NS, "--timeout=120s"], None)?;
+    let mut k = common::reserve::Kubelet::new(c)?;
+    let start = Instant::now();
+    loop {
+        k.tick(c).await?;
+        let left = pods_of(c, common::reserve::RESERVATIONS).await?;
+        if left.values().all(|p| node_of(p) != Some("a100-per-gpu")) {
+            break;
+        }
+        ensure(
+            start.elapsed() < Duration::from_secs(90),
+            "the per-GPU node's reservation was not released within 90 s",
+        )?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    set_policy(c, &per_gpu.map(|(off, on)| (on, off)))?;
+    for node in OWN_NODES {
+        kubectl(c, &["delete", "node", node, "--wait=false"], None)?;
+    }
+    Ok(())
+}
