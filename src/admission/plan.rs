@@ -731,6 +731,16 @@ mod tests {
     #[test]
     fn every_pod_carries_its_size_in_thousandths_for_quotas() {
         let milli = crate::request::RESOURCE_GPU_MILLI;
+        let on = Policy::load("gpuMilli: true\n", "p.yaml").unwrap().policy;
+        let run = |obj: &Value| plan(obj, &on, &on.mig_table(), &facts());
+        let mutated = |obj: &Value| match run(obj) {
+            Decision::Mutate(m) => (apply(obj, &m), m),
+            other => panic!("expected a mutation, got {other:?}"),
+        };
+        let denied = |obj: &Value| match run(obj) {
+            Decision::Deny(d) => d,
+            other => panic!("expected a denial, got {other:?}"),
+        };
         for (request, want) in [
             ("mps-25", "250"),
             ("timeslice-50", "500"),
@@ -785,8 +795,8 @@ mod tests {
                 d.message
             );
         }
-        // Off in the policy: nothing.
-        let p = Policy::load("gpuMilli: false\n", "p.yaml").unwrap().policy;
+        // Off in the policy (the default): nothing.
+        let p = Policy::default_policy();
         let obj = pod(json!({"gpu-share": "mps-25"}), basic_spec());
         let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
             panic!()

@@ -280,6 +280,9 @@ pub fn probe(library: &str) -> Result<Vec<String>, ProbeError> {
 
 /// Runs the reservation: probe, publish, idle until SIGTERM (or fail in words).
 pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
+    // Listened for from the start: a SIGTERM while the reservation starts, or while it writes a
+    // failure, is kept for the wait that follows.
+    let mut stop = crate::signal::listen();
     let library = args.nvml_library.clone();
     let found = tokio::task::spawn_blocking(move || probe(&library))
         .await
@@ -344,7 +347,7 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
             publish(&client, args, state).await?;
             tracing::info!(uuid, pod = %args.pod_name, mps = pipe.as_deref().unwrap_or("none"), "holding the GPU");
             let Some(mut daemon) = mps else {
-                crate::signal::terminated().await;
+                stop.wait().await;
                 tracing::info!("stopping: the GPU is released with this pod");
                 return Ok(());
             };
@@ -373,15 +376,16 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     }
                 })
             };
-            let stop = {
+            let stopped = {
                 let remove_device = remove_device.clone();
+                let stop = &mut stop;
                 async move {
-                    crate::signal::terminated().await;
+                    stop.wait().await;
                     remove_device();
                 }
             };
             let outcome = daemon
-                .supervise(stop, |why| {
+                .supervise(stopped, |why| {
                     let _ = tx.send(why.map(str::to_string));
                 })
                 .await;
@@ -399,7 +403,7 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     // the reservation), the GPU closed to new contexts until then.
                     remove_device();
                     let failed = fail(&client, args, ReserveError::Mps(e)).await;
-                    crate::signal::terminated().await;
+                    stop.wait().await;
                     daemon.release().await;
                     failed
                 }

@@ -128,7 +128,8 @@ const OWN_NODES: [&str; 3] = ["quota-mps", "a10-ts4x2", "a100-per-gpu"];
 pub async fn quotas(c: &Cluster) -> Check {
     let _ = c.kubectl(&["delete", "namespace", NS, "--wait=true"], None);
     namespace(c, NS).await?;
-    // As an earlier run may have left the policy: per-GPU forms off, the quantity on.
+    // The quantity on (the policy's default is off: docs/quotas.md), per-GPU forms off (as an
+    // earlier run may have left them).
     set_policy(
         c,
         &[
@@ -301,6 +302,7 @@ pub async fn quotas(c: &Cluster) -> Check {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     set_policy(c, &per_gpu.map(|(off, on)| (on, off)))?;
+    set_policy(c, &[("gpuMilli: true\n", "gpuMilli: false\n")])?;
     for node in OWN_NODES {
         kubectl(c, &["delete", "node", node, "--wait=false"], None)?;
     }
