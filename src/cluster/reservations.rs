@@ -23,8 +23,20 @@ pub enum CreateError {
     NoImage,
     #[error("{0}")]
     Api(#[from] kube::Error),
-    #[error("no answer within {} s", CREATE_TIMEOUT.as_secs())]
+    #[error("no answer within {} s", CREATE_TIMEOUT.as_secs_f64())]
     Unanswered,
+}
+
+impl CreateError {
+    /// Whether the pod surely was not created: no image, or the API refused it (4xx). A server
+    /// error, a lost connection or no answer may have created it all the same.
+    pub fn nothing_created(&self) -> bool {
+        match self {
+            CreateError::NoImage => true,
+            CreateError::Api(kube::Error::Api(s)) => (400..500).contains(&s.code),
+            CreateError::Api(_) | CreateError::Unanswered => false,
+        }
+    }
 }
 
 /// How long creating a reservation may take within a bind (kube-scheduler gives the extender
@@ -33,14 +45,14 @@ pub const CREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis
 
 /// Creates the reservation of GPU `gpu` on `node` (running the GPU's MPS daemon when `mps`);
 /// one that exists already (a racing bind, or one still in its release grace) is the same
-/// reservation.
+/// reservation. The pod as the API created it, or `None` where it existed.
 pub async fn create(
     client: &Client,
     node: &str,
     gpu: u32,
     mps: bool,
     template: &Template,
-) -> Result<(), CreateError> {
+) -> Result<Option<Pod>, CreateError> {
     if template.image.is_empty() {
         return Err(CreateError::NoImage);
     }
@@ -48,11 +60,11 @@ pub async fn create(
         .expect("the reservation pod is a valid Pod (tested)");
     let api: Api<Pod> = Api::namespaced(client.clone(), reservation::NAMESPACE);
     match tokio::time::timeout(CREATE_TIMEOUT, api.create(&PostParams::default(), &pod)).await {
-        Ok(Ok(_)) => {
+        Ok(Ok(created)) => {
             tracing::info!(node, gpu, "reservation created");
-            Ok(())
+            Ok(Some(created))
         }
-        Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(()),
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(None),
         Ok(Err(e)) => Err(CreateError::Api(e)),
         Err(_) => Err(CreateError::Unanswered),
     }
@@ -320,12 +332,24 @@ mod tests {
                 send.send_response(mock::json(status, &reply));
             }
         });
-        create(&client, "n1", 3, false, &template()).await.unwrap();
-        create(&client, "n1", 3, false, &template()).await.unwrap();
+        let created = create(&client, "n1", 3, false, &template()).await.unwrap();
+        assert_eq!(
+            created.and_then(|p| p.metadata.name).as_deref(),
+            Some("gpu-share-n1-gpu-3"),
+            "the pod as created"
+        );
+        assert!(
+            create(&client, "n1", 3, false, &template())
+                .await
+                .unwrap()
+                .is_none(),
+            "it existed"
+        );
         let e = create(&client, "n1", 3, false, &template())
             .await
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        assert!(e.nothing_created(), "a refusal creates nothing");
+        let e = e.to_string();
         assert!(e.contains("status 403"), "{e}");
         server.await.unwrap();
         // Without an image nothing is sent.
@@ -333,6 +357,12 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, CreateError::NoImage), "{e}");
+        assert!(e.nothing_created());
+        assert!(!CreateError::Unanswered.nothing_created(), "it may exist");
+        assert_eq!(
+            CreateError::Unanswered.to_string(),
+            "no answer within 1.5 s"
+        );
         assert!(e.to_string().contains("--reservation-image"));
     }
 

@@ -181,9 +181,25 @@ async fn bind(
     if let (Some(c), Some((gpu, mps))) = (cluster, reserve) {
         let mut template = (*state.reservations).clone();
         template.runtime_class = policy.policy.runtime_class_name.clone();
-        if let Err(source) =
-            crate::cluster::reservations::create(c.client(), &args.node, gpu, mps, &template).await
-        {
+        // Held for the reservation from before the create leaves: should this bind fail after
+        // it, the reservation's pod exists, and its GPU must not look free until the watch
+        // shows it.
+        let scorer = ext.scorer(policy.policy.packing.policy.into());
+        let on_its_way = match super::on_its_way::hold(ext, &scorer, &args.node, gpu, mps) {
+            Ok(h) => h,
+            Err(reason) => {
+                binding.abort();
+                return Err(BindError::Reserve(ReserveError::NoLongerFits {
+                    node: args.node.clone(),
+                    key,
+                    reason,
+                }));
+            }
+        };
+        let created =
+            crate::cluster::reservations::create(c.client(), &args.node, gpu, mps, &template).await;
+        on_its_way.settle(&created);
+        if let Err(source) = created {
             binding.abort();
             return Err(BindError::Reservation {
                 key,
@@ -641,6 +657,86 @@ mod tests {
         .await;
         assert!(r.is_ok(), "{r:?}");
         assert_eq!(held.as_deref(), Some("n1"));
+    }
+
+    /// The chaos run's case: a share's bind creates its GPU's reservation, the API server takes
+    /// longer than bind waits, and the bind fails (the share released). The reservation pod
+    /// may exist, so its GPU stays held for it until the watch shows the pod or the assumption
+    /// lapses: no whole-GPU pod is given it meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_whose_create_got_no_answer_keeps_its_gpu_held() {
+        let (client, mut h) = crate::cluster::mock::client();
+        let mut state = Context::dev(Policy::default_policy());
+        state.cluster = Some(ClusterFacts::new(client));
+        state.reservations = Arc::new(crate::reservation::Template {
+            image: "gpu-share:test".into(),
+            ..Default::default()
+        });
+        let ext = ExtenderState::new(Mode::Cluster, std::time::Duration::from_secs(60));
+        ext.mark_synced();
+        let mut node = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        node.sharing = crate::inventory::Sharing::PerGpu;
+        ext.set_node("n1", Some(node));
+        let share: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                "annotations": {"gpu-share.io/request": "timeslice-30"}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+                    {"name": "gpu-share-devices-a1", "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
+        }))
+        .unwrap();
+        ext.remember_pod("u-1", Arc::new(ledger::BindPod::of(&share)));
+        let ext = Arc::new(ext);
+        state.extender = Some(ext.clone());
+        let server = tokio::spawn(async move {
+            let (req, send) = h.next_request().await.unwrap();
+            assert_eq!(
+                req.uri().path(),
+                "/api/v1/namespaces/gpu-share-reservations/pods"
+            );
+            // Answered after bind stopped waiting.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            drop(send);
+        });
+        let e = bind(&state, &ext, &args()).await.unwrap_err().to_string();
+        assert!(e.contains("was not created: no answer within 1.5 s"), "{e}");
+        assert_eq!(ext.ledger().node_of("u-1"), None, "the share is released");
+        let held = |ext: &ExtenderState| {
+            ext.ledger()
+                .with_node("n1", |nl| {
+                    (nl.usage.reserved.clone(), nl.usage.whole.clone())
+                })
+                .unwrap()
+        };
+        let (reserved, whole) = held(&ext);
+        assert_eq!(reserved.iter().sum::<u32>(), 1, "{reserved:?}");
+        let gpu = reserved.iter().position(|r| *r == 1).unwrap() as u32;
+        // Two whole GPUs asked: one is all there is.
+        let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
+        let mut b = ext.begin_bind("w", "n1", false);
+        let placed = b.reserve(
+            &scorer,
+            ledger::PodRef {
+                uid: "w".into(),
+                namespace: "ml".into(),
+                name: "w".into(),
+                priority: 0,
+            },
+            crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 2 }),
+        );
+        assert!(placed.is_err(), "{placed:?} with {whole:?}");
+        b.abort();
+        // The reservation's pod, shown by the watch, takes the stand-in's place.
+        let t = crate::reservation::Template {
+            image: "gpu-share:test".into(),
+            ..Default::default()
+        };
+        let mut r = crate::reservation::pod("n1", gpu, false, &t);
+        r["metadata"]["uid"] = json!("r-1");
+        ext.observe_pod(&serde_json::from_value(r).unwrap());
+        assert_eq!(ext.ledger().uids(), ["r-1"]);
+        server.await.unwrap();
     }
 
     /// A share bound to a GPU whose reservation has published its UUID gets its devices

@@ -4,6 +4,7 @@ pub mod bind;
 pub mod config;
 pub mod explain;
 pub mod handlers;
+mod on_its_way;
 mod online;
 pub mod pending;
 pub mod report;

@@ -405,9 +405,25 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
             gpu: index,
             mps,
         } => {
+            let policy = ctx.policy.current();
             let mut template = (*ctx.template).clone();
-            template.runtime_class = ctx.policy.current().policy.runtime_class_name.clone();
+            template.runtime_class = policy.policy.runtime_class_name.clone();
+            // Held from before the create leaves, and only while a share is still there: its
+            // shares may have left since this tick began, and the GPU gone whole to a pod.
+            let scorer = ctx.ext.scorer(policy.policy.packing.policy.into());
+            let on_its_way = has_shares(ctx.ext.ledger(), &node, index)
+                .then(|| super::on_its_way::hold(&ctx.ext, &scorer, &node, index, mps).ok())
+                .flatten();
+            let Some(on_its_way) = on_its_way else {
+                tracing::info!(
+                    node,
+                    gpu = index,
+                    "reservation not created again: its shares left, or the GPU holds what a reservation cannot be beside"
+                );
+                return true;
+            };
             let r = api::create(&ctx.client, &node, index, mps, &template).await;
+            on_its_way.settle(&r);
             if r.is_ok() {
                 tracing::info!(
                     node,
@@ -415,7 +431,7 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
                     "reservation created again: shares are bound to its GPU"
                 );
             }
-            r.map_err(ActionError::from)
+            r.map(|_| ()).map_err(ActionError::from)
         }
         Action::Move { share, why } => move_share(ctx, gpu, all, &share, &why).await,
         Action::Evict { share, why } => evict(ctx, &share, &why).await,

@@ -221,7 +221,9 @@ impl Ledger {
             };
             match self.node(&o.node) {
                 Some(n) => {
-                    lock(&n).record(o);
+                    for stand_in in lock(&n).record(o) {
+                        index.remove(&stand_in);
+                    }
                     index.insert(o.pod.uid.clone(), o.node.clone());
                 }
                 None => {

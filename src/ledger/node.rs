@@ -19,6 +19,17 @@ pub struct Holding {
     pub placement: Placement,
 }
 
+/// How the UID of a stand-in begins: a reservation pod whose create has been sent and whose pod
+/// the API has not shown yet. The ledger holds its GPU from before the create leaves, so no
+/// whole-GPU pod is given a GPU a reservation is about to run on; the reservation itself, once
+/// recorded, takes its place ([`NodeLedger::record`]). No pod's UID looks like it.
+pub const STAND_IN: &str = "reservation-on-its-way/";
+
+/// The UID of stand-in number `serial` for a reservation of GPU `gpu` of `node`.
+pub fn stand_in_uid(node: &str, gpu: u32, serial: u64) -> String {
+    format!("{STAND_IN}{node}/{gpu}/{serial}")
+}
+
 /// One node's capacity, usage and holders.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -85,7 +96,40 @@ impl NodeLedger {
     /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
     /// bound by another scheduler still occupies the device). A pod held here already is only
     /// [refreshed](Self::refresh).
-    pub fn record(&mut self, observed: &ObservedPod) {
+    /// A reservation first recorded from the API takes the place of its GPU's stand-ins (whose
+    /// UIDs are returned, for the caller's index).
+    pub fn record(&mut self, observed: &ObservedPod) -> Vec<String> {
+        let uid = &observed.pod.uid;
+        let replaced = match observed.demand.gpu {
+            GpuDemand::Reserve { gpu, .. }
+                if !uid.starts_with(STAND_IN) && !self.holdings.contains_key(uid) =>
+            {
+                self.drop_stand_ins(gpu)
+            }
+            _ => Vec::new(),
+        };
+        self.record_one(observed);
+        replaced
+    }
+
+    /// Releases the stand-ins of GPU `gpu`'s reservation: their UIDs.
+    fn drop_stand_ins(&mut self, gpu: u32) -> Vec<String> {
+        let gone: Vec<String> = self
+            .holdings
+            .iter()
+            .filter(|(uid, h)| {
+                uid.starts_with(STAND_IN)
+                    && matches!(h.demand.gpu, GpuDemand::Reserve { gpu: g, .. } if g == gpu)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &gone {
+            self.release(uid);
+        }
+        gone
+    }
+
+    fn record_one(&mut self, observed: &ObservedPod) {
         if self.holdings.contains_key(&observed.pod.uid) {
             if let Some(gpus) = &observed.gpus {
                 self.refresh(&observed.pod.uid, gpus);
@@ -200,7 +244,8 @@ impl NodeLedger {
         let holdings = std::mem::take(&mut self.holdings);
         *self = NodeLedger::new(node);
         for h in holdings.into_values() {
-            self.record(&ObservedPod {
+            // As they were: stand-ins included (the index names them).
+            self.record_one(&ObservedPod {
                 pod: h.pod,
                 node: h.node,
                 demand: h.demand,

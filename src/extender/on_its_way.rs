@@ -1,0 +1,235 @@
+//! Reservations on their way. A reservation holds its GPU in the ledger from before its create is
+//! sent, not from when the pod watch shows its pod. Bind creates a reservation and may then
+//! fail (the share is released, and the reservation pod exists all the same); the controller
+//! creates one for shares that may leave meanwhile; and a created pod reaches the watch a moment
+//! later, or, with a slow API server, many seconds later (a create that got no answer may still
+//! be made). Held only from the watch, the GPU would look free in between, and a whole-GPU pod
+//! could be given the GPU a reservation then runs on.
+//!
+//! The hold is a stand-in holding ([`crate::ledger::STAND_IN`]), assumed like a bind's: a
+//! reconcile keeps it, the reservation's pod takes its place when the API shows it, a refused
+//! create releases it, and otherwise it lapses with the assumption (the pod never appeared).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::state::{Binding, ExtenderState};
+use crate::cluster::reservations::CreateError;
+use crate::ledger::{PodRef, stand_in_uid};
+use crate::packing::{Demand, GpuDemand, Reason, Scorer};
+
+/// Numbers the stand-ins, so that two creates for one GPU (a bind and the controller) hold
+/// apart.
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+/// A GPU held for its reservation while the reservation's create is in flight.
+pub struct OnItsWay<'a> {
+    binding: Binding<'a>,
+    ext: &'a ExtenderState,
+    node: String,
+    gpu: u32,
+}
+
+/// Holds GPU `gpu` of `node` for its reservation (running the GPU's MPS daemon when `mps`),
+/// checked as the reservation itself is: an error when the GPU is given whole or holds shares
+/// of the other class, and then nothing is to be created.
+pub fn hold<'a>(
+    ext: &'a ExtenderState,
+    scorer: &Scorer,
+    node: &str,
+    gpu: u32,
+    mps: bool,
+) -> Result<OnItsWay<'a>, Reason> {
+    let uid = stand_in_uid(node, gpu, SERIAL.fetch_add(1, Ordering::Relaxed));
+    let mut binding = ext.begin_bind(&uid, node, true);
+    binding.reserve(
+        scorer,
+        PodRef {
+            uid: uid.clone(),
+            namespace: crate::reservation::NAMESPACE.to_string(),
+            name: crate::reservation::name(node, gpu),
+            priority: 0,
+        },
+        Demand::gpu(GpuDemand::Reserve { gpu, mps }),
+    )?;
+    Ok(OnItsWay {
+        binding,
+        ext,
+        node: node.to_string(),
+        gpu,
+    })
+}
+
+impl OnItsWay<'_> {
+    /// Settles the hold by what the create came to: released where the pod surely was not
+    /// created, or where it existed and the ledger holds it already; otherwise kept (created,
+    /// existing but not yet shown, or perhaps created) until the API shows the reservation's pod
+    /// or the assumption lapses.
+    pub fn settle(self, created: &Result<Option<Pod>, CreateError>) {
+        let release = match created {
+            Err(e) => e.nothing_created(),
+            Ok(None) => self.recorded(),
+            Ok(Some(_)) => false,
+        };
+        if release {
+            self.binding.abort();
+        }
+        // Otherwise the binding is left unsettled: an assumption's way of waiting for the API.
+    }
+
+    /// Whether the ledger holds the GPU's reservation itself (its pod, not a stand-in).
+    fn recorded(&self) -> bool {
+        self.ext
+            .ledger()
+            .with_node(&self.node, |nl| {
+                nl.holdings.iter().any(|(uid, h)| {
+                    !uid.starts_with(crate::ledger::STAND_IN)
+                        && matches!(h.demand.gpu, GpuDemand::Reserve { gpu, .. } if gpu == self.gpu)
+                })
+            })
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extender::state::Mode;
+    use crate::inventory::{GpuNode, Sharing};
+    use crate::ledger::ObservedPod;
+    use crate::packing::PackingPolicy;
+    use std::time::Duration;
+
+    fn state(ttl: Duration) -> ExtenderState {
+        let ext = ExtenderState::new(Mode::Cluster, ttl);
+        ext.mark_synced();
+        let mut n = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = Sharing::PerGpu;
+        ext.set_node("n1", Some(n));
+        ext
+    }
+
+    fn whole_gpus(ext: &ExtenderState) -> Vec<u32> {
+        ext.ledger()
+            .with_node("n1", |nl| nl.usage.whole.clone())
+            .unwrap()
+    }
+
+    /// Takes a whole GPU the way bind does: the GPU it was given, or why not.
+    fn take_whole(ext: &ExtenderState, uid: &str) -> Result<Vec<u32>, Reason> {
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let mut b = ext.begin_bind(uid, "n1", true);
+        let p = b.reserve(
+            &scorer,
+            PodRef {
+                uid: uid.into(),
+                namespace: "ml".into(),
+                name: uid.into(),
+                priority: 0,
+            },
+            Demand::gpu(GpuDemand::Whole { count: 1 }),
+        )?;
+        b.commit();
+        Ok(p.gpus.iter().map(|(i, _)| *i).collect())
+    }
+
+    fn reservation(uid: &str, gpu: u32) -> ObservedPod {
+        ObservedPod {
+            pod: PodRef {
+                uid: uid.into(),
+                namespace: crate::reservation::NAMESPACE.into(),
+                name: crate::reservation::name("n1", gpu),
+                priority: 0,
+            },
+            node: "n1".into(),
+            demand: Demand::gpu(GpuDemand::Reserve { gpu, mps: false }),
+            gpus: None,
+        }
+    }
+
+    /// The chaos run's case: a reservation created for GPU 1 whose pod the watch has not shown
+    /// yet (its create unanswered, the bind that made it failed). No whole-GPU pod is given
+    /// GPU 1 meanwhile; once the pod is recorded it holds the GPU in the stand-in's place.
+    #[test]
+    fn a_reservation_on_its_way_holds_its_gpu_until_its_pod_is_recorded() {
+        let ext = state(Duration::from_secs(60));
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let h = hold(&ext, &scorer, "n1", 1, false).unwrap();
+        h.settle(&Err(CreateError::Unanswered));
+        assert_eq!(take_whole(&ext, "w0").unwrap(), [0], "GPU 1 is held");
+        assert_eq!(
+            take_whole(&ext, "w1"),
+            Err(Reason::NoFreeGpus),
+            "no GPU is free"
+        );
+        // A reconcile from a list that lacks the pod keeps the stand-in.
+        let listed = ext.retain_pods(
+            &["w0".to_string()].into_iter().collect(),
+            std::time::Instant::now(),
+        );
+        assert_eq!(listed, 0, "nothing dropped");
+        // The reservation's pod, recorded, takes the stand-in's place: one holding on GPU 1.
+        ext.record(&reservation("r-uid", 1));
+        let held: Vec<String> = ext.ledger().uids();
+        assert_eq!(held, ["r-uid", "w0"], "the stand-in is gone");
+        assert_eq!(
+            ext.ledger()
+                .with_node("n1", |nl| nl.usage.reserved.clone())
+                .unwrap(),
+            [0, 1]
+        );
+        assert_eq!(take_whole(&ext, "w1"), Err(Reason::NoFreeGpus));
+        // Released with its pod, the GPU is free again.
+        ext.forget_pod("r-uid");
+        assert_eq!(take_whole(&ext, "w1").unwrap(), [1]);
+    }
+
+    /// A create the API refused made nothing: the GPU is free at once. One with no answer that
+    /// never appears lapses with the assumption.
+    #[test]
+    fn a_refused_create_frees_the_gpu_and_a_lost_one_lapses() {
+        let ext = state(Duration::from_millis(300));
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        hold(&ext, &scorer, "n1", 0, false)
+            .unwrap()
+            .settle(&Err(CreateError::NoImage));
+        assert!(ext.ledger().uids().is_empty(), "released");
+        hold(&ext, &scorer, "n1", 0, false)
+            .unwrap()
+            .settle(&Err(CreateError::Unanswered));
+        assert_eq!(ext.ledger().uids().len(), 1, "held");
+        std::thread::sleep(Duration::from_millis(400));
+        ext.run_pending();
+        assert!(ext.ledger().uids().is_empty(), "lapsed");
+        assert_eq!(whole_gpus(&ext), [0, 0]);
+    }
+
+    /// A create that found the reservation existing keeps the stand-in only while the ledger
+    /// has not recorded the reservation's pod (a racing create's, still on its way).
+    #[test]
+    fn an_existing_reservation_keeps_the_stand_in_only_until_recorded() {
+        let ext = state(Duration::from_secs(60));
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        hold(&ext, &scorer, "n1", 1, false)
+            .unwrap()
+            .settle(&Ok(None));
+        assert_eq!(ext.ledger().uids().len(), 1, "kept: not recorded yet");
+        ext.record(&reservation("r-uid", 1));
+        hold(&ext, &scorer, "n1", 1, false)
+            .unwrap()
+            .settle(&Ok(None));
+        assert_eq!(ext.ledger().uids(), ["r-uid"], "released: recorded");
+    }
+
+    /// A GPU given whole takes no reservation: nothing is held, and nothing is to be created.
+    #[test]
+    fn a_gpu_given_whole_is_not_held_for_a_reservation() {
+        let ext = state(Duration::from_secs(60));
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        take_whole(&ext, "w0").unwrap();
+        take_whole(&ext, "w1").unwrap();
+        assert!(hold(&ext, &scorer, "n1", 1, false).is_err());
+        assert_eq!(ext.ledger().uids(), ["w0", "w1"]);
+    }
+}
