@@ -22,6 +22,7 @@ pub mod mig;
 pub mod nvidia;
 pub mod packing;
 pub mod policy;
+pub mod quota;
 pub mod request;
 pub mod reservation;
 pub mod server;

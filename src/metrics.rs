@@ -91,6 +91,7 @@ pub struct Metrics {
     rejections: Family<ReasonLabels, Counter>,
     drift: Family<ResultLabels, Counter>,
     reservation_actions: Family<ActionLabels, Counter>,
+    advertisements: Family<ResultLabels, Counter>,
     reservations: Family<StateLabels, Gauge>,
     requeues: Counter,
     fragmented_milli: Gauge,
@@ -161,6 +162,12 @@ impl Metrics {
             "reservation_actions",
             "Actions of the reservation controller (per-GPU sharing), by action and result",
             reservation_actions.clone(),
+        );
+        let advertisements = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "node_advertisements",
+            "Node status patches advertising gpu-share.io/gpu-milli on GPU nodes, by result",
+            advertisements.clone(),
         );
         let reservations = Family::<StateLabels, Gauge>::default();
         registry.register(
@@ -300,6 +307,7 @@ impl Metrics {
             rejections,
             drift,
             reservation_actions,
+            advertisements,
             reservations,
             requeues,
             fragmented_milli,
@@ -364,6 +372,15 @@ impl Metrics {
                 result: kind.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts one node status patch advertising the quantity (`done`, `error`).
+    pub fn advertisement(&self, result: &str) {
+        self.advertisements
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts one action of the reservation controller (`fill`, `delete`, `create`, `move`,

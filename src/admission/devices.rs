@@ -294,10 +294,10 @@ mod tests {
                 NO_DEVICES
             );
         }
-        // No device: only the unit that brings the pod to the extender.
+        // No device: only the unit that brings the pod to the extender, and its size.
         assert_eq!(
             doc["spec"]["containers"][0]["resources"]["limits"],
-            json!({crate::request::RESOURCE_SHARE: "1"})
+            json!({crate::request::RESOURCE_SHARE: "1", crate::request::RESOURCE_GPU_MILLI: "300"})
         );
         assert!(
             doc["spec"]["containers"][1]
@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(doc["spec"]["securityContext"]["runAsUser"], 1000);
         assert_eq!(
             doc["spec"]["containers"][0]["resources"]["limits"],
-            json!({crate::request::RESOURCE_SHARE: "1"})
+            json!({crate::request::RESOURCE_SHARE: "1", crate::request::RESOURCE_GPU_MILLI: "250"})
         );
         assert_eq!(run(&p, &doc, "another").unwrap(), doc);
         let pod_ = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(doc.clone()).unwrap();

@@ -731,7 +731,8 @@ mod tests {
     #[test]
     fn every_pod_carries_its_size_in_thousandths_for_quotas() {
         let milli = crate::request::RESOURCE_GPU_MILLI;
-        let on = Policy::load("gpuMilli: true\n", "p.yaml").unwrap().policy;
+        let on = Policy::default_policy();
+        assert!(on.gpu_milli, "on by default");
         let run = |obj: &Value| plan(obj, &on, &on.mig_table(), &facts());
         let mutated = |obj: &Value| match run(obj) {
             Decision::Mutate(m) => (apply(obj, &m), m),
@@ -795,8 +796,8 @@ mod tests {
                 d.message
             );
         }
-        // Off in the policy (the default): nothing.
-        let p = Policy::default_policy();
+        // Off in the policy: nothing.
+        let p = Policy::load("gpuMilli: false\n", "p.yaml").unwrap().policy;
         let obj = pod(json!({"gpu-share": "mps-25"}), basic_spec());
         let Decision::Mutate(m) = plan(&obj, &p, &p.mig_table(), &facts()) else {
             panic!()

@@ -319,12 +319,14 @@ impl ExtenderState {
     }
 }
 
-/// Starts the node and pod watches; the extender becomes ready when both have listed.
+/// Starts the node and pod watches; the extender becomes ready when both have listed. Each node
+/// event is shown to `also_node` as well.
 pub fn spawn_watches(
     client: Client,
     ext: Arc<ExtenderState>,
     policy: Arc<PolicyStore>,
     ready: Arc<Readiness>,
+    also_node: impl Fn(&Event<Node>) + Send + 'static,
     shutdown: Receiver<bool>,
 ) {
     let nodes_synced = Arc::new(AtomicBool::new(false));
@@ -339,7 +341,10 @@ pub fn spawn_watches(
         nodes_synced.clone(),
         "nodes",
         shutdown.clone(),
-        move |ev| e.apply_node_event(&mut relist, ev, &p.current().reading),
+        move |ev| {
+            also_node(&ev);
+            e.apply_node_event(&mut relist, ev, &p.current().reading)
+        },
     ));
 
     let pod_stream = watch::pod_events(client);

@@ -1,8 +1,10 @@
 //! Quotas that count fractions: every gpu-share pod carries its size in thousandths of a GPU
 //! (`gpu-share.io/gpu-milli`), and a ResourceQuota on `requests.gpu-share.io/gpu-milli` caps a
 //! namespace's GPUs through the API server's own quota admission. The pods carrying it are bound
-//! as before (kube-scheduler ignores it on gpu-share's say-so; kubelet's part is read from its
-//! code: docs/quotas.md), on device-plugin nodes and on a node shared per GPU alike.
+//! as before (kube-scheduler ignores it on gpu-share's say-so, and every GPU node advertises its
+//! GPUs in thousandths, patched by gpu-share, again after the node registers anew; kubelet's
+//! part is read from its code: docs/quotas.md), on device-plugin nodes and on a node shared per
+//! GPU alike.
 
 use std::process::Command;
 
@@ -123,13 +125,50 @@ fn register(c: &Cluster, file: &str) -> Check {
 /// Nodes of the point's own (earlier points change or delete the shared ones): an MPS node
 /// (4 replicas per GPU) and a time-sliced one (4 per GPU). MIG devices come from
 /// `a100-mig-layout`, which an earlier point left cut into 3g.40gb.
-const OWN_NODES: [&str; 3] = ["quota-mps", "a10-ts4x2", "a100-per-gpu"];
+const OWN_NODES: [&str; 4] = ["quota-mps", "quota-cpu", "a10-ts4x2", "a100-per-gpu"];
+
+/// What `node` advertises of the quantity, capacity and allocatable (`None`: it does not).
+async fn advertised(c: &Cluster, node: &str) -> Result<(Option<String>, Option<String>), String> {
+    let n = Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone())
+        .get(node)
+        .await
+        .map_err(|e| format!("node {node}: {e}"))?;
+    let status = n.status.unwrap_or_default();
+    let read = |m: Option<
+        BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| { m.and_then(|m| m.get("gpu-share.io/gpu-milli").map(|q| q.0.clone())) };
+    Ok((read(status.capacity), read(status.allocatable)))
+}
+
+/// Every GPU node advertises its GPUs in thousandths (2000, which the API server writes `2k`; a
+/// node registered anew, by its kubelet, included); a node without GPUs nothing.
+async fn nodes_advertise(c: &Cluster) -> Check {
+    for (node, gpus) in [("quota-mps", "2k"), ("a10-ts4x2", "2k")] {
+        let last = std::sync::Mutex::new(None);
+        wait_for(
+            &format!("{node} to advertise gpu-share.io/gpu-milli {gpus}"),
+            Duration::from_secs(30),
+            || async {
+                let a = advertised(c, node).await?;
+                *last.lock().unwrap() = Some(a.clone());
+                Ok((a == (Some(gpus.into()), Some(gpus.into()))).then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| format!("{e}; it advertises {:?}", last.lock().unwrap()))?;
+    }
+    let cpu = advertised(c, "quota-cpu").await?;
+    ensure(
+        cpu == (None, None),
+        format!("quota-cpu has no GPU and advertises {cpu:?}"),
+    )
+}
 
 pub async fn quotas(c: &Cluster) -> Check {
     let _ = c.kubectl(&["delete", "namespace", NS, "--wait=true"], None);
     namespace(c, NS).await?;
-    // The quantity on (the policy's default is off: docs/quotas.md), per-GPU forms off (as an
-    // earlier run may have left them).
+    // The quantity on (the policy's default), per-GPU forms off (as an earlier run may have
+    // left them).
     set_policy(
         c,
         &[
@@ -139,6 +178,12 @@ pub async fn quotas(c: &Cluster) -> Check {
     )?;
     register(c, "quota-mps-node.yaml")?;
     register(c, "time-sliced-node.yaml")?;
+    nodes_advertise(c).await?;
+    // A kubelet that registers its node anew (a new Node object) advertises nothing of
+    // gpu-share's: advertised again.
+    kubectl(c, &["delete", "node", "quota-mps", "--wait=true"], None)?;
+    register(c, "quota-mps-node.yaml")?;
+    nodes_advertise(c).await?;
     apply(
         c,
         NS,
@@ -302,7 +347,6 @@ pub async fn quotas(c: &Cluster) -> Check {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     set_policy(c, &per_gpu.map(|(off, on)| (on, off)))?;
-    set_policy(c, &[("gpuMilli: true\n", "gpuMilli: false\n")])?;
     for node in OWN_NODES {
         kubectl(c, &["delete", "node", node, "--wait=false"], None)?;
     }
