@@ -25,7 +25,10 @@ fn kubelet_admits(allocatable: Option<u64>, requested_on_node: u64, pod: u64) ->
 
 #[test]
 fn kubelets_rule_as_read() {
-    assert!(kubelet_admits(None, 10_000, 1000), "not advertised: dropped");
+    assert!(
+        kubelet_admits(None, 10_000, 1000),
+        "not advertised: dropped"
+    );
     assert!(kubelet_admits(Some(2000), 1000, 1000));
     assert!(!kubelet_admits(Some(2000), 1500, 1000));
 }
