@@ -138,12 +138,14 @@ async fn status(args: gpu_share::cli::StatusArgs) -> ExitCode {
         let listed = match &args.server {
             Some(url) => gpu_share::status::from_server(url, args.ca.as_deref(), args.insecure)
                 .await
-                .map(|r| (r, None)),
+                .map(|(r, quotas)| (r, None, quotas.map(Ok))),
             None => gpu_share::status::from_cluster(&policy, &access)
                 .await
-                .map(|(r, pending)| (r, Some(pending))),
+                .map(|f| (f.reports, Some(f.pending), Some(f.quotas))),
         };
-        listed.map(|(r, pending)| gpu_share::status::format(&r, pending.as_deref(), output))
+        listed.map(|(r, pending, quotas)| {
+            gpu_share::status::format(&r, pending.as_deref(), quotas.as_ref(), output)
+        })
     };
     if !args.watch {
         return finish("gpu-share status: ", read().await);

@@ -293,12 +293,21 @@ async fn scenario(client: &Client, ns: &str) -> Result<(), String> {
     .await?;
     ensure(!gpus.is_empty(), "empty gpu-share.io/gpus annotation")?;
 
-    let (reports, _pending) = gpu_share::status::from_cluster(
+    let status = gpu_share::status::from_cluster(
         &Policy::default_policy(),
         &gpu_share::status::ClusterAccess::default(),
     )
     .await
     .map_err(|e| e.to_string())?;
+    // The namespace's GPUs are listed beside its quotas (it has none).
+    let quotas = status.quotas.as_ref().map_err(|e| e.to_string())?;
+    ensure(
+        quotas
+            .iter()
+            .any(|u| u.namespace == ns && u.held_gpus > 0.0 && u.quotas.is_empty()),
+        format!("status lists no GPUs held for {ns}: {quotas:?}"),
+    )?;
+    let reports = status.reports;
     let report = reports
         .iter()
         .find(|r| r.name == node)

@@ -4,6 +4,7 @@
 pub mod binder;
 #[cfg(test)]
 pub mod mock;
+pub mod quotas;
 pub mod reservations;
 pub mod watch;
 

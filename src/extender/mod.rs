@@ -30,6 +30,8 @@ pub struct Context {
     pub cluster: Option<ClusterFacts>,
     /// What the reservation pods bind creates are made of.
     pub reservations: Arc<crate::reservation::Template>,
+    /// The ResourceQuotas, as a watch keeps them (empty without a cluster).
+    pub quotas: Arc<crate::cluster::quotas::Seen>,
 }
 
 impl Context {
@@ -44,6 +46,7 @@ impl Context {
             metrics: Arc::new(Metrics::new()),
             cluster: None,
             reservations: Arc::default(),
+            quotas: Arc::default(),
         }
     }
 }

@@ -6,7 +6,10 @@
 //!   it waits on kube-scheduler's node events in vain, and kubelet admits it by a true bound;
 //! - [`advertiser`]: the leading replica's loop that patches node status to match;
 //! - [`usage`] (pure): each namespace's use against its quotas, in GPUs, for `gpu-share status`
-//!   and the occupancy page.
+//!   and the occupancy page;
+//! - [`report`]: the same from the extender's live state, and `GET /v1/quotas`.
 
 pub mod advertise;
 pub mod advertiser;
+pub mod report;
+pub mod usage;

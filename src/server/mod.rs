@@ -79,6 +79,8 @@ pub struct AppState {
     pub reservations: Arc<crate::reservation::Template>,
     /// `--dev` with `--nodes`: the nodes' MIG forms, for the webhook's `mig.strategy: auto`.
     pub dev_mig_offers: Option<Arc<crate::inventory::MigOffers>>,
+    /// The ResourceQuotas, watched by the extender (each namespace's GPUs against its quotas).
+    pub quotas: Arc<crate::cluster::quotas::Seen>,
 }
 
 impl AppState {
@@ -97,6 +99,7 @@ impl AppState {
             annotation_writers: Arc::new(vec![admission::guard::DEFAULT_WRITER.to_string()]),
             reservations: Arc::default(),
             dev_mig_offers: None,
+            quotas: Arc::default(),
         }
     }
 }
@@ -121,6 +124,7 @@ impl FromRef<AppState> for extender::Context {
             metrics: app.metrics.clone(),
             cluster: app.cluster.clone(),
             reservations: app.reservations.clone(),
+            quotas: app.quotas.clone(),
         }
     }
 }
@@ -180,7 +184,8 @@ pub fn router(state: AppState) -> Router {
                 "/scheduler/preempt",
                 bounded(post(ext::preempt_handler), "preempt", EXTENDER_BODY_LIMIT),
             )
-            .route("/v1/nodes", get(ext::nodes_handler));
+            .route("/v1/nodes", get(ext::nodes_handler))
+            .route("/v1/quotas", get(crate::quota::report::handler));
     }
     r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -197,6 +202,7 @@ fn endpoint_of(path: &str) -> &'static str {
         "/scheduler/bind" => "bind",
         "/scheduler/preempt" => "preempt",
         "/v1/nodes" => "nodes",
+        "/v1/quotas" => "quotas",
         "/livez" => "livez",
         "/readyz" => "readyz",
         "/metrics" => "metrics",
@@ -240,6 +246,7 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/nodes", get(local_nodes))
+        .route("/v1/quotas", get(local_quotas))
         .route("/", get(local_page))
         .route("/ui/style.css", get(crate::ui::style_handler))
         .route("/ui/page.js", get(crate::ui::script_handler))
@@ -280,6 +287,23 @@ async fn local_nodes(
         _ => json_error(
             StatusCode::FORBIDDEN,
             "/v1/nodes names pods, so the plain-HTTP admin port serves it to loopback clients only: use kubectl port-forward to this port, or the HTTPS port",
+        ),
+    }
+}
+
+/// `/v1/quotas` on the plain-HTTP admin port: it names namespaces, so, as `/v1/nodes`, only to
+/// loopback clients.
+async fn local_quotas(
+    state: State<extender::Context>,
+    peer: Option<axum::Extension<conn::Peer>>,
+) -> Response {
+    match peer {
+        Some(axum::Extension(conn::Peer(addr))) if addr.ip().to_canonical().is_loopback() => {
+            crate::quota::report::handler(state).await
+        }
+        _ => json_error(
+            StatusCode::FORBIDDEN,
+            "/v1/quotas names namespaces, so the plain-HTTP admin port serves it to loopback clients only: use kubectl port-forward to this port, or the HTTPS port",
         ),
     }
 }
@@ -450,6 +474,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
+    let quotas = Arc::new(crate::cluster::quotas::Seen::default());
+    if let (Some(_), Some(c)) = (&extender, &cluster) {
+        quotas.watch(c.client().clone(), shutdown_rx.clone());
+    }
     let dev_mig_offers = policy::dev_mig_offers(&args, &store)?;
     let state = AppState {
         role: args.role,
@@ -466,6 +494,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         annotation_writers: Arc::new(args.annotation_writers.clone()),
         reservations,
         dev_mig_offers,
+        quotas,
     };
     serve(&args, state, tls, shutdown_rx).await
 }

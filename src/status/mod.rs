@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::extender::report::{NodeReport, by_node, report};
 use crate::ledger::Ledger;
 use crate::policy::Policy;
+use crate::quota::usage::NamespaceUse;
 
 mod table;
 pub use table::*;
@@ -41,15 +42,17 @@ pub enum StatusError {
         #[source]
         source: hyper::Error,
     },
-    #[error("{url}/v1/nodes answered {status}: {body}")]
+    #[error("{url}{path} answered {status}: {body}")]
     Answered {
         url: String,
+        path: &'static str,
         status: http::StatusCode,
         body: String,
     },
-    #[error("{url}/v1/nodes: unexpected body: {source}")]
+    #[error("{url}{path}: unexpected body: {source}")]
     Body {
         url: String,
+        path: &'static str,
         #[source]
         source: serde_json::Error,
     },
@@ -93,19 +96,13 @@ pub enum StatusError {
     Client(kube::Error),
 }
 
-/// Reads `/v1/nodes` from a running service (`http://` admin port or `https://` service port).
+/// Reads `/v1/nodes` from a running service (`http://` admin port or `https://` service port),
+/// and `/v1/quotas` (`None` from a service that does not serve it yet).
 pub async fn from_server(
     url: &str,
     ca: Option<&Path>,
     insecure: bool,
-) -> Result<Vec<NodeReport>, StatusError> {
-    let base = url.trim_end_matches('/');
-    let uri: http::Uri = format!("{base}/v1/nodes")
-        .parse()
-        .map_err(|source| StatusError::Url {
-            url: url.to_string(),
-            source,
-        })?;
+) -> Result<(Vec<NodeReport>, Option<Vec<NamespaceUse>>), StatusError> {
     let tls = client_tls(ca, insecure)?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
@@ -114,6 +111,33 @@ pub async fn from_server(
         .build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, Empty<bytes::Bytes>>(connector);
+    let nodes = get_json(&client, url, "/v1/nodes").await?;
+    let quotas = match get_json(&client, url, "/v1/quotas").await {
+        Ok(q) => Some(q),
+        Err(StatusError::Answered { status, .. }) if status == http::StatusCode::NOT_FOUND => None,
+        Err(e) => return Err(e),
+    };
+    Ok((nodes, quotas))
+}
+
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Empty<bytes::Bytes>,
+>;
+
+/// `GET url + path`, read as JSON.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    client: &HttpClient,
+    url: &str,
+    path: &'static str,
+) -> Result<T, StatusError> {
+    let base = url.trim_end_matches('/');
+    let uri: http::Uri = format!("{base}{path}")
+        .parse()
+        .map_err(|source| StatusError::Url {
+            url: url.to_string(),
+            source,
+        })?;
     let req = http::Request::get(uri).body(Empty::new())?;
     let resp = tokio::time::timeout(std::time::Duration::from_secs(15), client.request(req))
         .await
@@ -137,12 +161,14 @@ pub async fn from_server(
     if !status.is_success() {
         return Err(StatusError::Answered {
             url: url.to_string(),
+            path,
             status,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
     }
     serde_json::from_slice(&body).map_err(|source| StatusError::Body {
         url: url.to_string(),
+        path,
         source,
     })
 }
@@ -290,10 +316,19 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 
 /// Builds the reports from the cluster: lists nodes and pods and rebuilds the ledger as the
 /// extender does; and lists the gpu-share pods still waiting for a node.
+/// What `gpu-share status` read from the cluster: the node reports, the pending pods, and each
+/// namespace's GPUs against its quotas (or why the ResourceQuotas could not be listed).
+#[derive(Debug)]
+pub struct FromCluster {
+    pub reports: Vec<NodeReport>,
+    pub pending: Vec<PendingPod>,
+    pub quotas: Result<Vec<NamespaceUse>, QuotasUnreadable>,
+}
+
 pub async fn from_cluster(
     policy: &Policy,
     access: &ClusterAccess,
-) -> Result<(Vec<NodeReport>, Vec<PendingPod>), StatusError> {
+) -> Result<FromCluster, StatusError> {
     let client = access.client().await?;
     let listed =
         crate::extender::sync::list_compact(&client, &crate::inventory::Reading::of(policy))
@@ -303,6 +338,10 @@ pub async fn from_cluster(
         .await
         .map_err(StatusError::ListPending)?;
     let mut reports = reports_of(policy, listed);
+    let quotas = crate::cluster::quotas::list(&client, access.namespace.as_deref())
+        .await
+        .map(|q| quotas_of(&reports, &q))
+        .map_err(QuotasUnreadable);
     if let Some(ns) = &access.namespace {
         pending.retain(|p| &p.namespace == ns);
         let prefix = format!("{ns}/");
@@ -313,7 +352,31 @@ pub async fn from_cluster(
             }
         }
     }
-    Ok((reports, pending))
+    let quotas = quotas.map(|mut q| {
+        if let Some(ns) = &access.namespace {
+            q.retain(|u| &u.namespace == ns);
+        }
+        q
+    });
+    Ok(FromCluster {
+        reports,
+        pending,
+        quotas,
+    })
+}
+
+/// Each namespace's GPUs from the node reports' pods (gpu-share's reservations left out) beside
+/// the ResourceQuotas.
+pub fn quotas_of(
+    reports: &[NodeReport],
+    quotas: &[k8s_openapi::api::core::v1::ResourceQuota],
+) -> Vec<NamespaceUse> {
+    let held = reports
+        .iter()
+        .flat_map(|r| &r.pods)
+        .filter(|p| p.kind != "reservation")
+        .map(|p| (p.namespace.as_str(), p.gpus));
+    crate::quota::usage::by_namespace(held, quotas)
 }
 
 /// How `status` reaches the cluster: kubectl's `--kubeconfig`, `--context` and `--namespace`,
@@ -442,6 +505,59 @@ pub fn reports_from(policy: &Policy, nodes: &[Node], pods: &[Pod]) -> Vec<NodeRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_namespace_against_its_quotas_under_the_table() {
+        let nodes =
+            crate::server::parse_nodes(include_str!("../../tests/fixtures/extender/nodes.yaml"))
+                .unwrap();
+        let pod = |name: &str, request: &str, node: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
+                             "annotations": {"gpu-share.io/request": request}},
+                "spec": {"containers": [{"name": "c"}], "nodeName": node},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        let pods = [
+            pod("trainer", "mig-3g.40gb", "a100-mig"),
+            pod("infer", "exclusive", "l40s-plain"),
+        ];
+        let reports = reports_from(&Policy::default_policy(), &nodes, &pods);
+        let quota: k8s_openapi::api::core::v1::ResourceQuota =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "gpus", "namespace": "ml"},
+                "spec": {"hard": {"requests.gpu-share.io/gpu-milli": "2k"}},
+                "status": {"used": {"requests.gpu-share.io/gpu-milli": "428"}},
+            }))
+            .unwrap();
+        let quotas = quotas_of(&reports, &[quota]);
+        assert_eq!(quotas.len(), 1);
+        assert_eq!((quotas[0].pods, quotas[0].held_gpus), (2, 1.43));
+        let table = format(&reports, Some(&[]), Some(&Ok(quotas)), Output::Table);
+        let section = &table[table.find("GPUs per namespace").expect(&table)..];
+        assert!(section.contains("NAMESPACE"), "{section}");
+        let row = section.lines().find(|l| l.starts_with("ml")).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells, ["ml", "2", "1.43", "gpus", "0.43", "2.00"]);
+        assert!(
+            section.contains("ml: 1 GPUs held by pods that carry no gpu-share.io/gpu-milli"),
+            "{section}"
+        );
+        let unreadable = format(
+            &reports,
+            None,
+            Some(&Err(QuotasUnreadable(kube::Error::TlsRequired))),
+            Output::Table,
+        );
+        assert!(
+            unreadable.contains("\nquotas: cannot list ResourceQuotas: "),
+            "{unreadable}"
+        );
+        let json = format(&reports, None, Some(&Ok(vec![])), Output::Json);
+        assert!(!json.contains("NAMESPACE"), "JSON is /v1/nodes' shape");
+    }
 
     #[test]
     fn table_from_listed_nodes_and_pods() {

@@ -1,6 +1,7 @@
 //! The `gpu-share status` output: the table, the wide table, JSON and YAML.
 
 use crate::extender::report::NodeReport;
+use crate::quota::usage::NamespaceUse;
 
 /// `gpu-share status -o`: kubectl's output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -25,14 +26,27 @@ impl Output {
 /// How often `gpu-share status --watch` reads the ledger again.
 pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The reports (and, read from the cluster, the pending pods) in `output`'s format. JSON and
-/// YAML carry the reports alone, as `/v1/nodes` does; YAML as one document (`---` first, so a
-/// watch's documents stay apart).
-pub fn format(reports: &[NodeReport], pending: Option<&[PendingPod]>, output: Output) -> String {
-    let pending = || pending.map(render_pending).unwrap_or_default();
+/// The reports (and, read from the cluster, the pending pods; and each namespace's GPUs against
+/// its quotas, or why they could not be read) in `output`'s format. JSON and YAML carry the
+/// reports alone, as `/v1/nodes` does; YAML as one document (`---` first, so a watch's documents
+/// stay apart).
+pub fn format(
+    reports: &[NodeReport],
+    pending: Option<&[PendingPod]>,
+    quotas: Option<&Result<Vec<NamespaceUse>, QuotasUnreadable>>,
+    output: Output,
+) -> String {
+    let after = || {
+        let quotas = match quotas {
+            Some(Ok(q)) => render_quotas(q),
+            Some(Err(why)) => format!("quotas: {why}\n"),
+            None => String::new(),
+        };
+        pending.map(render_pending).unwrap_or_default() + &quotas
+    };
     match output {
-        Output::Table => render(reports) + &pending(),
-        Output::Wide => render_wide(reports) + &pending(),
+        Output::Table => render(reports) + &after(),
+        Output::Wide => render_wide(reports) + &after(),
         Output::Json => serde_json::to_string_pretty(reports).unwrap_or_default() + "\n",
         Output::Yaml => format!(
             "---\n{}",
@@ -262,6 +276,55 @@ pub fn render_pending(pending: &[PendingPod]) -> String {
     }
     out
 }
+
+/// Each namespace's GPUs under the pending pods: what gpu-share holds for it, and each of its
+/// quotas on the quantity, counted against allowed, in GPUs; a note where the counts differ.
+pub fn render_quotas(quotas: &[NamespaceUse]) -> String {
+    if quotas.is_empty() {
+        return "no namespace holds GPUs or has a quota on gpu-share.io/gpu-milli\n".to_string();
+    }
+    let g = |x: f64| format!("{x:.2}");
+    let mut rows =
+        vec![["NAMESPACE", "PODS", "HELD", "QUOTA", "COUNTED", "ALLOWED"].map(String::from)];
+    let mut notes = Vec::new();
+    for u in quotas {
+        let first = u.quotas.first();
+        rows.push([
+            u.namespace.clone(),
+            u.pods.to_string(),
+            g(u.held_gpus),
+            first.map_or("-".into(), |q| q.name.clone()),
+            first.and_then(|q| q.used_gpus).map_or("-".into(), g),
+            first.map_or("-".into(), |q| g(q.hard_gpus)),
+        ]);
+        for q in u.quotas.iter().skip(1) {
+            rows.push([
+                String::new(),
+                String::new(),
+                String::new(),
+                q.name.clone(),
+                q.used_gpus.map_or("-".into(), g),
+                g(q.hard_gpus),
+            ]);
+        }
+        if let Some(n) = u.note() {
+            notes.push(format!("  {}: {n}\n", u.namespace));
+        }
+    }
+    let mut out = format!(
+        "GPUs per namespace (held: gpu-share's ledger; counted and allowed: ResourceQuotas on requests.gpu-share.io/gpu-milli):\n{}",
+        table(&rows)
+    );
+    for n in notes {
+        out.push_str(&n);
+    }
+    out
+}
+
+/// Why the ResourceQuotas could not be listed (said under the table; the rest stands).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list ResourceQuotas: {0}")]
+pub struct QuotasUnreadable(#[source] pub kube::Error);
 
 /// A gpu-share pod no node has taken yet, with kube-scheduler's last word on it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The occupancy page on the admin listener: `/` (the page, [`page::render`]) and its assets
 //! under `/ui/`, embedded in the binary (no CDN: clusters are often offline). The page is built
-//! from the extender's live state: the same node reports as `/v1/nodes`, and the pods waiting
-//! for a node.
+//! from the extender's live state: the same node reports as `/v1/nodes`, the pods waiting for a
+//! node, and each namespace's GPUs against its quotas (as `/v1/quotas`).
 
 pub mod page;
 
@@ -26,6 +26,7 @@ pub const SCRIPT: &str = include_str!("page.js");
 pub fn occupancy(
     ext: &ExtenderState,
     mig: &crate::mig::MigTable,
+    quotas: &[k8s_openapi::api::core::v1::ResourceQuota],
     now: SystemTime,
 ) -> page::Occupancy {
     let reservations = by_node(ext.reservations.pods());
@@ -53,6 +54,7 @@ pub fn occupancy(
         nodes,
         usual: usual.map(|d| d.gpu.to_string()),
         pending,
+        quotas: crate::quota::report::of(ext, quotas),
     }
 }
 
@@ -68,7 +70,10 @@ pub async fn page_handler(
         );
     };
     let policy = state.policy.current();
-    let html = page::render(&occupancy(ext, &policy.mig, SystemTime::now()), &filter);
+    let html = page::render(
+        &occupancy(ext, &policy.mig, &state.quotas.all(), SystemTime::now()),
+        &filter,
+    );
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),

@@ -20,6 +20,8 @@ pub struct Occupancy {
     pub usual: Option<String>,
     /// gpu-share pods waiting for a node, longest waiting first.
     pub pending: Vec<Waiting>,
+    /// Each namespace's GPUs against its quotas on `gpu-share.io/gpu-milli`.
+    pub quotas: Vec<crate::quota::usage::NamespaceUse>,
 }
 
 /// A gpu-share pod waiting for a node.
@@ -165,6 +167,7 @@ pub fn render(o: &Occupancy, f: &Filter) -> String {
                 (filters(o, f))
                 (summary(&shown, o.usual.as_deref(), f))
                 (waiting(&pending))
+                (quotas(&o.quotas, f))
                 section #nodes {
                     h2 { "Nodes" }
                     p.count #node-count {
@@ -312,6 +315,54 @@ fn waiting(pending: &[&Waiting]) -> Markup {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Each namespace's GPUs: what gpu-share holds for it, and each quota on the quantity, what it
+/// counts against what it allows (the namespace filter applies).
+fn quotas(all: &[crate::quota::usage::NamespaceUse], f: &Filter) -> Markup {
+    let shown: Vec<_> = all
+        .iter()
+        .filter(|u| f.namespace.is_empty() || u.namespace == f.namespace)
+        .collect();
+    html! {
+        section #quotas {
+            h2 { "Namespaces and their quotas" }
+            @if shown.is_empty() {
+                p { "No namespace holds GPUs or has a quota on gpu-share.io/gpu-milli." }
+            } @else {
+                table {
+                    thead { tr { th { "namespace" } th.n { "pods" } th.n { "held" } th { "quota" } th.n { "counted" } th.n { "allowed" } th { "note" } } }
+                    tbody {
+                        @for u in &shown {
+                            @let rows = u.quotas.len().max(1);
+                            tr data-namespace=(u.namespace) {
+                                td rowspan=(rows) { (u.namespace) }
+                                td.n rowspan=(rows) { (u.pods) }
+                                td.n rowspan=(rows) { (gpus(u.held_gpus)) }
+                                @match u.quotas.first() {
+                                    Some(q) => {
+                                        td { (q.name) }
+                                        td.n { (q.used_gpus.map_or("-".to_string(), gpus)) }
+                                        td.n { (gpus(q.hard_gpus)) }
+                                    }
+                                    None => { td { "none" } td.n { "-" } td.n { "-" } }
+                                }
+                                td.reason rowspan=(rows) { (u.note().unwrap_or_default()) }
+                            }
+                            @for q in u.quotas.iter().skip(1) {
+                                tr data-namespace=(u.namespace) {
+                                    td { (q.name) }
+                                    td.n { (q.used_gpus.map_or("-".to_string(), gpus)) }
+                                    td.n { (gpus(q.hard_gpus)) }
+                                }
+                            }
+                        }
+                    }
+                }
+                p.count { "In GPUs. Counted: the ResourceQuota's own count of requests.gpu-share.io/gpu-milli (pods waiting included); held: what gpu-share holds for the namespace's bound pods." }
             }
         }
     }
@@ -514,7 +565,42 @@ mod tests {
                 waited: Duration::from_secs(125),
                 reason: Some("0/4 nodes fit: 1 <no> MPS replica".into()),
             }],
+            quotas: crate::quota::usage::by_namespace(
+                [("ml", 0.43), ("web", 0.5)],
+                &[serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "gpus<q>", "namespace": "ml"},
+                    "spec": {"hard": {"requests.gpu-share.io/gpu-milli": "1500"}},
+                    "status": {"used": {"requests.gpu-share.io/gpu-milli": "428"}},
+                }))
+                .unwrap()],
+            ),
         }
+    }
+
+    /// Each namespace with what gpu-share holds for it and its quota in GPUs; a namespace
+    /// without a quota says none; the namespace filter applies; names are text.
+    #[test]
+    fn namespaces_show_their_quotas_in_gpus() {
+        let o = example();
+        let html = render(&o, &Filter::default());
+        let section =
+            &html[html.find("id=\"quotas\"").unwrap()..html.find("id=\"nodes\"").unwrap()];
+        assert!(section.contains("data-namespace=\"ml\""), "{section}");
+        assert!(section.contains("gpus&lt;q&gt;"), "{section}");
+        assert!(
+            section.contains(">0.43<") && section.contains(">1.5<"),
+            "{section}"
+        );
+        assert!(section.contains(">none<"), "web has no quota: {section}");
+        let ml = render(
+            &o,
+            &Filter {
+                namespace: "ml".into(),
+                ..Default::default()
+            },
+        );
+        let section = &ml[ml.find("id=\"quotas\"").unwrap()..ml.find("id=\"nodes\"").unwrap()];
+        assert!(!section.contains("data-namespace=\"web\""), "{section}");
     }
 
     fn nodes_of(html: &str) -> Vec<String> {

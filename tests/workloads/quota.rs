@@ -140,6 +140,67 @@ async fn advertised(c: &Cluster, node: &str) -> Result<(Option<String>, Option<S
     Ok((read(status.capacity), read(status.allocatable)))
 }
 
+/// The namespace's GPUs against its quota, as the extender serves them (`/v1/quotas`, which the
+/// page draws) and as `gpu-share status` prints them from the cluster: held `held`, the quota
+/// counting `counted` of 1.5.
+async fn quota_shown(c: &Cluster, held: f64, counted: f64) -> Check {
+    let last = std::sync::Mutex::new(String::new());
+    wait_for(
+        "/v1/quotas to show the namespace's quota",
+        Duration::from_secs(30),
+        || async {
+            let text = c.admin_text("EXTENDER_ADMIN", "/v1/quotas")?;
+            *last.lock().unwrap() = text.clone();
+            let all: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            let ns = all
+                .as_array()
+                .and_then(|a| a.iter().find(|u| u["namespace"] == NS))
+                .cloned()
+                .unwrap_or_default();
+            let q = &ns["quotas"][0];
+            Ok((ns["heldGpus"].as_f64() == Some(held)
+                && q["name"] == QUOTA
+                && q["usedGpus"].as_f64() == Some(counted)
+                && q["hardGpus"] == 1.5)
+                .then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}: {}", last.lock().unwrap()))?;
+    let out = Command::new(common::BIN)
+        .args(["status", "--namespace", NS])
+        .env("KUBECONFIG", c.var("KUBECONFIG"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{NS} ")))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    let (held_f, counted_f) = (held, counted);
+    let (held, counted) = (format!("{held:.2}"), format!("{counted:.2}"));
+    let want = [NS, &held, QUOTA, &counted, "1.50"];
+    ensure(
+        out.status.success()
+            && row
+                .as_ref()
+                .is_some_and(|r| r.len() == 6 && r[0] == want[0] && r[2..] == want[1..]),
+        format!(
+            "gpu-share status does not show {want:?}:\n{table}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    let diff = ((held_f - counted_f) * 100.0).round() / 100.0;
+    let note = format!("  {NS}: {diff} GPUs held by pods that carry no gpu-share.io/gpu-milli");
+    ensure(
+        diff == 0.0 || table.lines().any(|l| l.starts_with(&note)),
+        format!(
+            "gpu-share status does not say why {held} GPUs are held and {counted} counted:\n{table}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// Every GPU node advertises its GPUs in thousandths (2000, which the API server writes `2k`; a
 /// node registered anew, by its kubelet, included); a node without GPUs nothing.
 async fn nodes_advertise(c: &Cluster) -> Check {
@@ -251,6 +312,7 @@ pub async fn quotas(c: &Cluster) -> Check {
         )?;
     }
     used_becomes(c, "1178").await?;
+    quota_shown(c, 1.18, 1.18).await?;
     // One more is refused at creation, in the API server's words; a Deployment's ReplicaSet says
     // the same in its events.
     refused(c, &bare("one-more", "timeslice-50", "a10-ts4x2"), "500")?;
@@ -293,6 +355,19 @@ pub async fn quotas(c: &Cluster) -> Check {
         ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
     ];
     set_policy(c, &per_gpu)?;
+    // The extender told the reservation image (it runs outside a pod here), and the runtime
+    // class reservations run under, as the per-GPU point leaves them; this point may run alone.
+    let _ = c.kubectl(
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
+    );
+    c.stop("extender");
+    c.start_process_with(
+        "extender",
+        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
+    );
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
     wait_for(
         "the webhook to take the per-GPU form",
         Duration::from_secs(30),
@@ -317,6 +392,7 @@ pub async fn quotas(c: &Cluster) -> Check {
     .await?;
     apply(c, NS, &bare("per-gpu", "timeslice-30", "a100-per-gpu"))?;
     used_becomes(c, "1478").await?;
+    quota_shown(c, 1.48, 1.48).await?;
     refused(c, &bare("one-more", "mps-25", "quota-mps"), "250")?;
 
     // Pods admitted before the quantity (here: with the policy's gpuMilli off) carry none: the
@@ -326,6 +402,8 @@ pub async fn quotas(c: &Cluster) -> Check {
     apply(c, NS, &bare("before-upgrade", "mps-25", "quota-mps"))?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     used_becomes(c, "1478").await?;
+    // gpu-share holds it all the same, and says so.
+    quota_shown(c, 1.73, 1.48).await?;
     set_policy(c, &[("gpuMilli: false\n", "gpuMilli: true\n")])?;
     webhook_writes(c, true).await?;
 
