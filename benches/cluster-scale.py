@@ -115,6 +115,14 @@ class Api:
                     time.sleep(0.5 * (attempt + 1))
                     continue
                 raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read()[:300]!r}") from None
+            except (ConnectionError, TimeoutError, urllib.error.URLError) as e:
+                # A loaded API server may drop a long call (deleting 20,000 pods at once did, at
+                # 5,000 nodes): reads, patches and deletes are tried again (a create is not).
+                if attempt < 4 and method != "POST":
+                    log(f"{method} {path}: {e}; trying again")
+                    time.sleep(2 * (attempt + 1))
+                    continue
+                raise
 
 
 def env_of(directory):
@@ -300,6 +308,11 @@ def run(args, directory):
     cfg["clientConnection"].update({"qps": QPS, "burst": BURST})
     yaml.safe_dump(cfg, open(f"{directory}/scheduler-config.yaml", "w"), sort_keys=False)
 
+    # ---- the quantity advertised on every GPU node (gpu-share.io/gpu-milli, docs/quotas.md) ----
+    adv = advertisement(api, directory)
+    log(f"advertised: {adv['advertising']} of {adv['nodes']} nodes, {adv['patched']} patches in "
+        f"{adv['batches']} batches, {adv['span']:.1f} s from the first to the last")
+
     # ---- gpu-share ----
     stop(directory, "kube-scheduler")
     ensure_namespace(api, "scale")
@@ -342,6 +355,9 @@ def run(args, directory):
             # gpu-share's env, and the token volume the ServiceAccount plugin adds again.
             c.pop("env", None)
             c.pop("volumeMounts", None)
+            # gpu-share's quantity, which the default profile does not know to ignore.
+            for part in ("limits", "requests"):
+                c.get("resources", {}).get(part, {}).pop("gpu-share.io/gpu-milli", None)
         keep["schedulerName"] = "bench-default"
         plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
     api.call("DELETE", "/api/v1/namespaces/scale/pods", {"gracePeriodSeconds": 0})
@@ -401,8 +417,56 @@ def run(args, directory):
         f"Extender RSS after the gpu-share run: {ext_rss:.0f} MiB, its ledger holding "
         f"{ledger_pods} pods on {len(ledger)} nodes.",
         "",
+        "The quantity (`gpu-share.io/gpu-milli`, on by default): every gpu-share pod above carries it "
+        "(the baseline's pods do not), and the leading extender advertises it on every GPU node by a "
+        f"node status patch. {adv['advertising']} of {adv['nodes']} nodes advertised it "
+        f"({adv['patched']} patches, {adv['failed']} failed, in {adv['batches']} batches of at most 16 "
+        f"in flight, {adv['patching']:.1f} s of patching in all; {adv['span']:.1f} s from the first "
+        "batch's start to the last batch's end, "
+        f"{adv['patched'] / max(adv['span'], 1e-9):.0f} nodes/s, while the cluster came up; read from "
+        "the extender's log), and once each: "
+        f"{adv['later']} patches in the {adv['after']:.0f} s that followed.",
+        "",
     ]
     return "\n".join(lines)
+
+
+def advertisement(api, directory):
+    """Waits (up to 10 min) until every GPU node advertises gpu-share.io/gpu-milli, then reads the
+    advertiser's batches from the extender's log: nodes patched, failures, batches, and the span
+    from the first batch's start to the last one's end; then how many more patches came in the
+    next 30 s (none: each node is patched once)."""
+    deadline = time.time() + 600
+    while True:
+        items = api.call("GET", "/api/v1/nodes")["items"]
+        gpu = [n for n in items if n["metadata"].get("labels", {}).get("nvidia.com/gpu.present") == "true"]
+        have = [n for n in gpu if "gpu-share.io/gpu-milli" in n.get("status", {}).get("capacity", {})]
+        if len(have) == len(gpu) or time.time() > deadline:
+            break
+        time.sleep(2)
+
+    def batches():
+        out = []
+        for line in open(f"{directory}/logs/extender.log"):
+            if "GPU nodes advertise gpu-share.io/gpu-milli" not in line:
+                continue
+            e = json.loads(line)
+            end = time.mktime(time.strptime(e["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")) + \
+                float("0." + e["timestamp"][20:-1] if len(e["timestamp"]) > 20 else 0)
+            out.append((end - e["seconds"], end, e["nodes"], e["failed"]))
+        return out
+
+    first = batches()
+    after = 30
+    time.sleep(after)
+    later = sum(b[2] for b in batches()[len(first):])
+    return {
+        "nodes": len(gpu), "advertising": len(have), "batches": len(first),
+        "patched": sum(b[2] for b in first), "failed": sum(b[3] for b in first),
+        "patching": sum(b[1] - b[0] for b in first),
+        "span": (max(b[1] for b in first) - min(b[0] for b in first)) if first else 0.0,
+        "later": later, "after": after,
+    }
 
 
 if __name__ == "__main__":

@@ -17,11 +17,16 @@ pub const REQUEST: &str = "gpu-share.io/request";
 /// The annotation the extender binds with: `index:thousandths` per GPU, comma-separated.
 pub const GPUS: &str = "gpu-share.io/gpus";
 
+/// The quantity every gpu-share pod carries, and GPU nodes advertise.
+const GPU_MILLI: &str = "gpu-share.io/gpu-milli";
+
 /// One node's capacity as the API gives it.
 #[derive(Debug, Default)]
 pub struct NodeFacts {
     pub allocatable: BTreeMap<String, u64>,
     pub gpus: u32,
+    /// What the node advertises of gpu-share.io/gpu-milli (allocatable), if it does.
+    pub gpu_milli: Option<u64>,
 }
 
 /// One pod as the API gives it, reduced to what the invariants read.
@@ -41,6 +46,8 @@ pub struct PodFacts {
     pub gpus: Vec<(u32, u32)>,
     /// nvidia.com/* limits, summed over containers.
     pub limits: BTreeMap<String, u64>,
+    /// gpu-share.io/gpu-milli limits, summed over containers.
+    pub gpu_milli: u64,
     /// Reads its GPU from a devices ConfigMap (the per-GPU form).
     pub per_gpu: bool,
     pub created: Option<Timestamp>,
@@ -123,6 +130,13 @@ fn facts(p: &Pod) -> PodFacts {
         request: ann.get(REQUEST).cloned(),
         gpus: ann.get(GPUS).map(|g| parse_gpus(g)).unwrap_or_default(),
         limits: nvidia_limits(p),
+        gpu_milli: p
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU_MILLI))
+            .filter_map(|q| gpu_share::inventory::quantity_count(&q.0))
+            .sum(),
         per_gpu: p
             .spec
             .as_ref()
@@ -143,6 +157,11 @@ pub async fn read(c: &Cluster) -> Result<World, String> {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         let facts = NodeFacts {
             allocatable: nvidia_allocatable(&n),
+            gpu_milli: n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref()?.get(GPU_MILLI))
+                .and_then(|q| gpu_share::inventory::quantity_count(&q.0)),
             gpus: labels
                 .get("nvidia.com/gpu.count")
                 .and_then(|c| c.parse().ok())
@@ -195,7 +214,8 @@ impl World {
     /// (MIG devices, time-slicing and MPS replicas, whole GPUs) within the node's allocatable;
     /// each GPU within 1000 thousandths (time-slicing and MPS budgets, per-GPU budgets,
     /// exclusive GPUs) and one class; on a node shared per GPU, no more GPUs held (exclusive,
-    /// reserved) than it has, and one reservation per GPU. The violations, in words.
+    /// reserved) than it has, and one reservation per GPU; gpu-share.io/gpu-milli within what
+    /// the node advertises (kubelet's admission). The violations, in words.
     pub fn over_capacity(&self) -> Vec<String> {
         let mut out = Vec::new();
         let bound = self.bound();
@@ -221,6 +241,16 @@ impl World {
                 if used > has {
                     out.push(format!("{node}: {used} {r} bound, {has} allocatable"));
                 }
+            }
+            // kubelet's admission: the quantity within what the node advertises (a node that
+            // does not advertise it yet has kubelet drop it).
+            let milli: u64 = pods.iter().map(|p| p.gpu_milli).sum();
+            if let Some(has) = n.gpu_milli
+                && milli > has
+            {
+                out.push(format!(
+                    "{node}: {milli} {GPU_MILLI} bound, {has} advertised"
+                ));
             }
             for (i, (milli, classes, who)) in &per_gpu {
                 if *milli > 1000 {
