@@ -120,6 +120,23 @@ fn phase(p: &Pod) -> &str {
         .unwrap_or("")
 }
 
+/// Reservation pods can run: the RuntimeClass they name exists, and the extender knows their
+/// image (it runs outside a pod here, so it cannot read its own): restarted with it.
+async fn reservations_can_run(c: &Cluster) -> Check {
+    let _ = c.kubectl(
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
+    );
+    c.stop("extender");
+    c.start_process_with(
+        "extender",
+        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
+    );
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    Ok(())
+}
+
 fn node_of(p: &Pod) -> Option<&str> {
     p.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }

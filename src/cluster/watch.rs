@@ -10,6 +10,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -108,4 +109,42 @@ pub async fn list_nodes(client: &Client, each: impl FnMut(&Node)) -> Result<(), 
         each,
     )
     .await
+}
+
+/// A store kept by a watch of `api` (relists included), until shutdown.
+pub fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    mut shutdown: watch::Receiver<bool>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let mut stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .boxed();
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(what, error = %e, "watch error; kube-runtime retries with backoff")
+                }
+                None => return,
+            }
+        }
+    });
+    reader
 }

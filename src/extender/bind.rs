@@ -659,6 +659,19 @@ mod tests {
         assert_eq!(held.as_deref(), Some("n1"));
     }
 
+    /// A `timeslice-30` share in per-GPU form, pointed at its devices ConfigMap.
+    fn per_gpu_share() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                "annotations": {"gpu-share.io/request": "timeslice-30"}},
+            "spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+                    {"name": "gpu-share-devices-a1", "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
+        }))
+        .unwrap()
+    }
+
     /// The chaos run's case: a share's bind creates its GPU's reservation, the API server takes
     /// longer than bind waits, and the bind fails (the share released). The reservation pod
     /// may exist, so its GPU stays held for it until the watch shows the pod or the assumption
@@ -677,15 +690,7 @@ mod tests {
         let mut node = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 2, 81920);
         node.sharing = crate::inventory::Sharing::PerGpu;
         ext.set_node("n1", Some(node));
-        let share: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
-                "annotations": {"gpu-share.io/request": "timeslice-30"}},
-            "spec": {"containers": [{"name": "c",
-                "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
-                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
-                    {"name": "gpu-share-devices-a1", "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
-        }))
-        .unwrap();
+        let share = per_gpu_share();
         ext.remember_pod("u-1", Arc::new(ledger::BindPod::of(&share)));
         let ext = Arc::new(ext);
         state.extender = Some(ext.clone());
@@ -771,15 +776,7 @@ mod tests {
             let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
             ext.reservations.watch(store);
-            let share: Pod = serde_json::from_value(json!({
-                "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
-                    "annotations": {"gpu-share.io/request": "timeslice-30"}},
-                "spec": {"containers": [{"name": "c",
-                    "resources": {"limits": {"gpu-share.io/shared-gpu": "1"}},
-                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
-                        {"name": "gpu-share-devices-a1", "key": "NVIDIA_VISIBLE_DEVICES"}}}]}]}
-            }))
-            .unwrap();
+            let share = per_gpu_share();
             ext.remember_pod("u-1", Arc::new(ledger::BindPod::of(&share)));
             let ext = Arc::new(ext);
             state.extender = Some(ext.clone());

@@ -12,11 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch::Receiver;
 
@@ -83,14 +82,14 @@ pub fn spawn(
     leadership: Leadership,
     shutdown: Receiver<bool>,
 ) {
-    let reservations = reflect::<Pod>(
+    let reservations = crate::cluster::watch::reflect::<Pod>(
         Api::namespaced(client.clone(), NAMESPACE),
         watcher::Config::default(),
         "reservations",
         shutdown.clone(),
     );
     ext.reservations.watch(reservations.clone());
-    let configmaps = reflect::<ConfigMap>(
+    let configmaps = crate::cluster::watch::reflect::<ConfigMap>(
         Api::all(client.clone()),
         watcher::Config::default().labels(DEVICES_SELECTOR),
         "devices configmaps",
@@ -114,44 +113,6 @@ pub fn spawn(
         recorder,
     };
     tokio::spawn(run(ctx, reservations, configmaps, leadership, shutdown));
-}
-
-/// A store kept by a watch of `api` (relists included), until shutdown.
-fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    what: &'static str,
-    mut shutdown: Receiver<bool>,
-) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let mut stream = reflector::reflector(writer, watcher(api, config))
-        .default_backoff()
-        .boxed();
-    tokio::spawn(async move {
-        loop {
-            let next = tokio::select! {
-                _ = stopped(&mut shutdown) => return,
-                n = stream.next() => n,
-            };
-            match next {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    tracing::warn!(what, error = %e, "watch error; kube-runtime retries with backoff")
-                }
-                None => return,
-            }
-        }
-    });
-    reader
 }
 
 /// What the loop remembers between ticks.

@@ -457,20 +457,9 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         out.status.success(),
         format!("nodes.py: {}", String::from_utf8_lossy(&out.stderr)),
     )?;
-    let _ = c.kubectl(
-        &["apply", "-f", "-"],
-        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
-    );
-    // The policy on (hot-reloaded), and the extender told the reservation image (it runs outside
-    // a pod here, so it cannot read its own).
+    // The policy on (hot-reloaded), and reservations able to run.
     set_policy(c, true)?;
-    c.stop("extender");
-    c.start_process_with(
-        "extender",
-        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
-    );
-    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
-        .await?;
+    reservations_can_run(c).await?;
     let probe = |name: &str| {
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "annotations": {"gpu-share": "timeslice-30"}},

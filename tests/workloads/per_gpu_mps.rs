@@ -428,18 +428,8 @@ pub async fn per_gpu_mps(c: &Cluster) -> Check {
         out.status.success(),
         format!("nodes.py: {}", String::from_utf8_lossy(&out.stderr)),
     )?;
-    let _ = c.kubectl(
-        &["apply", "-f", "-"],
-        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
-    );
     set_policy(c, true)?;
-    c.stop("extender");
-    c.start_process_with(
-        "extender",
-        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
-    );
-    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
-        .await?;
+    reservations_can_run(c).await?;
     let dry_run = |obj: &Value| {
         kubectl(
             c,

@@ -355,19 +355,8 @@ pub async fn quotas(c: &Cluster) -> Check {
         ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
     ];
     set_policy(c, &per_gpu)?;
-    // The extender told the reservation image (it runs outside a pod here), and the runtime
-    // class reservations run under, as the per-GPU point leaves them; this point may run alone.
-    let _ = c.kubectl(
-        &["apply", "-f", "-"],
-        Some(r#"{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}"#),
-    );
-    c.stop("extender");
-    c.start_process_with(
-        "extender",
-        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
-    );
-    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
-        .await?;
+    // Reservations able to run, as the per-GPU point leaves them: this point may run alone.
+    reservations_can_run(c).await?;
     wait_for(
         "the webhook to take the per-GPU form",
         Duration::from_secs(30),
