@@ -149,7 +149,7 @@ pub fn write_install_bundle(install: &Install<'_>) -> Result<String, CertError> 
     Ok(format!(
         "wrote {d}/ca.crt, {d}/tls.crt, {d}/tls.key (SANs: {sans})\n\
          create the Secret:\n  kubectl -n {namespace} create secret generic gpu-share-tls --from-file={d}/tls.crt --from-file={d}/tls.key --from-file={d}/ca.crt\n\
-         patch the caBundle of the three webhooks:\n  kubectl patch mutatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}},{{\"op\":\"add\",\"path\":\"/webhooks/1/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n  kubectl patch validatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n\
+         patch the caBundle of the four webhooks:\n  kubectl patch mutatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}},{{\"op\":\"add\",\"path\":\"/webhooks/1/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}},{{\"op\":\"add\",\"path\":\"/webhooks/2/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n  kubectl patch validatingwebhookconfiguration gpu-share --type=json -p '[{{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"{ca_bundle}\"}}]'\n\
          caBundle:\n{ca_bundle}\n",
         sans = sans.join(", "),
     ))

@@ -182,7 +182,7 @@ fn webhook_match_condition_names_both_annotations() {
         .find(|d| d["kind"] == "MutatingWebhookConfiguration")
         .expect("a MutatingWebhookConfiguration");
     let hooks = mwc["webhooks"].as_array().unwrap();
-    assert_eq!(hooks.len(), 2);
+    assert_eq!(hooks.len(), 3);
     let create = hooks
         .iter()
         .find(|h| h["name"] == "pods.gpu-share.io")
@@ -219,6 +219,22 @@ fn webhook_match_condition_names_both_annotations() {
         assert!(
             expr.contains(part),
             "the UPDATE condition lacks {part}: {expr}"
+        );
+    }
+    // The Job webhook: called for a Job whose pod template carries either annotation.
+    let jobs = hooks
+        .iter()
+        .find(|h| h["name"] == "job-templates.gpu-share.io")
+        .expect("the Job template webhook");
+    assert_eq!(jobs["rules"][0]["resources"][0], "jobs");
+    assert_eq!(jobs["clientConfig"]["service"]["path"], "/mutate-templates");
+    let expr = jobs["matchConditions"][0]["expression"].as_str().unwrap();
+    for name in [ANNOTATION, ANNOTATION_REQUEST] {
+        assert!(
+            expr.contains(&format!(
+                "'{name}' in object.spec.template.metadata.annotations"
+            )),
+            "the Job condition does not test annotation {name}: {expr}"
         );
     }
 }

@@ -182,3 +182,68 @@ async fn deletes_subresources_and_garbage_never_block() {
     let (status, body) = post(state, "/validate", b"{not json".to_vec()).await;
     assert_eq!(status, 400, "{body}");
 }
+
+/// `/mutate-templates`, the template's quantity: a Job CREATE gets `gpu-share.io/gpu-milli` in its
+/// template's GPU container (a JSON Patch, nothing else), an UPDATE nothing, a bad template the
+/// pod webhook's words.
+#[tokio::test]
+async fn a_job_gets_its_pods_quantity_in_its_template() {
+    use base64::Engine;
+    let state = dev_state();
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "w", "namespace": "ml"},
+                     "spec": {"parallelism": 2, "template": template("mig-3g.40gb")}});
+    let ask = |op: &str, object: &Value| {
+        let state = state.clone();
+        let review = workload_review("batch", "Job", op, object.clone(), None);
+        async move {
+            let (status, response) = post(
+                state,
+                "/mutate-templates",
+                serde_json::to_vec(&review).unwrap(),
+            )
+            .await;
+            assert_eq!(status, 200, "{response}");
+            assert_eq!(response["response"]["uid"], review["request"]["uid"]);
+            response["response"].clone()
+        }
+    };
+    let r = ask("CREATE", &job).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(r["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(r["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut patched = job.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    assert_eq!(
+        patched["spec"]["template"]["spec"]["containers"][0]["resources"],
+        json!({"limits": {"gpu-share.io/gpu-milli": "428"}})
+    );
+    // A second pass (reinvocation) writes nothing more.
+    let again = ask("CREATE", &patched).await;
+    assert_eq!(again["allowed"], true);
+    assert!(again.get("patch").is_none(), "{again}");
+    // An UPDATE (Kueue unsuspending the Job) is left alone.
+    let update = ask("UPDATE", &job).await;
+    assert!(update.get("patch").is_none(), "{update}");
+    // A template the pod webhook would deny, denied in its words with the path.
+    let mut bad = job.clone();
+    bad["spec"]["template"] = template("mps-250");
+    let r = ask("CREATE", &bad).await;
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpu-share: spec.template: "),
+        "{r}"
+    );
+    let text = state.metrics.encode();
+    assert!(
+        text.contains(
+            r#"gpu_share_requests_total{endpoint="mutate_templates",outcome="allowed"} 3"#
+        ),
+        "{text}"
+    );
+}

@@ -23,9 +23,14 @@
 //!    in a `restricted` namespace, their reservations running MPS daemons and writing CDI devices
 //!    (tests/workloads/per_gpu_mps.rs);
 //! quotas: a ResourceQuota on requests.gpu-share.io/gpu-milli caps a namespace's GPUs in fractions,
-//!    on device-plugin and per-GPU nodes (tests/workloads/quota.rs).
+//!    on device-plugin and per-GPU nodes (tests/workloads/quota.rs);
+//! kueue: Kueue's own controller and webhooks admit pods and Jobs by that quantity, a
+//!    ClusterQueue of 2 GPUs holding the ninth `timeslice-25`, with either mutating webhook first
+//!    (tests/workloads/kueue.rs).
 
 mod common;
+#[path = "workloads/kueue.rs"]
+mod kueue;
 #[path = "workloads/per_gpu.rs"]
 mod per_gpu;
 #[path = "workloads/per_gpu_mps.rs"]
@@ -1186,6 +1191,7 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     .await;
     point(&mut failures, "MPS per GPU", per_gpu_mps::per_gpu_mps(&c)).await;
     point(&mut failures, "quotas", quota::quotas(&c)).await;
+    point(&mut failures, "kueue", kueue::kueue(&c)).await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

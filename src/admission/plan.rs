@@ -98,7 +98,7 @@ pub struct Denial {
 }
 
 impl Denial {
-    fn new(reason: DenialReason, message: impl Into<String>) -> Self {
+    pub(super) fn new(reason: DenialReason, message: impl Into<String>) -> Self {
         Denial {
             reason,
             message: message.into(),
@@ -307,7 +307,12 @@ impl Intake {
         check_request_annotation(&self.annotations, &normalized)?;
         let (resource, quantity) = policy.resource_for(req);
         check_existing_gpu_resources(&spec.containers, index, &resource, quantity)?;
-        check_gpu_milli(spec, index, super::steps::gpu_milli_for(spec, req, policy))?;
+        check_gpu_milli(
+            spec,
+            index,
+            super::steps::gpu_milli_for(spec, req, policy),
+            req.gpu_milli(),
+        )?;
         let devices_configmap = policy
             .per_gpu
             .takes(&req.class)
@@ -522,10 +527,18 @@ fn check_request_annotation(
 }
 
 /// Existing GPU resources must agree with the annotation.
-/// `gpu-share.io/gpu-milli` is gpu-share's to write: a container that sets it (other than the
-/// target container at the pod's own size, which an earlier pass of the webhook wrote) is
-/// refused, since quotas would count the pod at a size of its own choosing.
-fn check_gpu_milli(spec: &PodSpec, target: usize, want: Option<u32>) -> Result<(), Denial> {
+/// `gpu-share.io/gpu-milli` is gpu-share's to write: a container that sets it is refused, since
+/// quotas would count the pod at a size of its own choosing. Kept: the target container at the
+/// value the webhook writes (`want`: an earlier pass wrote it, or the template's quantity did),
+/// and, where the webhook writes none (`want` is `None`: the policy's `gpuMilli` turned off
+/// since the workload was created), at the pod's own size (`size`), so that a Job's pods are
+/// never refused for what gpu-share wrote into its template.
+fn check_gpu_milli(
+    spec: &PodSpec,
+    target: usize,
+    want: Option<u32>,
+    size: u32,
+) -> Result<(), Denial> {
     let name = crate::request::RESOURCE_GPU_MILLI;
     for (is_target, kind, c) in devices::every_container(spec, target) {
         let Some(res) = c.resources.as_ref() else {
@@ -535,7 +548,7 @@ fn check_gpu_milli(spec: &PodSpec, target: usize, want: Option<u32>) -> Result<(
             let Some(q) = map.as_ref().and_then(|m| m.get(name)) else {
                 continue;
             };
-            if is_target && want.is_some_and(|w| q.0 == w.to_string()) {
+            if is_target && q.0 == want.unwrap_or(size).to_string() {
                 continue;
             }
             return Err(Denial::new(
@@ -803,6 +816,25 @@ mod tests {
             panic!()
         };
         assert!(apply(&obj, &m)["spec"]["containers"][0]["resources"]["limits"][milli].is_null());
+        // Off in the policy, on a pod whose template got the quantity before it was turned off:
+        // kept at the pod's own size, refused at any other.
+        for (value, admitted) in [("250", true), ("300", false)] {
+            let mut spec = basic_spec();
+            spec["containers"][0]["resources"] = json!({"limits": {milli: value}});
+            let obj = pod(json!({"gpu-share": "mps-25"}), spec);
+            match plan(&obj, &p, &p.mig_table(), &facts()) {
+                Decision::Mutate(m) => {
+                    assert!(admitted, "{value} admitted");
+                    let limits = &apply(&obj, &m)["spec"]["containers"][0]["resources"]["limits"];
+                    assert_eq!(limits[milli], value);
+                }
+                Decision::Deny(d) => {
+                    assert!(!admitted, "{value} denied: {}", d.message);
+                    assert_eq!(d.reason, DenialReason::ConflictingLimits);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

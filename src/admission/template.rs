@@ -1,18 +1,24 @@
-//! The template check (PURE): a workload's pod templates go through the pod planner at
-//! `kubectl apply`, so that a template the pod webhook would deny is refused when the workload
-//! is written, not pod by pod by its controller.
+//! The template check and the template's quantity (PURE): a workload's pod templates go
+//! through the pod planner when the workload is written.
 //!
 //! A workload kind names the paths of its pod templates ([`WorkloadKind`]): the built-in
 //! controllers' ([`builtin_kinds`]) and those the policy adds (`workloads`). Each template found
 //! is read as the pod its controller would create (its metadata and spec) and planned with the
-//! same policy and namespace facts as a pod; a denial is returned with the template's path. The
-//! template is never changed: the pod webhook still writes the pods.
+//! same policy and namespace facts as a pod:
+//! - the check ([`Templates::check`], `POST /validate`): a template the pod webhook would deny
+//!   is refused at `kubectl apply` with the template's path, not pod by pod by its controller;
+//! - the quantity ([`Templates::quantities`], `POST /mutate-templates`, Jobs as shipped): the
+//!   `gpu-share.io/gpu-milli` its pods will carry is written into the template, so that what
+//!   counts a workload by its template (Kueue) counts it as the quota will. Nothing else of the
+//!   template changes: the pod webhook still writes the pods.
 
 use serde_json::{Value, json};
 
-use super::plan::{Decision, Denial, Facts, Intake};
+use super::patch::PatchBuilder;
+use super::plan::{Decision, Denial, DenialReason, Facts, Intake};
 use crate::mig::MigTable;
 use crate::policy::Policy;
+use crate::request::RESOURCE_GPU_MILLI;
 use crate::workloads::WorkloadKind;
 
 /// The kind of an admission request among `kinds`, matched by group and kind (any version the
@@ -24,16 +30,40 @@ pub fn kind_of<'a>(kinds: &'a [WorkloadKind], group: &str, kind: &str) -> Option
 /// Every template found at `path` in `object`, with its concrete path (`*` replaced by the map
 /// key or `[index]`), in document order.
 pub fn templates_at<'a>(object: &'a Value, path: &str) -> Vec<(String, &'a Value)> {
+    found_at(object, path)
+        .into_iter()
+        .map(|f| (f.at, f.template))
+        .collect()
+}
+
+/// A template found: its path as said in messages, its JSON Pointer tokens, the template.
+struct Found<'a> {
+    at: String,
+    tokens: Vec<String>,
+    template: &'a Value,
+}
+
+fn found_at<'a>(object: &'a Value, path: &str) -> Vec<Found<'a>> {
     let mut found = Vec::new();
     let segments: Vec<&str> = path.split('.').collect();
-    walk(object, &segments, String::new(), &mut found);
+    walk(object, &segments, String::new(), Vec::new(), &mut found);
     found
 }
 
-fn walk<'a>(v: &'a Value, rest: &[&str], at: String, out: &mut Vec<(String, &'a Value)>) {
+fn walk<'a>(
+    v: &'a Value,
+    rest: &[&str],
+    at: String,
+    tokens: Vec<String>,
+    out: &mut Vec<Found<'a>>,
+) {
     let Some((first, rest)) = rest.split_first() else {
         if v.is_object() {
-            out.push((at, v));
+            out.push(Found {
+                at,
+                tokens,
+                template: v,
+            });
         }
         return;
     };
@@ -44,20 +74,31 @@ fn walk<'a>(v: &'a Value, rest: &[&str], at: String, out: &mut Vec<(String, &'a 
             format!("{at}.{key}")
         }
     };
+    let deeper = |token: String| {
+        let mut t = tokens.clone();
+        t.push(token);
+        t
+    };
     match (*first, v) {
         ("*", Value::Object(m)) => {
             for (k, child) in m {
-                walk(child, rest, join(&at, k), out);
+                walk(child, rest, join(&at, k), deeper(k.clone()), out);
             }
         }
         ("*", Value::Array(items)) => {
             for (i, child) in items.iter().enumerate() {
-                walk(child, rest, format!("{at}[{i}]"), out);
+                walk(
+                    child,
+                    rest,
+                    format!("{at}[{i}]"),
+                    deeper(i.to_string()),
+                    out,
+                );
             }
         }
         (key, Value::Object(m)) => {
             if let Some(child) = m.get(key) {
-                walk(child, rest, join(&at, key), out);
+                walk(child, rest, join(&at, key), deeper(key.to_string()), out);
             }
         }
         _ => {}
@@ -80,26 +121,42 @@ pub fn pod_of(template: &Value) -> Value {
 /// does not change is never refused.
 #[derive(Debug, Clone)]
 pub struct Templates {
-    /// (path, the intake), or (path, the decision already made without the cluster).
-    pub read: Vec<(String, Result<Intake, Decision>)>,
+    read: Vec<Read>,
+}
+
+/// One template that asks for gpu-share.
+#[derive(Debug, Clone)]
+struct Read {
+    /// Its path, as messages say it (`spec.template`).
+    at: String,
+    /// Its JSON Pointer tokens in the workload.
+    tokens: Vec<String>,
+    template: Value,
+    /// The intake, or the decision already made without the cluster.
+    outcome: Result<Intake, Decision>,
 }
 
 impl Templates {
     pub fn read(object: &Value, old: Option<&Value>, kind: &WorkloadKind) -> Templates {
         let mut read = Vec::new();
         for path in &kind.templates {
-            for (at, template) in templates_at(object, path) {
+            for f in found_at(object, path) {
                 let unchanged = old.is_some_and(|old| {
                     templates_at(old, path)
                         .iter()
-                        .any(|(p, t)| *p == at && *t == template)
+                        .any(|(p, t)| *p == f.at && *t == f.template)
                 });
                 if unchanged {
                     continue;
                 }
-                match Intake::read(&pod_of(template)) {
+                match Intake::read(&pod_of(f.template)) {
                     Err(Decision::NotRequested) => {}
-                    outcome => read.push((at, outcome)),
+                    outcome => read.push(Read {
+                        at: f.at,
+                        tokens: f.tokens,
+                        template: f.template.clone(),
+                        outcome,
+                    }),
                 }
             }
         }
@@ -114,25 +171,112 @@ impl Templates {
     /// Whether planning these templates needs the namespace's labels (the only cluster fact a
     /// check reads: whether the RuntimeClass exists only changes what the pod webhook writes).
     pub fn need_namespace_labels(&self, policy: &Policy) -> bool {
-        self.read
-            .iter()
-            .any(|(_, r)| r.as_ref().is_ok_and(|i| i.needs(policy).namespace_labels))
+        self.read.iter().any(|r| {
+            r.outcome
+                .as_ref()
+                .is_ok_and(|i| i.needs(policy).namespace_labels)
+        })
     }
 
     /// The first template the pod webhook would deny, with its path in the message; `None`
     /// when every one would be admitted. The plan's patch and warnings are dropped: the
     /// template is checked, not changed.
     pub fn check(&self, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Option<Denial> {
-        for (at, r) in &self.read {
-            let decision = match r {
-                Ok(intake) => intake.plan(policy, mig, facts),
-                Err(decided) => decided.clone(),
-            };
-            if let Decision::Deny(d) = decision {
-                return Some(at_path(at, d));
+        for r in &self.read {
+            if let Decision::Deny(d) = r.plan(policy, mig, facts) {
+                return Some(at_path(&r.at, d));
             }
         }
         None
+    }
+
+    /// The quantity each template's pods will carry (`gpu-share.io/gpu-milli`), written into
+    /// the template's containers where the pod webhook will write it into each pod, as a JSON
+    /// Patch of the workload: a tool that counts a workload by its template before any pod
+    /// exists (Kueue's Job integration) then counts what the namespace's quota will. Nothing
+    /// else of the template changes (the pod webhook still writes the pods). A template the pod
+    /// webhook would deny is denied here, with its path, as [`Templates::check`] does.
+    pub fn quantities(
+        &self,
+        policy: &Policy,
+        mig: &MigTable,
+        facts: &Facts<'_>,
+    ) -> Result<Quantities, Denial> {
+        let mut b = PatchBuilder::default();
+        let mut request = None;
+        for r in &self.read {
+            let m = match r.plan(policy, mig, facts) {
+                Decision::Deny(d) => return Err(at_path(&r.at, d)),
+                Decision::NotRequested => continue,
+                Decision::Mutate(m) => m,
+            };
+            let mut pod = pod_of(&r.template);
+            if let Err(e) = json_patch::patch(&mut pod, &m.patch) {
+                return Err(at_path(
+                    &r.at,
+                    Denial::new(
+                        DenialReason::NotAPod,
+                        format!(
+                            "gpu-share: the pod webhook's own patch does not apply to this template ({e})"
+                        ),
+                    ),
+                ));
+            }
+            for list in ["containers", "initContainers"] {
+                let planned = pod["spec"][list].as_array().into_iter().flatten();
+                for (i, c) in planned.enumerate() {
+                    let Some(q) = c["resources"]["limits"].get(RESOURCE_GPU_MILLI) else {
+                        continue;
+                    };
+                    let index = i.to_string();
+                    let mut at: Vec<&str> = r.tokens.iter().map(String::as_str).collect();
+                    at.extend(["spec", list, &index]);
+                    add_limit(&mut b, &at, &r.template["spec"][list][i], q);
+                }
+            }
+            request.get_or_insert(m.request);
+        }
+        Ok(Quantities {
+            patch: b.ops,
+            request,
+        })
+    }
+}
+
+impl Read {
+    fn plan(&self, policy: &Policy, mig: &MigTable, facts: &Facts<'_>) -> Decision {
+        match &self.outcome {
+            Ok(intake) => intake.plan(policy, mig, facts),
+            Err(decided) => decided.clone(),
+        }
+    }
+}
+
+/// What [`Templates::quantities`] writes: the patch, and the first template's request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantities {
+    pub patch: Vec<json_patch::PatchOperation>,
+    pub request: Option<crate::request::GpuRequest>,
+}
+
+/// Adds `limits[gpu-share.io/gpu-milli] = q` to the container at `at` (`container` as the
+/// template has it), creating `resources` and `limits` where it has none; nothing where it
+/// already carries the quantity (the pod webhook refuses a value other than its own).
+fn add_limit(b: &mut PatchBuilder, at: &[&str], container: &Value, q: &Value) {
+    let resources = &container["resources"];
+    if resources["limits"].get(RESOURCE_GPU_MILLI).is_some() {
+        return;
+    }
+    let one = || json!({ RESOURCE_GPU_MILLI: q });
+    if !resources.is_object() {
+        b.add(&[at, &["resources"]].concat(), json!({ "limits": one() }));
+    } else if !resources["limits"].is_object() {
+        b.add(&[at, &["resources", "limits"]].concat(), one());
+    } else {
+        b.add(
+            &[at, &["resources", "limits", RESOURCE_GPU_MILLI]].concat(),
+            q.clone(),
+        );
     }
 }
 
@@ -320,6 +464,155 @@ mod tests {
         let broken = json!({"spec": {"template": {"metadata": {"annotations": {"gpu-share": "mps-25"}},
                                                   "spec": {"containers": "x"}}}});
         let d = check(&broken, None, &builtin("Deployment")).expect("denied");
+        assert!(
+            d.message.starts_with("gpu-share: spec.template: "),
+            "{}",
+            d.message
+        );
+    }
+
+    /// The workload with the quantity patch applied, and the patch.
+    fn with_quantities(object: &Value, kind: &WorkloadKind, policy: &Policy) -> (Value, usize) {
+        let q = Templates::read(object, None, kind)
+            .quantities(policy, &MigTable::default(), &facts())
+            .expect("admitted");
+        let mut out = object.clone();
+        json_patch::patch(&mut out, &q.patch).expect("the patch applies");
+        (out, q.patch.len())
+    }
+
+    fn job(template: Value) -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+               "spec": {"parallelism": 2, "template": template}})
+    }
+
+    #[test]
+    fn a_job_template_gets_the_quantity_its_pods_will_carry_and_nothing_else() {
+        let policy = Policy::default_policy();
+        for (request, milli) in [
+            ("timeslice-25", "250"),
+            ("mps-50", "500"),
+            ("exclusive-2", "2000"),
+            ("mig-3g.40gb", "428"),
+        ] {
+            let object = job(template(json!({"gpu-share": request})));
+            let (out, ops) = with_quantities(&object, &builtin("Job"), &policy);
+            assert_eq!(ops, 1, "{request}");
+            let c = &out["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(
+                c["resources"]["limits"][RESOURCE_GPU_MILLI],
+                json!(milli),
+                "{request}"
+            );
+            // Nothing else changed: the pod webhook still writes the pods.
+            let mut back = out.clone();
+            back["spec"]["template"]["spec"]["containers"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("resources");
+            assert_eq!(back, object, "{request}");
+            // The pod the Job controller makes from it is admitted, and the pod webhook adds
+            // no second quantity.
+            let pod = pod_of(&out["spec"]["template"]);
+            let Decision::Mutate(m) =
+                super::super::plan::plan(&pod, &policy, &MigTable::default(), &facts())
+            else {
+                panic!("{request}: the pod is not admitted");
+            };
+            let mut planned = pod.clone();
+            json_patch::patch(&mut planned, &m.patch).unwrap();
+            assert_eq!(
+                planned["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU_MILLI],
+                json!(milli)
+            );
+            let again = Templates::read(&out, None, &builtin("Job"))
+                .quantities(&policy, &MigTable::default(), &facts())
+                .unwrap();
+            assert!(
+                again.patch.is_empty(),
+                "{request}: a second pass writes nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn the_quantity_goes_where_the_template_has_resources_or_not_and_to_the_named_container() {
+        let policy = Policy::default_policy();
+        let mut t = template(json!({"gpu-share": "mps-25", "gpu-share/container": "worker"}));
+        t["spec"]["containers"] = json!([
+            {"name": "sidecar", "image": "x"},
+            {"name": "worker", "image": "x", "resources": {"requests": {"cpu": "1"}}},
+        ]);
+        let (out, _) = with_quantities(&job(t.clone()), &builtin("Job"), &policy);
+        let cs = &out["spec"]["template"]["spec"]["containers"];
+        assert_eq!(cs[0].get("resources"), None);
+        assert_eq!(cs[1]["resources"]["requests"], json!({"cpu": "1"}));
+        assert_eq!(
+            cs[1]["resources"]["limits"],
+            json!({RESOURCE_GPU_MILLI: "250"})
+        );
+        t["spec"]["containers"][1]["resources"]["limits"] = json!({"memory": "1Gi"});
+        let (out, _) = with_quantities(&job(t), &builtin("Job"), &policy);
+        assert_eq!(
+            out["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"],
+            json!({"memory": "1Gi", RESOURCE_GPU_MILLI: "250"})
+        );
+    }
+
+    #[test]
+    fn every_template_of_a_kind_gets_its_own_quantity_by_its_path() {
+        let policy = Policy::default_policy();
+        let cron = json!({"spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {
+            "template": template(json!({"gpu-share": "exclusive-1"}))}}}});
+        let (out, _) = with_quantities(&cron, &builtin("CronJob"), &policy);
+        assert_eq!(
+            out["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                [RESOURCE_GPU_MILLI],
+            json!("1000")
+        );
+        let pytorch = WorkloadKind {
+            group: "kubeflow.org".into(),
+            version: "v1".into(),
+            kind: "PyTorchJob".into(),
+            templates: vec!["spec.pytorchReplicaSpecs.*.template".into()],
+        };
+        let job = json!({"spec": {"pytorchReplicaSpecs": {
+            "Master": {"template": template(json!({"gpu-share": "exclusive-1"}))},
+            "Worker": {"template": template(json!({"gpu-share": "mps-30"}))},
+            "Plain": {"template": template(json!({}))},
+        }}});
+        let (out, ops) = with_quantities(&job, &pytorch, &policy);
+        assert_eq!(ops, 2);
+        let milli = |role: &str| {
+            out["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+                ["resources"]["limits"][RESOURCE_GPU_MILLI]
+                .clone()
+        };
+        assert_eq!(milli("Master"), json!("1000"));
+        assert_eq!(milli("Worker"), json!("300"));
+        assert_eq!(milli("Plain"), Value::Null);
+    }
+
+    #[test]
+    fn no_quantity_where_the_pods_get_none_and_a_denial_where_they_would_be_denied() {
+        let mut off = Policy::default_policy();
+        off.gpu_milli = false;
+        let object = job(template(json!({"gpu-share": "mps-25"})));
+        let (_, ops) = with_quantities(&object, &builtin("Job"), &off);
+        assert_eq!(ops, 0);
+        // A scheduler of the template's own: its pods get none either.
+        let mut own = template(json!({"gpu-share": "mps-25"}));
+        own["spec"]["schedulerName"] = json!("volcano");
+        let (_, ops) = with_quantities(&job(own), &builtin("Job"), &Policy::default_policy());
+        assert_eq!(ops, 0);
+        let d = Templates::read(
+            &job(template(json!({"gpu-share": "mig-9g.1gb"}))),
+            None,
+            &builtin("Job"),
+        )
+        .quantities(&Policy::default_policy(), &MigTable::default(), &facts())
+        .expect_err("denied");
+        assert_eq!(d.reason, DenialReason::UnknownMigProfile);
         assert!(
             d.message.starts_with("gpu-share: spec.template: "),
             "{}",

@@ -1,6 +1,10 @@
-//! `POST /validate`: the template check's AdmissionReview handler. A workload CREATE or UPDATE
-//! (a Deployment, a Job, a kind the policy names) is allowed unless one of its pod templates
-//! would be denied by the pod webhook; the reply never carries a patch.
+//! The workload webhooks' AdmissionReview handlers:
+//! - `POST /validate`, the template check: a workload CREATE or UPDATE (a Deployment, a Job, a
+//!   kind the policy names) is allowed unless one of its pod templates would be denied by the
+//!   pod webhook; the reply never carries a patch;
+//! - `POST /mutate-templates`, the template's quantity: a workload CREATE (Jobs, as shipped)
+//!   gets `gpu-share.io/gpu-milli` in each template's GPU container, the value the pod webhook
+//!   will write into its pods; a template the pod webhook would deny is denied in its words.
 
 use std::time::Instant;
 
@@ -10,16 +14,40 @@ use bytes::Bytes;
 use tracing::{Instrument, field};
 
 use super::Context;
-use super::plan::{Decision, Facts, Needs, RuntimeClassState};
+use super::plan::{Decision, Facts, Mutation, Needs, RuntimeClassState};
 use super::review::{
     AdmissionRequest, AdmissionReviewIn, LOOKUP_TIMEOUT, look_up, read_review, respond,
 };
-use super::template::{Templates, kind_of};
+use super::template::{Quantities, Templates, kind_of};
 
 /// `POST /validate`.
 pub async fn validate(State(state): State<Context>, body: Bytes) -> Response {
+    answer(state, body, Endpoint::Validate).await
+}
+
+/// `POST /mutate-templates`.
+pub async fn mutate_templates(State(state): State<Context>, body: Bytes) -> Response {
+    answer(state, body, Endpoint::Quantities).await
+}
+
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Validate,
+    Quantities,
+}
+
+impl Endpoint {
+    fn label(self) -> &'static str {
+        match self {
+            Endpoint::Validate => "validate",
+            Endpoint::Quantities => "mutate_templates",
+        }
+    }
+}
+
+async fn answer(state: Context, body: Bytes, endpoint: Endpoint) -> Response {
     let started = Instant::now();
-    let review = match read_review(&state, &body, "validate", started) {
+    let review = match read_review(&state, &body, endpoint.label(), started) {
         Ok(r) => r,
         Err(answered) => return *answered,
     };
@@ -30,7 +58,8 @@ pub async fn validate(State(state): State<Context>, body: Bytes) -> Response {
         .map(|k| k.kind.as_str())
         .unwrap_or_default();
     let span = tracing::info_span!(
-        "template_check",
+        "workload",
+        endpoint = endpoint.label(),
         uid = %req.uid,
         namespace = %req.namespace.as_deref().unwrap_or_default(),
         kind = %kind,
@@ -39,19 +68,23 @@ pub async fn validate(State(state): State<Context>, body: Bytes) -> Response {
         decision = field::Empty
     );
     async move {
-        let decision = decide(&state, &review).await;
+        let decision = decide(&state, &review, endpoint).await;
         let outcome = match &decision {
             Decision::Deny(d) => {
                 state.metrics.denial(d.reason.as_str());
                 tracing::info!(reason = d.reason.as_str(), denial = %d.message, "template denied");
                 "denied"
             }
-            _ => "allowed",
+            Decision::Mutate(m) => {
+                tracing::info!(ops = m.patch.len(), "quantity written into the templates");
+                "allowed"
+            }
+            Decision::NotRequested => "allowed",
         };
         tracing::Span::current().record("decision", outcome);
         state
             .metrics
-            .observe("validate", outcome, started.elapsed());
+            .observe(endpoint.label(), outcome, started.elapsed());
         axum::Json(respond(&review, &decision)).into_response()
     }
     .instrument(span)
@@ -65,9 +98,15 @@ fn is_workload_write(req: &AdmissionRequest) -> bool {
     no_sub && write && req.object.is_some()
 }
 
-async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
+async fn decide(state: &Context, review: &AdmissionReviewIn, endpoint: Endpoint) -> Decision {
     let req = &review.request;
     if !is_workload_write(req) {
+        return Decision::NotRequested;
+    }
+    // The quantity is written when the workload is created: a template changed later (a
+    // suspended Job's, by Kueue among others) keeps what it has, and its pods get theirs from
+    // the pod webhook.
+    if matches!(endpoint, Endpoint::Quantities) && req.operation.as_deref() != Some("CREATE") {
         return Decision::NotRequested;
     }
     let (Some(object), Some(gvk)) = (req.object.as_ref(), req.kind.as_ref()) else {
@@ -80,7 +119,8 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
         tracing::warn!(
             group = %gvk.group,
             kind = %gvk.kind,
-            "the template check was sent a kind the policy does not name (policy workloads); allowed unchecked"
+            endpoint = endpoint.label(),
+            "a workload webhook was sent a kind the policy does not name (policy workloads); allowed unchanged"
         );
         return Decision::NotRequested;
     };
@@ -116,16 +156,30 @@ async fn decide(state: &Context, review: &AdmissionReviewIn) -> Decision {
     let facts = Facts {
         namespace: &namespace,
         namespace_labels: found.labels.as_ref(),
-        // The template is checked, not changed: whether the RuntimeClass exists only decides
-        // what the pod webhook writes into each pod.
+        // Whether the RuntimeClass exists only decides what the pod webhook writes into each
+        // pod, never the template's quantity.
         runtime_class: RuntimeClassState::Exists,
-        // The template's pods are checked, not named: any uid names their ConfigMap alike.
+        // The template's pods are planned, not named: any uid names their ConfigMap alike.
         request_uid: "template",
         mig_offers: found.mig_offers.as_deref(),
         legacy_runtime_class: found.legacy_runtime_class,
     };
-    match templates.check(&loaded.policy, &loaded.mig, &facts) {
-        Some(denial) => Decision::Deny(denial),
-        None => Decision::NotRequested,
+    match endpoint {
+        Endpoint::Validate => match templates.check(&loaded.policy, &loaded.mig, &facts) {
+            Some(denial) => Decision::Deny(denial),
+            None => Decision::NotRequested,
+        },
+        Endpoint::Quantities => match templates.quantities(&loaded.policy, &loaded.mig, &facts) {
+            Err(denial) => Decision::Deny(denial),
+            Ok(Quantities {
+                patch,
+                request: Some(request),
+            }) => Decision::Mutate(Mutation {
+                request,
+                patch,
+                warnings: Vec::new(),
+            }),
+            Ok(_) => Decision::NotRequested,
+        },
     }
 }

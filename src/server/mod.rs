@@ -156,6 +156,14 @@ pub fn router(state: AppState) -> Router {
                     "validate",
                     MUTATE_BODY_LIMIT,
                 ),
+            )
+            .route(
+                "/mutate-templates",
+                bounded(
+                    post(admission::workloads::mutate_templates),
+                    "mutate_templates",
+                    MUTATE_BODY_LIMIT,
+                ),
             );
     }
     if state.role.extender() {
@@ -197,6 +205,7 @@ fn endpoint_of(path: &str) -> &'static str {
     match path {
         "/mutate" => "mutate",
         "/validate" => "validate",
+        "/mutate-templates" => "mutate_templates",
         "/scheduler/filter" => "filter",
         "/scheduler/prioritize" => "prioritize",
         "/scheduler/bind" => "bind",
@@ -227,7 +236,8 @@ async fn method_not_allowed(State(state): State<AppState>, method: Method, uri: 
         .metrics
         .observe(endpoint, "method_not_allowed", Duration::ZERO);
     let allowed = match endpoint {
-        "mutate" | "validate" | "filter" | "prioritize" | "bind" | "preempt" => "POST",
+        "mutate" | "validate" | "mutate_templates" | "filter" | "prioritize" | "bind"
+        | "preempt" => "POST",
         _ => "GET",
     };
     let mut r = json_error(

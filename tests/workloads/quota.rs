@@ -63,7 +63,7 @@ fn refused(c: &Cluster, obj: &Value, requested: &str) -> Check {
     )
 }
 
-fn set_policy(c: &Cluster, pairs: &[(&str, &str)]) -> Check {
+pub(super) fn set_policy(c: &Cluster, pairs: &[(&str, &str)]) -> Check {
     let path = c.dir.join("policy/policy.yaml");
     let mut text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     for (from, to) in pairs {
@@ -107,7 +107,7 @@ async fn webhook_writes(c: &Cluster, quantity: bool) -> Check {
 }
 
 /// Registers the nodes of `file` (tests/cluster/).
-fn register(c: &Cluster, file: &str) -> Check {
+pub(super) fn register(c: &Cluster, file: &str) -> Check {
     let out = Command::new("python3")
         .args([
             &format!("{}/tests/cluster/nodes.py", env!("CARGO_MANIFEST_DIR")),
