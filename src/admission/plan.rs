@@ -548,7 +548,7 @@ fn check_gpu_milli(
             let Some(q) = map.as_ref().and_then(|m| m.get(name)) else {
                 continue;
             };
-            if is_target && q.0 == want.unwrap_or(size).to_string() {
+            if is_target && is_count(&q.0, want.unwrap_or(size)) {
                 continue;
             }
             return Err(Denial::new(
@@ -563,6 +563,13 @@ fn check_gpu_milli(
         }
     }
     Ok(())
+}
+
+/// Whether a quantity is the count `n`, however it is written: the API server writes an
+/// object's quantities in canonical form once it has decoded it (`2000` becomes `2k`), so a
+/// later webhook, or a pod made from a template, sees `2k` where `2000` was written.
+fn is_count(q: &str, n: u32) -> bool {
+    crate::inventory::quantity_milli(q) == Some(u128::from(n) * 1000)
 }
 
 fn check_existing_gpu_resources(
@@ -580,7 +587,7 @@ fn check_existing_gpu_resources(
                 if !name.starts_with("nvidia.com/") {
                     continue;
                 }
-                if i == target && name == resource && q.0 == quantity.to_string() {
+                if i == target && name == resource && is_count(&q.0, quantity) {
                     continue;
                 }
                 if resource == crate::request::RESOURCE_SHARE {
@@ -816,6 +823,16 @@ mod tests {
             panic!()
         };
         assert!(apply(&obj, &m)["spec"]["containers"][0]["resources"]["limits"][milli].is_null());
+        // Written back in the API server's canonical form (a pod made from a Job's template,
+        // or a second pass after another webhook): the same count.
+        let mut spec = basic_spec();
+        spec["containers"][0]["resources"] =
+            json!({"limits": {milli: "2k", "nvidia.com/gpu": "2"}});
+        let (doc, _) = mutated(&pod(json!({"gpu-share": "exclusive-2"}), spec));
+        assert_eq!(
+            doc["spec"]["containers"][0]["resources"]["limits"][milli],
+            "2k"
+        );
         // Off in the policy, on a pod whose template got the quantity before it was turned off:
         // kept at the pod's own size, refused at any other.
         for (value, admitted) in [("250", true), ("300", false)] {

@@ -126,7 +126,23 @@ fn held_because(w: &Value) -> String {
 
 /// What the ClusterQueue `gpus` counts of the quantity (`None`: nothing yet).
 fn queue_uses(c: &Cluster) -> Result<Option<String>, String> {
-    let cq = get_json(c, &["get", "clusterqueue", "gpus"])?;
+    // Before the README's queues are applied (the first clear), there is none.
+    let out = kubectl(
+        c,
+        &[
+            "get",
+            "clusterqueue",
+            "gpus",
+            "--ignore-not-found",
+            "-o",
+            "json",
+        ],
+        None,
+    )?;
+    if out.trim().is_empty() {
+        return Ok(None);
+    }
+    let cq: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
     Ok(cq["status"]["flavorsUsage"]
         .as_array()
         .into_iter()
