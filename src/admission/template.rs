@@ -327,6 +327,16 @@ mod tests {
         Templates::read(object, old, kind).check(&policy, &MigTable::default(), &facts())
     }
 
+    /// A kind the policy adds: Kubeflow's PyTorchJob, its templates under a map of roles.
+    fn pytorch_job() -> WorkloadKind {
+        WorkloadKind {
+            group: "kubeflow.org".into(),
+            version: "v1".into(),
+            kind: "PyTorchJob".into(),
+            templates: vec!["spec.pytorchReplicaSpecs.*.template".into()],
+        }
+    }
+
     fn builtin(kind: &str) -> WorkloadKind {
         builtin_kinds()
             .into_iter()
@@ -414,12 +424,7 @@ mod tests {
 
     #[test]
     fn wildcards_walk_maps_and_lists_and_name_each_template() {
-        let pytorch = WorkloadKind {
-            group: "kubeflow.org".into(),
-            version: "v1".into(),
-            kind: "PyTorchJob".into(),
-            templates: vec!["spec.pytorchReplicaSpecs.*.template".into()],
-        };
+        let pytorch = pytorch_job();
         let job = json!({"spec": {"pytorchReplicaSpecs": {
             "Master": {"replicas": 1, "template": template(json!({"gpu-share": "exclusive-1"}))},
             "Worker": {"replicas": 4, "template": template(json!({"gpu-share": "mig-9g.1gb"}))},
@@ -570,12 +575,7 @@ mod tests {
                 [RESOURCE_GPU_MILLI],
             json!("1000")
         );
-        let pytorch = WorkloadKind {
-            group: "kubeflow.org".into(),
-            version: "v1".into(),
-            kind: "PyTorchJob".into(),
-            templates: vec!["spec.pytorchReplicaSpecs.*.template".into()],
-        };
+        let pytorch = pytorch_job();
         let job = json!({"spec": {"pytorchReplicaSpecs": {
             "Master": {"template": template(json!({"gpu-share": "exclusive-1"}))},
             "Worker": {"template": template(json!({"gpu-share": "mps-30"}))},

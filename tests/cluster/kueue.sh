@@ -91,13 +91,7 @@ version="$(cd "$repo/tools/kueue" && go list -m -f '{{.Version}}' sigs.k8s.io/ku
 "$kubectl" kustomize "$module/config/default" >"$k/rendered.yaml"
 
 read -r webhook_port health_port metrics_port < <(
-  python3 - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
+  python3 "$here/ports.py" 3
 )
 rm -rf "$k/certs"
 "$gpu_share_bin" certs --namespace kueue-system --service kueue-webhook-service --out "$k/certs" \

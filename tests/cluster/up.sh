@@ -90,13 +90,7 @@ esac
 # extender and admin ports, and each extender's API proxy with its control port (two replicas).
 read -r etcd_port etcd_peer_port api_port sched_port webhook_port webhook_admin extender_port extender_admin kcm_port \
   sched_port_2 extender_port_2 extender_admin_2 proxy_port proxy_control proxy_port_2 proxy_control_2 < <(
-  python3 - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(16)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
+  python3 "$here/ports.py" 16
 )
 
 # ---- certificates and keys ---------------------------------------------------------------------
