@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod documents;
+pub mod dra;
 pub mod enforcement;
 pub mod extender;
 #[cfg(any(test, feature = "fuzzing"))]

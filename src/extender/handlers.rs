@@ -437,9 +437,18 @@ pub fn reserve_for_bind(
                 .flatten()
         })
         .flatten();
+    // On a DRA node the DRA plugin chose the devices (its claim is allocated before bind):
+    // gpu-share chose the node only, and writes no per-GPU choice.
+    let dra = ext
+        .ledger()
+        .with_node(node, |nl| {
+            nl.node.mode_source == crate::inventory::ModeSource::Dra
+        })
+        .unwrap_or(false);
     match binding.reserve(&scorer, pod.pod.clone(), demand) {
         Ok(p) => Ok(BindPlan::Reserved {
-            annotations: [(ledger::ANNOTATION_GPUS.to_string(), p.gpus_text())]
+            annotations: (!dra)
+                .then(|| (ledger::ANNOTATION_GPUS.to_string(), p.gpus_text()))
                 .into_iter()
                 .chain(held_by.map(|h| (crate::enforcement::ANNOTATION_HELD_BY.to_string(), h)))
                 .collect(),

@@ -281,11 +281,13 @@ pub fn report(
     let gpu_cap = f64::from(n.gpus);
     let gpu_used = u.allocated_milli() as f64 / 1000.0;
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let dra = n.mode_source == crate::inventory::ModeSource::Dra;
     NodeReport {
         name: n.name.clone(),
         kind: match n.mode_source {
             crate::inventory::ModeSource::Unverified => format!("{} (unverified)", n.kind()),
             crate::inventory::ModeSource::Declared => format!("{} (declared)", n.kind()),
+            crate::inventory::ModeSource::Dra => format!("DRA: {}", n.kind()),
             _ => n.kind(),
         },
         mode_source: n.mode_source,
@@ -318,8 +320,18 @@ pub fn report(
                 name: h.pod.name.clone(),
                 class: h.demand.gpu.to_string(),
                 gpus: round(h.demand.gpu.gpus()),
-                model: h.placement.gpus_text(),
-                kind: h.demand.gpu.class().to_string(),
+                // On a DRA node the DRA plugin chose the devices, not gpu-share: no per-GPU
+                // model is shown there.
+                model: if dra {
+                    String::new()
+                } else {
+                    h.placement.gpus_text()
+                },
+                kind: if crate::ledger::is_claim_holding(&h.pod.uid) {
+                    "dra-claim".to_string()
+                } else {
+                    h.demand.gpu.class().to_string()
+                },
             })
             .collect(),
         shared_gpus: shared_gpus(nl, reservations),

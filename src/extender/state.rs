@@ -201,6 +201,8 @@ pub struct ExtenderState {
     pub reservations: crate::cluster::reservations::Seen,
     /// Binds whose outcome the API has not told yet ([`Binding::doubt`]): UID -> node.
     doubt: Mutex<std::collections::HashMap<String, String>>,
+    /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
+    dra: Mutex<crate::dra::DraView>,
 }
 
 impl ExtenderState {
@@ -244,7 +246,13 @@ impl ExtenderState {
             reservations: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
             doubt: Mutex::new(std::collections::HashMap::new()),
+            dra: Mutex::new(crate::dra::DraView::default()),
         }
+    }
+
+    /// The DRA side of the cluster as the watches show it.
+    pub fn dra(&self) -> std::sync::MutexGuard<'_, crate::dra::DraView> {
+        lock(&self.dra)
     }
 
     /// Node labels and the pods waiting to be explained ([`super::explain`]).

@@ -87,6 +87,8 @@ pub struct Listed {
     pods: HashMap<String, ObservedPod>,
     /// gpu-share's reservation pods, in every state.
     reservations: Vec<ReservationPod>,
+    /// The DRA side, where the API serves it ([`Listed::dra`]).
+    dra: Option<crate::dra::DraView>,
 }
 
 impl Listed {
@@ -103,6 +105,20 @@ impl Listed {
         self.reservations.extend(ReservationPod::of(p));
     }
 
+    /// Adds the DRA side: the nodes NVIDIA's DRA driver publishes GPUs on (where no device
+    /// plugin does: a node runs one or the other) and, in [`Listed::into_parts`], the claims'
+    /// holdings in place of the pods they stand for.
+    pub fn dra(&mut self, view: crate::dra::DraView) {
+        for name in view.nodes() {
+            if !self.nodes.contains_key(&name)
+                && let Some(g) = view.gpu_node(&name)
+            {
+                self.nodes.insert(name, g);
+            }
+        }
+        self.dra = Some(view);
+    }
+
     /// The reservation pods listed.
     pub fn reservations(&self) -> &[ReservationPod] {
         &self.reservations
@@ -111,6 +127,14 @@ impl Listed {
     /// The GPU nodes and the bound pods, pods ordered by UID.
     pub fn into_parts(self) -> (Vec<inventory::GpuNode>, Vec<ObservedPod>) {
         let mut pods: Vec<ObservedPod> = self.pods.into_values().collect();
+        if let Some(view) = &self.dra {
+            pods.retain(|o| !view.covers(&o.pod.uid));
+            for (name, g) in &self.nodes {
+                if g.mode_source == inventory::ModeSource::Dra {
+                    pods.extend(view.holdings(name));
+                }
+            }
+        }
         pods.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
         (self.nodes.into_values().collect(), pods)
     }
@@ -146,7 +170,9 @@ impl ExtenderState {
                 if let Some(seen) = relist.seen.as_mut() {
                     seen.insert(name.clone());
                 }
-                let gpu_node = inventory::read_node(&n, reading);
+                // A node no device plugin serves may have GPUs NVIDIA's DRA driver publishes.
+                let gpu_node =
+                    inventory::read_node(&n, reading).or_else(|| self.dra_gpu_node(&name));
                 self.explainer().set_labels(
                     &name,
                     gpu_node
@@ -248,7 +274,9 @@ impl ExtenderState {
             ..
         } = listed;
         for name in self.ledger().node_names() {
-            let listed = inv.remove(&name);
+            // The slice watch keeps DRA nodes: what the node list does not read as a GPU node
+            // may be one.
+            let listed = inv.remove(&name).or_else(|| self.dra_gpu_node(&name));
             if node_newer(&name) {
                 continue;
             }
@@ -331,6 +359,13 @@ pub fn spawn_watches(
 ) {
     let nodes_synced = Arc::new(AtomicBool::new(false));
     let pods_synced = Arc::new(AtomicBool::new(false));
+    let dra_synced = Arc::new(AtomicBool::new(false));
+    super::dra::spawn_watches(
+        client.clone(),
+        ext.clone(),
+        dra_synced.clone(),
+        shutdown.clone(),
+    );
 
     let node_stream = watch::node_events(client.clone());
     let e = ext.clone();
@@ -362,13 +397,18 @@ pub fn spawn_watches(
     let mut shutdown = shutdown;
     tokio::spawn(async move {
         loop {
-            if nodes_synced.load(Ordering::Acquire) && pods_synced.load(Ordering::Acquire) {
+            if nodes_synced.load(Ordering::Acquire)
+                && pods_synced.load(Ordering::Acquire)
+                && dra_synced.load(Ordering::Acquire)
+            {
                 ext.mark_synced();
                 ready.cluster.store(true, Ordering::Release);
                 tracing::info!(
                     nodes = ext.ledger().node_names().len(),
                     pods = ext.ledger().uids_len(),
-                    "extender ready: node and pod caches synced"
+                    dra_nodes = ext.dra().nodes().len(),
+                    dra_claims = ext.dra().claim_count(),
+                    "extender ready: node, pod and DRA caches synced"
                 );
                 return;
             }
@@ -475,6 +515,14 @@ pub async fn list_compact(
     let mut listed = Listed::default();
     watch::list_nodes(client, |n| listed.node(n, reading)).await?;
     watch::list_pods(client, |p| listed.pod(p)).await?;
+    match crate::cluster::dra::served(client).await {
+        Ok(true) => listed.dra(crate::cluster::dra::list(client).await?),
+        Ok(false) => {}
+        // The slice watch still keeps DRA nodes in the extender's ledger.
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the API whether it serves resource.k8s.io/v1: this list has no DRA nodes")
+        }
+    }
     Ok(listed)
 }
 
@@ -1075,6 +1123,16 @@ mod tests {
         let server = tokio::spawn(async move {
             let mut queries = Vec::new();
             while let Some((req, send)) = handle.next_request().await {
+                if req.uri().path() == "/apis/resource.k8s.io/v1" {
+                    // A cluster without DRA.
+                    send.send_response(crate::cluster::mock::json(
+                        404,
+                        &json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404}),
+                    ));
+                    continue;
+                }
                 let query = req.uri().query().unwrap_or_default().to_string();
                 assert!(query.contains("limit=500"), "{query}");
                 let page = |kind: &str, items: Vec<serde_json::Value>, next: &str| {
@@ -1140,6 +1198,15 @@ mod tests {
         let server = tokio::spawn(async move {
             let mut lists = 0;
             while let Some((req, send)) = handle.next_request().await {
+                if req.uri().path() == "/apis/resource.k8s.io/v1" {
+                    send.send_response(crate::cluster::mock::json(
+                        404,
+                        &json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404}),
+                    ));
+                    continue;
+                }
                 lists += 1;
                 let (kind, items) = if req.uri().path().ends_with("/api/v1/nodes") {
                     ("NodeList", vec![listed.clone()])

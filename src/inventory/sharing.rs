@@ -52,4 +52,7 @@ pub enum ModeSource {
     Unverified,
     /// The policy's `nodeModes` declares it for the node's labels.
     Declared,
+    /// NVIDIA's DRA driver's ResourceSlices (`gpu.nvidia.com`): no device plugin on the node
+    /// ([`crate::dra`]).
+    Dra,
 }

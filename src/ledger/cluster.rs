@@ -38,6 +38,9 @@ pub struct Ledger {
     held_off: Mutex<HashMap<String, (std::time::Instant, String)>>,
     /// The victims each preemptor (by UID) was last given, and when.
     preempted: Mutex<HashMap<String, (std::time::Instant, Vec<String>)>>,
+    /// Pods a DRA claim stands for (by UID), and the claim's node: the claim holds their
+    /// devices, so they hold nothing themselves ([`Ledger::sync_claims`]).
+    claimed: Mutex<HashMap<String, String>>,
 }
 
 impl Ledger {
@@ -204,13 +207,82 @@ impl Ledger {
         }
     }
 
+    /// Makes the DRA claims' holdings on `node` exactly `holdings` ([`crate::dra::DraView::holdings`]),
+    /// and the pods `covered` (those the claims there stand for) hold nothing of their own there:
+    /// a pod bound to a DRA node holds by its demand only until its claim is seen. Returns how
+    /// many holdings changed.
+    pub fn sync_claims(
+        &self,
+        node: &str,
+        holdings: &[ObservedPod],
+        covered: &std::collections::BTreeSet<String>,
+    ) -> usize {
+        {
+            let mut claimed = lock(&self.claimed);
+            claimed.retain(|uid, at| at != node || covered.contains(uid));
+            for uid in covered {
+                claimed.insert(uid.clone(), node.to_string());
+            }
+        }
+        let mut changed = 0;
+        for uid in covered {
+            if self.node_of(uid).as_deref() == Some(node) && self.release(uid).is_some() {
+                changed += 1;
+            }
+        }
+        let want: std::collections::BTreeMap<&str, &ObservedPod> =
+            holdings.iter().map(|o| (o.pod.uid.as_str(), o)).collect();
+        let held: Vec<(String, Holding)> = self
+            .with_node(node, |nl| {
+                nl.holdings
+                    .iter()
+                    .filter(|(uid, _)| is_claim_holding(uid))
+                    .map(|(u, h)| (u.clone(), h.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (uid, h) in &held {
+            let same = want.get(uid.as_str()).is_some_and(|o| {
+                o.demand == h.demand && o.gpus.as_ref().is_none_or(|g| *g == h.placement.gpus)
+            });
+            if !same {
+                self.release(uid);
+                changed += 1;
+            }
+        }
+        lock(&self.unplaced).retain(|uid, o| {
+            !(is_claim_holding(uid) && o.node == node && !want.contains_key(uid.as_str()))
+        });
+        for o in holdings {
+            if self.node_of(&o.pod.uid).is_none() {
+                self.record(o);
+                changed += 1;
+            }
+        }
+        changed
+    }
+
+    /// Forgets the DRA claims' holdings and covered pods on a node that is no longer one
+    /// (its slices gone, or the node deleted).
+    pub fn drop_claims(&self, node: &str) {
+        self.sync_claims(node, &[], &Default::default());
+    }
+
+    /// Whether a DRA claim stands for pod `uid`.
+    pub fn claimed(&self, uid: &str) -> bool {
+        lock(&self.claimed).contains_key(uid)
+    }
+
     /// The node a pod holds something on.
     pub fn node_of(&self, uid: &str) -> Option<String> {
         lock(&self.index).get(uid).cloned()
     }
 
-    /// Records what the API says a pod holds.
+    /// Records what the API says a pod holds (nothing, for a pod a DRA claim stands for).
     pub fn record(&self, o: &ObservedPod) {
+        if !is_claim_holding(&o.pod.uid) && lock(&self.claimed).contains_key(&o.pod.uid) {
+            return;
+        }
         // The index lock is held throughout (lock order: index, then a node), so two updates of
         // one pod cannot interleave and leave a holding the index does not point to.
         let moved = {
@@ -247,6 +319,13 @@ impl Ledger {
         demand: Demand,
     ) -> Result<Placement, Reason> {
         let n = self.node(node).ok_or(Reason::UnknownNode)?;
+        if lock(&self.claimed)
+            .get(&pod.uid)
+            .is_some_and(|at| at == node)
+        {
+            // Its DRA claim, allocated before bind, holds its devices already.
+            return Ok(Placement::default());
+        }
         let (result, moved) = {
             let mut index = lock(&self.index);
             if demand.pointed()
@@ -365,14 +444,19 @@ impl Ledger {
         lock(&self.unplaced).len()
     }
 
-    /// Every UID held (placed or not).
     /// How many pods the ledger holds (placed or not).
     pub fn uids_len(&self) -> usize {
         lock(&self.index).len() + lock(&self.unplaced).len()
     }
 
+    /// Every pod's UID held (placed or not): DRA claims' holdings are not pods'
+    /// ([`Ledger::sync_claims`] keeps them).
     pub fn uids(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.index).keys().cloned().collect();
+        let mut v: Vec<String> = lock(&self.index)
+            .keys()
+            .filter(|u| !is_claim_holding(u))
+            .cloned()
+            .collect();
         v.extend(lock(&self.unplaced).keys().cloned());
         v.sort();
         v

@@ -25,6 +25,17 @@ pub struct Holding {
 /// recorded, takes its place ([`NodeLedger::record`]). No pod's UID looks like it.
 pub const STAND_IN: &str = "reservation-on-its-way/";
 
+/// How the UID of a DRA claim's holding begins (`dra-claim/<claim UID>/<node>/<kind>`): what a
+/// ResourceClaim's allocation holds on a node whose GPUs NVIDIA's DRA driver publishes
+/// ([`crate::dra`]). It stands for the pods the claim is reserved for, which hold nothing
+/// themselves there ([`super::Ledger::sync_claims`]). No pod's UID looks like it.
+pub const CLAIM_HOLDING: &str = "dra-claim/";
+
+/// Whether a ledger UID is a DRA claim's holding, not a pod's.
+pub fn is_claim_holding(uid: &str) -> bool {
+    uid.starts_with(CLAIM_HOLDING)
+}
+
 /// The UID of stand-in number `serial` for a reservation of GPU `gpu` of `node`.
 pub fn stand_in_uid(node: &str, gpu: u32, serial: u64) -> String {
     format!("{STAND_IN}{node}/{gpu}/{serial}")
@@ -297,6 +308,11 @@ pub fn plan_victims(
     preemptor_priority: i32,
     given: &[String],
 ) -> Option<Vec<String>> {
+    // DRA has no preemption (Kubernetes 1.37): a victim's claim would be freed, but the DRA
+    // plugin that chose its devices does not count on it, and the pod would wait the same.
+    if nl.node.mode_source == inventory::ModeSource::Dra {
+        return None;
+    }
     if packing::fit(&nl.node, &nl.usage, demand).is_ok() {
         return if given.is_empty() {
             None

@@ -57,6 +57,12 @@ pub enum Reason {
     /// The policy requires a share's memory to be held to its budget, and nothing on the node
     /// holds it ([`crate::enforcement`]).
     MemoryNotHeld(crate::enforcement::Gap),
+    /// A share (time-sliced or MPS) on a node whose GPUs NVIDIA's DRA driver publishes: nothing
+    /// there gives a share of a GPU that gpu-share arranges ([`crate::dra`]).
+    DraNoShares,
+    /// A MIG pod in the single strategy's form (`nvidia.com/gpu`) on a node whose MIG devices
+    /// NVIDIA's DRA driver publishes: there `nvidia.com/gpu` is a whole GPU.
+    DraMigForm,
 }
 
 /// How [`Reason::ReservationFailed`]'s sentence begins, whatever the failure.
@@ -123,6 +129,12 @@ impl Reason {
             Reason::Cpu => "not enough free CPU".into(),
             Reason::Memory => "not enough free memory".into(),
             Reason::MemoryNotHeld(gap) => gap.sentence().into(),
+            Reason::DraNoShares => {
+                "node's GPUs come through NVIDIA's DRA driver, where gpu-share serves whole GPUs (exclusive-<n>) and MIG devices only; time-sliced and MPS shares go to device-plugin nodes".into()
+            }
+            Reason::DraMigForm => {
+                "node's MIG devices come through NVIDIA's DRA driver as nvidia.com/mig-<profile> (gpu-share's DeviceClasses); the pod asks for nvidia.com/gpu (the single MIG strategy's form), which is a whole GPU there".into()
+            }
         }
     }
 
@@ -156,6 +168,8 @@ impl Reason {
             Reason::MemoryNotHeld(crate::enforcement::Gap::NoBudget),
             Reason::MemoryNotHeld(crate::enforcement::Gap::NoDriverLimits),
             Reason::MemoryNotHeld(crate::enforcement::Gap::Mig),
+            Reason::DraNoShares,
+            Reason::DraMigForm,
         ]
         .into_iter()
         .filter_map(|r| match r.message_static() {
@@ -217,6 +231,8 @@ impl Reason {
             Reason::Cpu => "cpu",
             Reason::Memory => "memory",
             Reason::MemoryNotHeld(gap) => gap.label(),
+            Reason::DraNoShares => "dra_no_shares",
+            Reason::DraMigForm => "dra_mig_form",
         }
     }
 }
@@ -242,6 +258,26 @@ fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
 /// model; then the GPU rules of [`fit_gpu`]; last, that the node holds a share's memory where
 /// the policy requires it.
 pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
+    if node.mode_source == crate::inventory::ModeSource::Dra
+        && matches!(
+            demand.gpu,
+            GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. }
+        )
+    {
+        return Err(Reason::DraNoShares);
+    }
+    if node.mode_source == crate::inventory::ModeSource::Dra
+        && let GpuDemand::Mig { profile, .. } = &demand.gpu
+        && demand
+            .resources
+            .iter()
+            .any(|r| r == crate::inventory::RESOURCE_GPU)
+        && !demand
+            .resources
+            .contains(&crate::mig::resource_name(profile))
+    {
+        return Err(Reason::DraMigForm);
+    }
     if let Some(r) = demand.resources.iter().find(|r| !node.advertises(r)) {
         return Err(Reason::ResourceNotAdvertised {
             resource: r.clone(),

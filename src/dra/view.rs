@@ -1,0 +1,232 @@
+//! What gpu-share knows of the DRA side of the cluster, as plain data: the driver's slices, the
+//! claims allocated its devices, and the nodes without a device plugin's GPUs that the slices
+//! may describe. From it: each DRA node's [`GpuNode`], the holdings its claims make in the
+//! ledger, and the pods those claims stand for.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::claim::Claim;
+use super::node::{DraNode, Kind};
+use super::slice::ResourceSlice;
+use crate::inventory::GpuNode;
+use crate::ledger::{CLAIM_HOLDING, ObservedPod, PodRef};
+use crate::packing::{Demand, GpuDemand};
+
+/// The DRA side of the cluster.
+#[derive(Debug, Default, Clone)]
+pub struct DraView {
+    /// Slices of driver `gpu.nvidia.com`, by node, then by slice name.
+    slices: BTreeMap<String, BTreeMap<String, ResourceSlice>>,
+    /// Claims allocated devices of the driver, by UID.
+    claims: BTreeMap<String, Claim>,
+    /// Pod UID -> the claims that stand for it.
+    covering: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl DraView {
+    /// Adds or replaces a slice: the node it describes, if any.
+    pub fn apply_slice(&mut self, s: ResourceSlice) -> Option<String> {
+        let name = s.metadata.name.clone()?;
+        let from = self.remove_slice(&name);
+        let Some(node) = s.spec.node_name.clone() else {
+            return from;
+        };
+        if s.spec.driver != super::DRIVER {
+            return Some(node);
+        }
+        self.slices.entry(node.clone()).or_default().insert(name, s);
+        Some(node)
+    }
+
+    /// Removes a slice by name: the node it described, if any.
+    pub fn remove_slice(&mut self, name: &str) -> Option<String> {
+        let node = self
+            .slices
+            .iter()
+            .find(|(_, by)| by.contains_key(name))
+            .map(|(n, _)| n.clone())?;
+        if let Some(by) = self.slices.get_mut(&node) {
+            by.remove(name);
+            if by.is_empty() {
+                self.slices.remove(&node);
+            }
+        }
+        Some(node)
+    }
+
+    /// Replaces every slice (a relist): the nodes whose slices changed.
+    pub fn replace_slices(&mut self, all: Vec<ResourceSlice>) -> BTreeSet<String> {
+        let before = std::mem::take(&mut self.slices);
+        for s in all {
+            self.apply_slice(s);
+        }
+        let mut changed: BTreeSet<String> = BTreeSet::new();
+        for n in before.keys().chain(self.slices.keys()) {
+            if before.get(n) != self.slices.get(n) {
+                changed.insert(n.clone());
+            }
+        }
+        changed
+    }
+
+    /// The driver's devices on `node`, if it publishes any.
+    pub fn node(&self, node: &str) -> Option<DraNode> {
+        DraNode::from_slices(node, self.slices.get(node)?.values())
+    }
+
+    /// `node` as the extender packs onto it, if the driver publishes GPUs there.
+    pub fn gpu_node(&self, node: &str) -> Option<GpuNode> {
+        let d = self.node(node)?;
+        (!d.devices.is_empty()).then(|| d.gpu_node())
+    }
+
+    /// Every node with slices of the driver.
+    pub fn nodes(&self) -> Vec<String> {
+        self.slices.keys().cloned().collect()
+    }
+
+    /// Adds or replaces a claim (`None`: it holds no device of the driver now): the nodes whose
+    /// holdings changed.
+    pub fn apply_claim(&mut self, uid: &str, claim: Option<Claim>) -> BTreeSet<String> {
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        if let Some(old) = self.claims.remove(uid) {
+            touched.extend(old.nodes().into_iter().map(str::to_string));
+            for p in &old.pods {
+                if let Some(c) = self.covering.get_mut(p) {
+                    c.remove(uid);
+                    if c.is_empty() {
+                        self.covering.remove(p);
+                    }
+                }
+            }
+        }
+        if let Some(c) = claim {
+            touched.extend(c.nodes().into_iter().map(str::to_string));
+            for p in &c.pods {
+                self.covering
+                    .entry(p.clone())
+                    .or_default()
+                    .insert(uid.to_string());
+            }
+            self.claims.insert(uid.to_string(), c);
+        }
+        touched
+    }
+
+    /// Replaces every claim (a relist): the nodes whose holdings changed.
+    pub fn replace_claims(&mut self, all: Vec<Claim>) -> BTreeSet<String> {
+        let mut touched = BTreeSet::new();
+        let listed: BTreeSet<String> = all.iter().map(|c| c.uid.clone()).collect();
+        let gone: Vec<String> = self
+            .claims
+            .keys()
+            .filter(|u| !listed.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            touched.extend(self.apply_claim(&uid, None));
+        }
+        for c in all {
+            if self.claims.get(&c.uid) != Some(&c) {
+                let uid = c.uid.clone();
+                touched.extend(self.apply_claim(&uid, Some(c)));
+            }
+        }
+        touched
+    }
+
+    /// Whether an allocated claim stands for pod `uid`: then the claim is what it holds.
+    pub fn covers(&self, pod_uid: &str) -> bool {
+        self.covering.contains_key(pod_uid)
+    }
+
+    /// The pods the claims on `node` stand for.
+    pub fn covered_on(&self, node: &str) -> BTreeSet<String> {
+        self.claims
+            .values()
+            .filter(|c| c.nodes().contains(node))
+            .flat_map(|c| c.pods.iter().cloned())
+            .collect()
+    }
+
+    /// How many claims hold devices of the driver.
+    pub fn claim_count(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// The holdings the claims make on `node`, as the ledger records them: one per claim and
+    /// kind of device (whole GPUs, with the GPUs DRA chose; MIG devices per profile; parts of a
+    /// device shared by consumable capacity). A device the node's slices do not list (yet) is
+    /// left out until they do.
+    pub fn holdings(&self, node: &str) -> Vec<ObservedPod> {
+        let Some(dra) = self.node(node) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for c in self.claims.values() {
+            let mut whole: Vec<(u32, u32)> = Vec::new();
+            let mut shared: Vec<(u32, u32)> = Vec::new();
+            let mut mig: BTreeMap<String, u32> = BTreeMap::new();
+            for (pool, device) in &c.devices {
+                if pool != node {
+                    continue;
+                }
+                let Some(d) = dra.devices.get(device) else {
+                    continue;
+                };
+                match (&d.kind, d.shares) {
+                    (Kind::Gpu { .. }, Some(shares)) => {
+                        if let Some(i) = dra.gpu_index(device) {
+                            let milli =
+                                1000u64.checked_div(shares).map_or(1000, |m| m.max(1)) as u32;
+                            shared.push((i, milli));
+                        }
+                    }
+                    (Kind::Gpu { .. }, None) => {
+                        if let Some(i) = dra.gpu_index(device) {
+                            whole.push((i, 1000));
+                        }
+                    }
+                    (Kind::Mig { profile, .. }, _) => *mig.entry(profile.clone()).or_insert(0) += 1,
+                }
+            }
+            let pod = |kind: &str| PodRef {
+                uid: format!("{CLAIM_HOLDING}{}/{node}/{kind}", c.uid),
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                priority: 0,
+            };
+            if !whole.is_empty() {
+                whole.sort();
+                out.push(ObservedPod {
+                    pod: pod("gpu"),
+                    node: node.to_string(),
+                    demand: Demand::gpu(GpuDemand::Whole {
+                        count: whole.len() as u32,
+                    }),
+                    gpus: Some(whole),
+                });
+            }
+            for (i, (gpu, milli)) in shared.into_iter().enumerate() {
+                out.push(ObservedPod {
+                    pod: pod(&format!("share-{i}")),
+                    node: node.to_string(),
+                    demand: Demand::gpu(GpuDemand::Timeslice {
+                        milli,
+                        memory_mib: None,
+                    }),
+                    gpus: Some(vec![(gpu, milli)]),
+                });
+            }
+            for (profile, count) in mig {
+                out.push(ObservedPod {
+                    pod: pod(&format!("mig-{profile}")),
+                    node: node.to_string(),
+                    demand: Demand::gpu(GpuDemand::Mig { profile, count }),
+                    gpus: None,
+                });
+            }
+        }
+        out
+    }
+}
