@@ -316,3 +316,41 @@ fn template_check_covers_the_builtin_kinds_and_their_template_annotations() {
         }
     }
 }
+
+/// The DeviceClasses gpu-share ships for DRA node pools (`manifests/components/dra`, and the
+/// chart's copy under `dra.migDeviceClasses`): one per MIG profile of the built-in tables, each
+/// selecting the DRA driver's static MIG devices of that profile and mapping the device plugin's
+/// mixed-strategy name, so a MIG pod's limits are the same on either kind of node.
+#[test]
+fn dra_device_classes_are_one_per_builtin_mig_profile() {
+    let want: Vec<Value> = gpu_share::mig::MigTable::default()
+        .profile_names()
+        .iter()
+        .map(|p| {
+            let (name, cel, resource) = gpu_share::dra::mig_device_class(p);
+            serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": cel}}], "extendedResourceName": resource},
+            })
+        })
+        .collect();
+    let got = gpu_share::documents::objects(&read("manifests/components/dra/deviceclasses.yaml"))
+        .unwrap();
+    if std::env::var_os("GPU_SHARE_WRITE_DEVICE_CLASSES").is_some() {
+        for w in &want {
+            println!("DEVICECLASS {w}");
+        }
+    }
+    assert_eq!(
+        got, want,
+        "regenerate with GPU_SHARE_WRITE_DEVICE_CLASSES=1 (prints them)"
+    );
+    let chart = read("charts/gpu-share/files/dra-deviceclasses.yaml");
+    assert_eq!(
+        chart,
+        read("manifests/components/dra/deviceclasses.yaml"),
+        "the chart's copy is the component's"
+    );
+}
