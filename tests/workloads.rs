@@ -26,9 +26,15 @@
 //!    on device-plugin and per-GPU nodes (tests/workloads/quota.rs);
 //! kueue: Kueue's own controller and webhooks admit pods and Jobs by that quantity, a
 //!    ClusterQueue of 2 GPUs holding the ninth `timeslice-25`, with either mutating webhook first
-//!    (tests/workloads/kueue.rs).
+//!    (tests/workloads/kueue.rs);
+//! dra: nodes whose GPUs NVIDIA's DRA driver publishes, beside device-plugin ones: `exclusive-1`
+//!    and `mig-1g.10gb` Deployments land there through kube-scheduler's DRA plugin, the ledger
+//!    equals the claims, before and after the extender restarts, and full nodes and shares are
+//!    refused in words (tests/workloads/dra.rs).
 
 mod common;
+#[path = "workloads/dra.rs"]
+mod dra;
 #[path = "workloads/kueue.rs"]
 mod kueue;
 #[path = "workloads/per_gpu.rs"]
@@ -303,6 +309,14 @@ async fn ledger_is_the_api(c: &Cluster, step: &str) -> Check {
             let ledger = ledger(c)?;
             let mut diffs = Vec::new();
             for (node, pods) in &view.pods {
+                // A DRA node's holdings are its claims (tests/workloads/dra.rs checks those).
+                if ledger
+                    .get(node)
+                    .and_then(|n| n["kind"].as_str())
+                    .is_some_and(|k| k.starts_with("DRA"))
+                {
+                    continue;
+                }
                 let held = ledger.get(node).map(ledger_pods).unwrap_or_default();
                 if !ledger.contains_key(node) && !pods.is_empty() {
                     diffs.push(format!("{node}: not in the ledger, API has {pods:?}"));
@@ -1192,6 +1206,7 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     point(&mut failures, "MPS per GPU", per_gpu_mps::per_gpu_mps(&c)).await;
     point(&mut failures, "quotas", quota::quotas(&c)).await;
     point(&mut failures, "kueue", kueue::kueue(&c)).await;
+    point(&mut failures, "dra", dra::dra(&c)).await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

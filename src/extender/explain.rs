@@ -100,6 +100,22 @@ impl Explainer {
     }
 
     /// The GPU nodes a pod's nodeSelector and required node affinity allow.
+    /// The GPU nodes the pod's nodeSelector picks, whatever its node affinity says (the
+    /// affinity gpu-share writes for shares names GFD labels a DRA node never has).
+    pub fn selected_by_node_selector(&self, spec: &PodSpec) -> Vec<String> {
+        let mut names: Vec<String> = read(&self.labels)
+            .iter()
+            .filter(|(_, labels)| {
+                spec.node_selector
+                    .as_ref()
+                    .is_none_or(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     pub fn candidates(&self, spec: &PodSpec) -> Vec<String> {
         let mut names: Vec<String> = read(&self.labels)
             .iter()

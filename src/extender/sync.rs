@@ -173,12 +173,10 @@ impl ExtenderState {
                 // A node no device plugin serves may have GPUs NVIDIA's DRA driver publishes.
                 let gpu_node =
                     inventory::read_node(&n, reading).or_else(|| self.dra_gpu_node(&name));
-                self.explainer().set_labels(
-                    &name,
-                    gpu_node
-                        .is_some()
-                        .then(|| n.metadata.labels.clone().unwrap_or_default()),
-                );
+                // Every node's labels: a node without a device plugin's GPUs may turn out to
+                // have DRA ones once its slices are seen (the explainer weighs GPU nodes only).
+                self.explainer()
+                    .set_labels(&name, Some(n.metadata.labels.clone().unwrap_or_default()));
                 self.set_node(&name, gpu_node);
                 false
             }
@@ -403,11 +401,15 @@ pub fn spawn_watches(
             {
                 ext.mark_synced();
                 ready.cluster.store(true, Ordering::Release);
+                let (dra_nodes, dra_claims) = {
+                    let dra = ext.dra();
+                    (dra.nodes().len(), dra.claim_count())
+                };
                 tracing::info!(
                     nodes = ext.ledger().node_names().len(),
                     pods = ext.ledger().uids_len(),
-                    dra_nodes = ext.dra().nodes().len(),
-                    dra_claims = ext.dra().claim_count(),
+                    dra_nodes,
+                    dra_claims,
                     "extender ready: node, pod and DRA caches synced"
                 );
                 return;
@@ -664,7 +666,28 @@ async fn explain_one(
     let Some(spec) = pod.spec.as_ref() else {
         return true;
     };
-    let names = ext.explainer().candidates(spec);
+    let gpu_node = |n: &String| ext.ledger().with_node(n, |_| ()).is_some();
+    let mut names = ext.explainer().candidates(spec);
+    names.retain(gpu_node);
+    if names.is_empty()
+        && matches!(
+            demand.gpu,
+            crate::packing::GpuDemand::Timeslice { .. } | crate::packing::GpuDemand::Mps { .. }
+        )
+    {
+        // A share's affinity names GFD's sharing labels, which a DRA node never has: the DRA
+        // nodes its nodeSelector picks are where it was meant to go, and their refusal says why.
+        names = ext
+            .explainer()
+            .selected_by_node_selector(spec)
+            .into_iter()
+            .filter(|n| {
+                ext.ledger()
+                    .with_node(n, |nl| nl.node.mode_source == inventory::ModeSource::Dra)
+                    .unwrap_or(false)
+            })
+            .collect();
+    }
     let verdicts: Vec<(String, Result<(), crate::packing::Reason>)> = ext
         .ledger()
         .with_nodes_par(&names, |nl| {

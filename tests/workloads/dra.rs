@@ -1,0 +1,300 @@
+//! Nodes whose GPUs NVIDIA's DRA driver publishes (tests/cluster/dra-nodes.yaml, with the
+//! ResourceSlices of tests/fixtures/nvidia-dra/ that the driver's own code wrote), beside the
+//! device-plugin nodes of the rest of the test, on Kubernetes 1.37 with no feature gate:
+//! - the driver's DeviceClasses (its chart's) and gpu-share's MIG classes are applied;
+//! - an `exclusive-1` Deployment and a `mig-1g.10gb` Deployment land there, their claims made
+//!   and allocated by kube-scheduler's DRA plugin (KEP-5004 extended resources);
+//! - the ledger equals the claims (`/v1/nodes` shows the claims, with no per-GPU choice);
+//! - a full DRA node refuses the next replica in words;
+//! - a restarted extender rebuilds the DRA allocations from the API;
+//! - a `timeslice-25` pod meant for a DRA node gets the refusal, in words.
+
+use super::*;
+
+const NS: &str = "dra";
+const WHOLE: &str = "dra-h100-2gpu-whole";
+const MIG: &str = "dra-h100-2gpu-mig";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nvidia-dra");
+
+/// The claims allocated devices of the driver, per node: their names.
+fn claims_by_node(c: &Cluster) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    let out = kubectl(c, &["get", "resourceclaims", "-A", "-o", "json"], None)?;
+    let list: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let mut by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for claim in list["items"].as_array().into_iter().flatten() {
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+        let ns = claim["metadata"]["namespace"].as_str().unwrap_or_default();
+        for r in claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["driver"] == "gpu.nvidia.com")
+        {
+            if let Some(pool) = r["pool"].as_str() {
+                by.entry(pool.to_string())
+                    .or_default()
+                    .insert(format!("{ns}/{name}"));
+            }
+        }
+    }
+    Ok(by)
+}
+
+/// The ledger's holdings on the DRA nodes are the claims, and nothing else: polled until so.
+async fn ledger_is_the_claims(c: &Cluster, step: &str) -> Check {
+    let last = std::sync::Mutex::new(String::new());
+    let r = wait_for(
+        &format!("the ledger to equal the claims after {step}"),
+        Duration::from_secs(30),
+        || async {
+            let claims = claims_by_node(c)?;
+            let ledger = ledger(c)?;
+            let mut diffs = Vec::new();
+            // Each pod bound to a DRA node has its claim there, and only one.
+            let pods = pods_of(c, NS).await?;
+            for node in [WHOLE, MIG] {
+                let bound = pods
+                    .values()
+                    .filter(|p| live(p) && node_of(p) == Some(node))
+                    .count();
+                let claimed = claims.get(node).map_or(0, BTreeSet::len);
+                if bound != claimed {
+                    diffs.push(format!("{node}: {bound} pods bound, {claimed} claims"));
+                }
+            }
+            for node in [WHOLE, MIG] {
+                let n = ledger
+                    .get(node)
+                    .ok_or(format!("{node} is not in the ledger"))?;
+                let held = ledger_pods(n);
+                let want = claims.get(node).cloned().unwrap_or_default();
+                if held != want {
+                    diffs.push(format!("{node}: ledger {held:?}, claims {want:?}"));
+                }
+                let shown: Vec<&Value> = n["pods"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["kind"] != "dra-claim" || p["model"] != "")
+                    .collect();
+                if !shown.is_empty() {
+                    diffs.push(format!(
+                        "{node}: holdings other than claims without a per-GPU choice: {shown:?}"
+                    ));
+                }
+            }
+            *last.lock().unwrap() = diffs.join("; ");
+            Ok(diffs.is_empty().then_some(()))
+        },
+    )
+    .await;
+    r.map_err(|e| format!("{e}: {}", last.lock().unwrap()))
+}
+
+pub(super) async fn dra(c: &Cluster) -> Check {
+    for classes in [
+        format!("{FIXTURES}/deviceclasses.yaml"),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/manifests/components/dra/deviceclasses.yaml"
+        )
+        .to_string(),
+    ] {
+        kubectl(c, &["apply", "-f", &classes], None)?;
+    }
+    super::quota::register(c, "dra-nodes.yaml")?;
+    for node in [WHOLE, MIG] {
+        let _ = kubectl(
+            c,
+            &[
+                "delete",
+                "resourceslice",
+                &format!("00000-gpu.nvidia.com-{node}"),
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        kubectl(
+            c,
+            &["create", "-f", &format!("{FIXTURES}/{node}.yaml")],
+            None,
+        )?;
+    }
+    wait_for(
+        "the DRA nodes in the ledger",
+        Duration::from_secs(30),
+        || async {
+            let l = ledger(c)?;
+            let kinds: Vec<&str> = [WHOLE, MIG]
+                .iter()
+                .filter_map(|n| l.get(*n)?["kind"].as_str())
+                .collect();
+            Ok((kinds == ["DRA: whole", "DRA: mig mixed"]).then_some(()))
+        },
+    )
+    .await?;
+    let l = ledger(c)?;
+    ensure(
+        l[WHOLE]["gpus"] == 2 && l[MIG]["gpus"] == 2 && l[MIG]["mig"]["1g.10gb"] == "0/7",
+        format!("the DRA nodes read as {} and {}", l[WHOLE], l[MIG]),
+    )?;
+    let result = served(c).await;
+    // Leave no DRA node behind for the points after this one.
+    let _ = kubectl(c, &["delete", "namespace", NS, "--wait=true"], None);
+    for node in [WHOLE, MIG] {
+        let _ = kubectl(
+            c,
+            &[
+                "delete",
+                "resourceslice",
+                &format!("00000-gpu.nvidia.com-{node}"),
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        let _ = kubectl(c, &["delete", "node", node, "--ignore-not-found"], None);
+    }
+    result
+}
+
+async fn served(c: &Cluster) -> Check {
+    namespace(c, NS).await?;
+    apply(
+        c,
+        NS,
+        &deployment(
+            "train",
+            2,
+            template(json!({"gpu-share": "exclusive-1"}), Some(WHOLE), "Always"),
+        ),
+    )?;
+    apply(
+        c,
+        NS,
+        &deployment(
+            "infer",
+            7,
+            template(json!({"gpu-share": "mig-1g.10gb"}), Some(MIG), "Always"),
+        ),
+    )?;
+    wait_pods(c, NS, 9, 0).await?;
+    // kube-scheduler's DRA plugin made and allocated each pod's claim (KEP-5004; the field is
+    // newer than the Kubernetes types this crate builds with: read as JSON).
+    let pods: Value =
+        serde_json::from_str(&kubectl(c, &["get", "pods", "-n", NS, "-o", "json"], None)?)
+            .map_err(|e| e.to_string())?;
+    for p in pods["items"].as_array().into_iter().flatten() {
+        let name = p["metadata"]["name"].as_str().unwrap_or("?");
+        ensure(
+            p["status"]["extendedResourceClaimStatus"]["resourceClaimName"].is_string(),
+            format!("{name} has no extended resource claim: {}", p["status"]),
+        )?;
+        ensure(
+            p["metadata"]["annotations"]["gpu-share.io/gpus"].is_null(),
+            format!("{name} on a DRA node carries a per-GPU choice gpu-share did not make"),
+        )?;
+    }
+    ledger_is_the_claims(c, "two exclusive-1 and seven mig-1g.10gb pods bound").await?;
+    let l = ledger(c)?;
+    ensure(
+        l[WHOLE]["usedGpus"] == 2.0 && l[MIG]["mig"]["1g.10gb"] == "7/7",
+        format!(
+            "the ledger counts {} GPUs and {} 1g.10gb devices",
+            l[WHOLE]["usedGpus"], l[MIG]["mig"]["1g.10gb"]
+        ),
+    )?;
+    // Full: the next replica of each waits, in words.
+    kubectl(
+        c,
+        &["scale", "-n", NS, "deployment/train", "--replicas=3"],
+        None,
+    )?;
+    kubectl(
+        c,
+        &["scale", "-n", NS, "deployment/infer", "--replicas=8"],
+        None,
+    )?;
+    let waiting = wait_pods(c, NS, 9, 2).await?;
+    for w in &waiting {
+        why_waiting(c, NS, w).await?;
+    }
+    // A restarted extender rebuilds the DRA allocations from the API.
+    c.stop("extender");
+    c.start_process("extender");
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    ledger_is_the_claims(c, "the extender restarted").await?;
+    let l = ledger(c)?;
+    ensure(
+        l[WHOLE]["usedGpus"] == 2.0 && l[MIG]["mig"]["1g.10gb"] == "7/7",
+        format!(
+            "after a restart the ledger counts {} GPUs and {} 1g.10gb devices",
+            l[WHOLE]["usedGpus"], l[MIG]["mig"]["1g.10gb"]
+        ),
+    )?;
+    // Room again: a replica gone, the waiting one takes its GPU.
+    kubectl(
+        c,
+        &["scale", "-n", NS, "deployment/train", "--replicas=1"],
+        None,
+    )?;
+    kubectl(
+        c,
+        &["scale", "-n", NS, "deployment/infer", "--replicas=7"],
+        None,
+    )?;
+    wait_pods(c, NS, 8, 0).await?;
+    ledger_is_the_claims(c, "scaled down").await?;
+    // Mixed: exclusive pods free to go to either kind of node land on both (the DRA node has
+    // one GPU free, the device-plugin nodes more), each read right and none counted twice.
+    apply(
+        c,
+        NS,
+        &deployment(
+            "either",
+            3,
+            template(json!({"gpu-share": "exclusive-1"}), None, "Always"),
+        ),
+    )?;
+    wait_pods(c, NS, 11, 0).await?;
+    ledger_is_the_claims(c, "exclusive pods on either kind of node").await?;
+    ledger_is_the_api(c, "exclusive pods on either kind of node").await?;
+    let on_dra = pods_of(c, NS)
+        .await?
+        .values()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("either-"))
+        })
+        .filter(|p| node_of(p) == Some(WHOLE))
+        .count();
+    ensure(
+        on_dra <= 1,
+        format!("{on_dra} pods on a DRA node with one GPU free"),
+    )?;
+    kubectl(
+        c,
+        &["delete", "deployment", "-n", NS, "either", "--wait=true"],
+        None,
+    )?;
+    // A share meant for a DRA node is refused there, in words.
+    apply(
+        c,
+        NS,
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "share", "annotations": {"gpu-share": "timeslice-25"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": WHOLE}, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.11.0"}]},
+        }),
+    )?;
+    let words = why_waiting(c, NS, "share").await?;
+    ensure(
+        words.contains("time-sliced")
+            || words.contains("sharing-strategy")
+            || words.contains("affinity"),
+        format!("the share's refusal on a DRA node: {words}"),
+    )
+}
