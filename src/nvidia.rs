@@ -55,3 +55,7 @@ pub fn is_label_value(v: &str) -> bool {
             && v.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
 }
+
+/// NVIDIA's DRA driver for GPUs (`kubernetes-sigs/dra-driver-nvidia-gpu`): the driver name of its
+/// ResourceSlices and claims' results, and the domain of its device attributes ([`crate::dra`]).
+pub const DRA_DRIVER: &str = "gpu.nvidia.com";

@@ -80,7 +80,7 @@ impl Claim {
             .devices
             .results
             .iter()
-            .filter(|r| r.driver == super::DRIVER)
+            .filter(|r| r.driver == crate::nvidia::DRA_DRIVER)
             .map(|r| (r.pool.clone(), r.device.clone()))
             .collect();
         let uid = c.metadata.uid.clone().filter(|u| !u.is_empty())?;

@@ -22,7 +22,7 @@ pub use slice::ResourceSlice;
 pub use view::DraView;
 
 /// NVIDIA's DRA driver for GPUs.
-pub const DRIVER: &str = "gpu.nvidia.com";
+pub use crate::nvidia::DRA_DRIVER as DRIVER;
 /// The API group and version gpu-share reads slices and claims in.
 pub const API_GROUP: &str = "resource.k8s.io";
 pub const API_VERSION: &str = "v1";

@@ -64,7 +64,7 @@ impl DraNode {
         let ours: Vec<&ResourceSlice> = slices
             .into_iter()
             .filter(|s| {
-                s.spec.driver == super::DRIVER
+                s.spec.driver == crate::nvidia::DRA_DRIVER
                     && s.spec.node_name.as_deref() == Some(node)
                     && s.metadata.deletion_timestamp.is_none()
             })

@@ -68,9 +68,10 @@ impl Device {
     /// An attribute of the driver's domain: written bare (`type`) or qualified
     /// (`gpu.nvidia.com/type`).
     pub fn attribute(&self, key: &str) -> Option<&Attribute> {
-        self.attributes
-            .get(key)
-            .or_else(|| self.attributes.get(&format!("{}/{key}", super::DRIVER)))
+        self.attributes.get(key).or_else(|| {
+            self.attributes
+                .get(&format!("{}/{key}", crate::nvidia::DRA_DRIVER))
+        })
     }
 
     /// A string (or version) attribute's value.

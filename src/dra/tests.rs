@@ -8,13 +8,24 @@ use crate::inventory::{MigLayout, ModeSource, Sharing};
 use crate::ledger::{Ledger, ObservedPod, PodRef};
 use crate::packing::{Demand, GpuDemand, PackingPolicy, Reason, Scorer};
 
+/// The driver's slices for one node (`tests/fixtures/nvidia-dra/<name>.yaml`).
 fn fixture(name: &str) -> Vec<ResourceSlice> {
-    let path = format!(
-        "{}/tests/fixtures/nvidia-dra/{name}.yaml",
-        env!("CARGO_MANIFEST_DIR")
+    macro_rules! fixtures {
+        ($($n:literal),*) => {
+            match name {
+                $($n => include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nvidia-dra/", $n, ".yaml")),)*
+                other => panic!("no fixture {other}"),
+            }
+        };
+    }
+    let text = fixtures!(
+        "dra-h100-80gb-whole",
+        "dra-h100-80gb-mig",
+        "dra-h100-80gb-shares",
+        "dra-h100-2gpu-whole",
+        "dra-h100-2gpu-mig"
     );
-    let text = std::fs::read_to_string(&path).unwrap();
-    crate::documents::objects(&text)
+    crate::documents::objects(text)
         .unwrap()
         .into_iter()
         .map(|v| serde_json::from_value(v).unwrap())

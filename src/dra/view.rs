@@ -31,7 +31,7 @@ impl DraView {
         let Some(node) = s.spec.node_name.clone() else {
             return from;
         };
-        if s.spec.driver != super::DRIVER {
+        if s.spec.driver != crate::nvidia::DRA_DRIVER {
             return Some(node);
         }
         self.slices.entry(node.clone()).or_default().insert(name, s);

@@ -1,5 +1,5 @@
-//! `POST /scheduler/{filter,prioritize,bind,preempt}` and `GET /v1/nodes`. filter, prioritize
-//! and preempt are plain functions over [`ExtenderState`] with no I/O; bind also calls the API
+//! `POST /scheduler/{filter,prioritize,bind}` and `GET /v1/nodes` (preempt is `super::preempt`).
+//! filter and prioritize are plain functions over [`ExtenderState`] with no I/O; bind also calls the API
 //! (the binding, and a read of the pod when its outcome is unknown). The axum handlers around
 //! them parse, time and reply.
 
@@ -18,10 +18,7 @@ use super::report::{NodeReport, report};
 use super::state::{Binding, ExtenderState, Mode};
 
 use super::Context;
-use super::wire::{
-    self, ExtenderArgs, ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult,
-    HostPriority, MetaPod, MetaVictims, NodeList,
-};
+use super::wire::{self, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList};
 use crate::ledger;
 use crate::metrics::Metrics;
 use crate::packing::{self, Demand, Reason};
@@ -477,111 +474,6 @@ pub fn reserve_for_bind(
     }
 }
 
-/// Preempt: keep, per candidate node, just the victims that make room for the pod's class. A pod
-/// whose request cannot be read preempts nothing.
-pub fn preempt(
-    ext: &ExtenderState,
-    args: ExtenderPreemptionArgs,
-) -> Result<ExtenderPreemptionResult, VerbError> {
-    if !ext.is_synced() {
-        return Err(VerbError::NotSynced);
-    }
-    let pod = args
-        .pod
-        .as_ref()
-        .ok_or(VerbError::BadRequest("request has no Pod"))?;
-    let mut given: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
-    if let Some(m) = &args.node_name_to_meta_victims {
-        for (node, v) in m {
-            let v = v.clone().unwrap_or_default();
-            let uids = v
-                .pods
-                .unwrap_or_default()
-                .into_iter()
-                .flatten()
-                .map(|p| p.uid)
-                .collect();
-            given.insert(node.clone(), (uids, v.num_pdb_violations));
-        }
-    } else if let Some(m) = &args.node_name_to_victims {
-        for (node, v) in m {
-            let Some(v) = v else { continue };
-            let uids = v
-                .pods
-                .iter()
-                .flatten()
-                .flatten()
-                .filter_map(|p| p.metadata.uid.clone())
-                .collect();
-            given.insert(node.clone(), (uids, v.num_pdb_violations));
-        }
-    }
-    let meta = |uids: Vec<String>, pdb: i64| MetaVictims {
-        pods: Some(uids.into_iter().map(|uid| Some(MetaPod { uid })).collect()),
-        num_pdb_violations: pdb,
-    };
-    let demand = match ledger::demand_of_pod(pod) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::info!(pod = %ledger::pod_key(pod), error = %e, "preempt: the pod's request cannot be read; no victims");
-            return Ok(ExtenderPreemptionResult {
-                node_name_to_meta_victims: Some(BTreeMap::new()),
-            });
-        }
-    };
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if demand.is_some() && ext.ledger().victims_leaving(&uid) {
-        // kube-scheduler deletes victims asynchronously and may try the pod again before the
-        // pod watch has shown those deletions here: the room is on its way.
-        tracing::info!(pod = %ledger::pod_key(pod), "preempt: the victims of this pod's last preemption are still leaving; no more");
-        return Ok(ExtenderPreemptionResult {
-            node_name_to_meta_victims: Some(BTreeMap::new()),
-        });
-    }
-    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-    let mut out = BTreeMap::new();
-    let candidates = given.len();
-    let mut victims = 0usize;
-    for (node, (uids, pdb)) in given {
-        let Some(demand) = &demand else {
-            // Not a GPU pod: the scheduler's choice stands.
-            if !uids.is_empty() {
-                victims += uids.len();
-                out.insert(node, meta(uids, pdb));
-            }
-            continue;
-        };
-        let planned = ext
-            .ledger()
-            .with_node(&node, |nl| {
-                ledger::plan_victims(nl, demand, priority, &uids)
-            })
-            .flatten();
-        match planned {
-            Some(v) if !v.is_empty() => {
-                tracing::debug!(pod = %ledger::pod_key(pod), node = %node, offered = uids.len(), kept = v.len(), "preempt: victims kept");
-                victims += v.len();
-                out.insert(node, meta(v, pdb));
-            }
-            _ => {
-                tracing::debug!(pod = %ledger::pod_key(pod), node = %node, "preempt: no victim set on this node makes room for the pod's class")
-            }
-        }
-    }
-    tracing::info!(pod = %ledger::pod_key(pod), candidates, nodes = out.len(), victims, "preempt");
-    if demand.is_some() && !uid.is_empty() {
-        let given = out
-            .values()
-            .flat_map(|m: &MetaVictims| m.pods.iter().flatten().flatten())
-            .map(|p| p.uid.clone())
-            .collect();
-        ext.ledger().note_victims(&uid, given);
-    }
-    Ok(ExtenderPreemptionResult {
-        node_name_to_meta_victims: Some(out),
-    })
-}
-
 // ---- axum glue -------------------------------------------------------------------------------
 
 /// What every verb starts with: the extender's state and the parsed body, or the reply (404 when
@@ -608,7 +500,7 @@ pub(super) fn begin<'s, T>(
 
 /// Replies for the verbs whose Go result type has no `Error` field: any non-200 status is an
 /// error to kube-scheduler.
-fn reply<T: serde::Serialize>(
+pub(super) fn reply<T: serde::Serialize>(
     state: &Context,
     verb: &'static str,
     start: Instant,
@@ -655,14 +547,6 @@ pub async fn prioritize_handler(State(state): State<Context>, body: Bytes) -> Re
             let result = prioritize(ext, &state.policy.current(), args);
             reply(&state, "prioritize", start, result)
         }
-        Err(r) => r,
-    }
-}
-
-pub async fn preempt_handler(State(state): State<Context>, body: Bytes) -> Response {
-    let start = Instant::now();
-    match begin(&state, "preempt", start, wire::parse_preemption(&body)) {
-        Ok((ext, args)) => reply(&state, "preempt", start, preempt(ext, args)),
         Err(r) => r,
     }
 }

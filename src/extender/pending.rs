@@ -3,6 +3,14 @@
 
 use std::time::SystemTime;
 
+/// Pending gpu-share pods of one class: how many, and how long the oldest has waited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PendingClass {
+    pub class: &'static str,
+    pub pods: usize,
+    pub oldest_seconds: f64,
+}
+
 use k8s_openapi::api::core::v1::Pod;
 
 /// A gpu-share pod without a node yet.

@@ -42,15 +42,7 @@ pub struct Waiting {
     pub class: &'static str,
 }
 
-pub use super::pending::{UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
-
-/// Pending gpu-share pods of one class: how many, and how long the oldest has waited.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PendingClass {
-    pub class: &'static str,
-    pub pods: usize,
-    pub oldest_seconds: f64,
-}
+pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
 
 /// A released allocation (sent to the requeuer).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -190,7 +190,11 @@ pub fn router(state: AppState) -> Router {
             )
             .route(
                 "/scheduler/preempt",
-                bounded(post(ext::preempt_handler), "preempt", EXTENDER_BODY_LIMIT),
+                bounded(
+                    post(crate::extender::preempt::preempt_handler),
+                    "preempt",
+                    EXTENDER_BODY_LIMIT,
+                ),
             )
             .route("/v1/nodes", get(ext::nodes_handler))
             .route("/v1/quotas", get(crate::quota::report::handler));
