@@ -166,13 +166,22 @@ impl DraNode {
         }
         advertised.extend(instances.keys().map(|p| crate::mig::resource_name(p)));
         advertised.sort();
+        // Devices many claims share by consumable capacity (the driver's ConsumableShares): a
+        // claim takes a share there, never a whole device. Shown as the shares per device
+        // (by memory alone: 1), and no gpu-share pod is placed there (`packing::fit`).
+        let sharing = match self.devices.values().filter_map(|d| d.shares).max() {
+            Some(n) => Sharing::TimeSlicing {
+                replicas: u32::try_from(n).unwrap_or(u32::MAX).max(1),
+            },
+            None => Sharing::None,
+        };
         GpuNode {
             name: self.node.clone(),
             product,
             gpus: whole,
             gpu_memory_mib: gpus.iter().filter_map(|d| d.memory_mib).min(),
-            sharing: Sharing::None,
-            slots: whole,
+            sharing,
+            slots: whole.saturating_mul(sharing.replicas()),
             pool_resource: RESOURCE_GPU.to_string(),
             mig: if instances.is_empty() {
                 MigLayout::None

@@ -131,6 +131,29 @@ fn consumable_shares_are_read_where_the_driver_publishes_them() {
     assert!(shared.publishes_shares());
     assert!(shared.devices.values().all(|d| d.shares == Some(4)));
     assert!(!v.node("dra-h100-80gb-whole").unwrap().publishes_shares());
+    // A claim there takes a share, never the GPU: no gpu-share pod is placed there, in words.
+    let g = v.gpu_node("dra-h100-80gb-shares").unwrap();
+    assert_eq!(g.kind(), "consumable shares x4");
+    let usage = crate::packing::Usage::empty(&g);
+    for gpu in [
+        GpuDemand::Whole { count: 1 },
+        GpuDemand::Units {
+            resource: "nvidia.com/gpu".into(),
+            count: 1,
+        },
+    ] {
+        let r = crate::packing::fit(&g, &usage, &Demand::gpu(gpu)).unwrap_err();
+        assert_eq!(r, Reason::DraSharedDevices);
+        assert!(r.message().contains("ConsumableShares"), "{}", r.message());
+    }
+    let share = Demand::gpu(GpuDemand::Timeslice {
+        milli: 250,
+        memory_mib: None,
+    });
+    assert_eq!(
+        crate::packing::fit(&g, &usage, &share),
+        Err(Reason::DraNoShares)
+    );
 }
 
 #[test]

@@ -220,6 +220,11 @@ impl GpuNode {
 
     /// A short description of the node's kind, e.g. `time-slicing x4`, `mig mixed`.
     pub fn kind(&self) -> String {
+        if self.mode_source == ModeSource::Dra
+            && let Sharing::TimeSlicing { replicas } = self.sharing
+        {
+            return format!("consumable shares x{replicas}");
+        }
         match (&self.mig, self.sharing) {
             (MigLayout::Single { profile, .. }, _) => format!("mig single {profile}"),
             (MigLayout::Mixed { .. }, Sharing::None) if self.gpus == 0 => "mig mixed".to_string(),

@@ -63,6 +63,9 @@ pub enum Reason {
     /// A MIG pod in the single strategy's form (`nvidia.com/gpu`) on a node whose MIG devices
     /// NVIDIA's DRA driver publishes: there `nvidia.com/gpu` is a whole GPU.
     DraMigForm,
+    /// A whole GPU or a MIG device asked of a node whose devices NVIDIA's DRA driver shares by
+    /// consumable capacity (its ConsumableShares): a claim takes a share there, not the device.
+    DraSharedDevices,
 }
 
 /// How [`Reason::ReservationFailed`]'s sentence begins, whatever the failure.
@@ -132,6 +135,9 @@ impl Reason {
             Reason::DraNoShares => {
                 "node's GPUs come through NVIDIA's DRA driver, where gpu-share serves whole GPUs (exclusive-<n>) and MIG devices only; time-sliced and MPS shares go to device-plugin nodes".into()
             }
+            Reason::DraSharedDevices => {
+                "node's devices are shared by NVIDIA's DRA driver (its ConsumableShares): a claim there takes a share of a device, never a whole GPU or MIG device".into()
+            }
             Reason::DraMigForm => {
                 "node's MIG devices come through NVIDIA's DRA driver as nvidia.com/mig-<profile> (gpu-share's DeviceClasses); the pod asks for nvidia.com/gpu (the single MIG strategy's form), which is a whole GPU there".into()
             }
@@ -170,6 +176,7 @@ impl Reason {
             Reason::MemoryNotHeld(crate::enforcement::Gap::Mig),
             Reason::DraNoShares,
             Reason::DraMigForm,
+            Reason::DraSharedDevices,
         ]
         .into_iter()
         .filter_map(|r| match r.message_static() {
@@ -233,6 +240,7 @@ impl Reason {
             Reason::MemoryNotHeld(gap) => gap.label(),
             Reason::DraNoShares => "dra_no_shares",
             Reason::DraMigForm => "dra_mig_form",
+            Reason::DraSharedDevices => "dra_shared_devices",
         }
     }
 }
@@ -265,6 +273,15 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
         )
     {
         return Err(Reason::DraNoShares);
+    }
+    if node.mode_source == crate::inventory::ModeSource::Dra
+        && node.sharing != Sharing::None
+        && matches!(
+            demand.gpu,
+            GpuDemand::Whole { .. } | GpuDemand::Units { .. } | GpuDemand::Mig { .. }
+        )
+    {
+        return Err(Reason::DraSharedDevices);
     }
     if node.mode_source == crate::inventory::ModeSource::Dra
         && let GpuDemand::Mig { profile, .. } = &demand.gpu
