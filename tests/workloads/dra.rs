@@ -203,6 +203,43 @@ async fn served(c: &Cluster) -> Check {
             l[WHOLE]["usedGpus"], l[MIG]["mig"]["1g.10gb"]
         ),
     )?;
+    // The quota quantity counts DRA pods too: they carry it, and the DRA nodes advertise their
+    // GPUs in thousandths (2000, written 2k), as any GPU node.
+    for node in [WHOLE, MIG] {
+        wait_for(
+            &format!("{node} to advertise gpu-share.io/gpu-milli 2k"),
+            Duration::from_secs(30),
+            || async {
+                let a = super::quota::advertised(c, node).await?;
+                Ok((a == (Some("2k".into()), Some("2k".into()))).then_some(()))
+            },
+        )
+        .await?;
+    }
+    for p in pods["items"].as_array().into_iter().flatten() {
+        let milli = &p["spec"]["containers"][0]["resources"]["limits"]["gpu-share.io/gpu-milli"];
+        ensure(
+            milli.is_string(),
+            format!(
+                "{} carries no gpu-share.io/gpu-milli",
+                p["metadata"]["name"].as_str().unwrap_or("?")
+            ),
+        )?;
+    }
+    // `gpu-share status`, read from the cluster alone, shows the DRA nodes and their claims.
+    let out = std::process::Command::new(common::BIN)
+        .arg("status")
+        .env("KUBECONFIG", c.dir.join("kubeconfig"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure(
+        out.status.success() && text.contains("DRA: whole") && text.contains("DRA: mig mixed"),
+        format!(
+            "gpu-share status does not show the DRA nodes:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
     // Full: the next replica of each waits, in words.
     kubectl(
         c,

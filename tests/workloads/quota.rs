@@ -128,7 +128,10 @@ pub(super) fn register(c: &Cluster, file: &str) -> Check {
 const OWN_NODES: [&str; 4] = ["quota-mps", "quota-cpu", "a10-ts4x2", "a100-per-gpu"];
 
 /// What `node` advertises of the quantity, capacity and allocatable (`None`: it does not).
-async fn advertised(c: &Cluster, node: &str) -> Result<(Option<String>, Option<String>), String> {
+pub(super) async fn advertised(
+    c: &Cluster,
+    node: &str,
+) -> Result<(Option<String>, Option<String>), String> {
     let n = Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone())
         .get(node)
         .await
