@@ -7,6 +7,10 @@
 //! - the ledger equals the claims (`/v1/nodes` shows the claims, with no per-GPU choice);
 //! - a full DRA node refuses the next replica in words;
 //! - a restarted extender rebuilds the DRA allocations from the API;
+//! - the quota quantity: DRA nodes advertise it, DRA pods carry it; `gpu-share status` read
+//!   from the cluster shows the DRA nodes;
+//! - two exclusive pods that may go to either kind of node land one on each (a device-plugin
+//!   node beside the DRA ones), each counted once;
 //! - a `timeslice-25` pod meant for a DRA node gets the refusal, in words.
 
 use super::*;
@@ -14,6 +18,8 @@ use super::*;
 const NS: &str = "dra";
 const WHOLE: &str = "dra-h100-2gpu-whole";
 const MIG: &str = "dra-h100-2gpu-mig";
+/// A device-plugin node beside the DRA ones (tests/cluster/dra-nodes.yaml).
+const BESIDE: &str = "dra-beside-plain-1";
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nvidia-dra");
 
 /// The claims allocated devices of the driver, per node: their names.
@@ -154,6 +160,7 @@ pub(super) async fn dra(c: &Cluster) -> Check {
         );
         let _ = kubectl(c, &["delete", "node", node, "--ignore-not-found"], None);
     }
+    let _ = kubectl(c, &["delete", "node", BESIDE, "--ignore-not-found"], None);
     result
 }
 
@@ -282,21 +289,16 @@ async fn served(c: &Cluster) -> Check {
     )?;
     wait_pods(c, NS, 8, 0).await?;
     ledger_is_the_claims(c, "scaled down").await?;
-    // Mixed: exclusive pods free to go to either kind of node land on both (the DRA node has
-    // one GPU free, the device-plugin nodes more), each read right and none counted twice.
-    apply(
-        c,
-        NS,
-        &deployment(
-            "either",
-            3,
-            template(json!({"gpu-share": "exclusive-1"}), None, "Always"),
-        ),
-    )?;
-    wait_pods(c, NS, 11, 0).await?;
+    // Mixed: two exclusive pods that may go to either kind of node (the DRA node has one GPU
+    // free, the device-plugin node beside it one): one lands on each, each read right, and
+    // neither counted twice.
+    let mut either = template(json!({"gpu-share": "exclusive-1"}), None, "Always");
+    either["spec"]["nodeSelector"] = json!({"gpu-share.test/pool": "mixed"});
+    apply(c, NS, &deployment("either", 2, either))?;
+    wait_pods(c, NS, 10, 0).await?;
     ledger_is_the_claims(c, "exclusive pods on either kind of node").await?;
     ledger_is_the_api(c, "exclusive pods on either kind of node").await?;
-    let on_dra = pods_of(c, NS)
+    let nodes: BTreeSet<String> = pods_of(c, NS)
         .await?
         .values()
         .filter(|p| {
@@ -305,11 +307,15 @@ async fn served(c: &Cluster) -> Check {
                 .as_deref()
                 .is_some_and(|n| n.starts_with("either-"))
         })
-        .filter(|p| node_of(p) == Some(WHOLE))
-        .count();
+        .filter_map(|p| node_of(p).map(str::to_string))
+        .collect();
     ensure(
-        on_dra <= 1,
-        format!("{on_dra} pods on a DRA node with one GPU free"),
+        nodes == BTreeSet::from([WHOLE.to_string(), BESIDE.to_string()]),
+        format!("the two pods went to {nodes:?}, not one to each kind of node"),
+    )?;
+    ensure(
+        ledger(c)?[BESIDE]["pods"].as_array().map(Vec::len) == Some(1),
+        "the device-plugin node's ledger does not hold its one pod",
     )?;
     kubectl(
         c,
