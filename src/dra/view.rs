@@ -21,6 +21,10 @@ pub struct DraView {
     claims: BTreeMap<String, Claim>,
     /// Pod UID -> the claims that stand for it.
     covering: BTreeMap<String, BTreeSet<String>>,
+    /// Slice name -> its node, and node -> the UIDs of the claims holding devices there: an
+    /// event touches one node's entries, not every node's or every claim.
+    slice_node: BTreeMap<String, String>,
+    node_claims: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl DraView {
@@ -34,17 +38,14 @@ impl DraView {
         if s.spec.driver != crate::nvidia::DRA_DRIVER {
             return Some(node);
         }
+        self.slice_node.insert(name.clone(), node.clone());
         self.slices.entry(node.clone()).or_default().insert(name, s);
         Some(node)
     }
 
     /// Removes a slice by name: the node it described, if any.
     pub fn remove_slice(&mut self, name: &str) -> Option<String> {
-        let node = self
-            .slices
-            .iter()
-            .find(|(_, by)| by.contains_key(name))
-            .map(|(n, _)| n.clone())?;
+        let node = self.slice_node.remove(name)?;
         if let Some(by) = self.slices.get_mut(&node) {
             by.remove(name);
             if by.is_empty() {
@@ -57,6 +58,7 @@ impl DraView {
     /// Replaces every slice (a relist): the nodes whose slices changed.
     pub fn replace_slices(&mut self, all: Vec<ResourceSlice>) -> BTreeSet<String> {
         let before = std::mem::take(&mut self.slices);
+        self.slice_node.clear();
         for s in all {
             self.apply_slice(s);
         }
@@ -90,7 +92,15 @@ impl DraView {
     pub fn apply_claim(&mut self, uid: &str, claim: Option<Claim>) -> BTreeSet<String> {
         let mut touched: BTreeSet<String> = BTreeSet::new();
         if let Some(old) = self.claims.remove(uid) {
-            touched.extend(old.nodes().into_iter().map(str::to_string));
+            for n in old.nodes() {
+                touched.insert(n.to_string());
+                if let Some(c) = self.node_claims.get_mut(n) {
+                    c.remove(uid);
+                    if c.is_empty() {
+                        self.node_claims.remove(n);
+                    }
+                }
+            }
             for p in &old.pods {
                 if let Some(c) = self.covering.get_mut(p) {
                     c.remove(uid);
@@ -101,7 +111,13 @@ impl DraView {
             }
         }
         if let Some(c) = claim {
-            touched.extend(c.nodes().into_iter().map(str::to_string));
+            for n in c.nodes() {
+                touched.insert(n.to_string());
+                self.node_claims
+                    .entry(n.to_string())
+                    .or_default()
+                    .insert(uid.to_string());
+            }
             for p in &c.pods {
                 self.covering
                     .entry(p.clone())
@@ -142,11 +158,18 @@ impl DraView {
 
     /// The pods the claims on `node` stand for.
     pub fn covered_on(&self, node: &str) -> BTreeSet<String> {
-        self.claims
-            .values()
-            .filter(|c| c.nodes().contains(node))
+        self.claims_on(node)
             .flat_map(|c| c.pods.iter().cloned())
             .collect()
+    }
+
+    /// The claims holding devices on `node`.
+    fn claims_on<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a Claim> + 'a {
+        self.node_claims
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| self.claims.get(uid))
     }
 
     /// How many claims hold devices of the driver.
@@ -163,7 +186,7 @@ impl DraView {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for c in self.claims.values() {
+        for c in self.claims_on(node) {
             let mut whole: Vec<(u32, u32)> = Vec::new();
             let mut shared: Vec<(u32, u32)> = Vec::new();
             let mut mig: BTreeMap<String, u32> = BTreeMap::new();

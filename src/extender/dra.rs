@@ -74,7 +74,7 @@ impl ExtenderState {
     /// Applies one claim event. Returns true when a full list has just completed.
     pub fn apply_claim_event(
         &self,
-        relist: &mut Relisted<ResourceClaim>,
+        relist: &mut Relisted<Claim>,
         event: Event<ResourceClaim>,
     ) -> bool {
         let touched = match event {
@@ -83,19 +83,14 @@ impl ExtenderState {
                 return false;
             }
             Event::InitApply(c) => {
+                // Kept as read: what a claim holds of the driver's devices, not the object.
                 if let Some(l) = relist.listing.as_mut() {
-                    l.push(c);
+                    l.extend(Claim::read(&c));
                 }
                 return false;
             }
             Event::InitDone => {
-                let all: Vec<Claim> = relist
-                    .listing
-                    .take()
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(Claim::read)
-                    .collect();
+                let all = relist.listing.take().unwrap_or_default();
                 let touched = self.dra().replace_claims(all);
                 self.refresh_dra_nodes(&touched);
                 return true;
