@@ -94,6 +94,7 @@ pub struct Metrics {
     advertisements: Family<ResultLabels, Counter>,
     reservations: Family<StateLabels, Gauge>,
     requeues: Counter,
+    retried_first: Counter,
     fragmented_milli: Gauge,
     held_pods: Gauge,
     gpu_nodes: Gauge,
@@ -183,6 +184,7 @@ impl Metrics {
                 .set(0);
         }
         let requeues = Counter::default();
+        let retried_first = Counter::default();
         let fragmented_milli = Gauge::default();
         let held_pods = Gauge::default();
         let gpu_nodes = Gauge::default();
@@ -200,6 +202,11 @@ impl Metrics {
             "requeue_nudges",
             "Waiting pods nudged to requeue after capacity was released",
             requeues.clone(),
+        );
+        registry.register(
+            "requeue_retried_first",
+            "Waiting pods kube-scheduler retried and bound before a release nudged them",
+            retried_first.clone(),
         );
         registry.register(
             "fragmented_gpu_milli",
@@ -310,6 +317,7 @@ impl Metrics {
             advertisements,
             reservations,
             requeues,
+            retried_first,
             fragmented_milli,
             held_pods,
             gpu_nodes,
@@ -396,6 +404,11 @@ impl Metrics {
 
     pub fn requeued(&self, n: u64) {
         self.requeues.inc_by(n);
+    }
+
+    /// A waiting pod was bound before any release nudged it.
+    pub fn retried_first(&self) {
+        self.retried_first.inc();
     }
 
     /// Sets the ledger gauges (fragmented capacity in GPUs, held pods, GPU nodes).

@@ -271,7 +271,9 @@ async fn bind(
             }
         }
     }
-    binding.commit();
+    if binding.commit() {
+        state.metrics.retried_first();
+    }
     tracing::info!(pod = %key, node = %args.node, "bound");
     let per_gpu = matches!(&pod.demand, Ok(Some(d)) if d.devices.is_some());
     if let (Some(c), true) = (cluster, per_gpu) {

@@ -110,9 +110,11 @@ impl Binding<'_> {
     }
 
     /// The API bound the pod (or, in `--dev`, there is no API): the holding stays. A list begun
-    /// from here on shows the pod unless it is gone; the pod no longer waits.
-    pub fn commit(self) {
+    /// from here on shows the pod unless it is gone; the pod no longer waits. Returns whether it
+    /// was still waiting for a release to nudge it (kube-scheduler retried it first).
+    pub fn commit(self) -> bool {
         let ext = self.ext;
+        let was_waiting = ext.waiting.contains_key(&self.uid);
         if self.assume && self.reserved {
             ext.assumed.insert(
                 self.uid.clone(),
@@ -125,6 +127,7 @@ impl Binding<'_> {
         ext.waiting.invalidate(&self.uid);
         ext.pods.invalidate(&self.uid);
         ext.clear_unscheduled(&self.uid);
+        was_waiting
     }
 
     /// The outcome is unknown (no answer, and no read-back): the holding and its assumption

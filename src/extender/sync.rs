@@ -1206,6 +1206,24 @@ mod tests {
         assert_eq!(lists, 2, "one node list and one pod list");
     }
 
+    /// A bind of a pod still marked waiting says so (kube-scheduler retried it before a release
+    /// nudged it), and clears the mark; a bind of a pod that never waited does not.
+    #[test]
+    fn a_bind_tells_whether_the_pod_still_waited() {
+        let e = ext();
+        e.mark_waiting(
+            "waited".into(),
+            Waiting {
+                namespace: "ml".into(),
+                name: "waited".into(),
+                class: "exclusive",
+            },
+        );
+        assert!(bind(&e, "waited").commit());
+        assert!(!e.is_waiting("waited"));
+        assert!(!bind(&e, "fresh").commit());
+    }
+
     /// Requeue end to end: a pod rejected for capacity waits; when a holding of its class is
     /// released, the requeuer patches the waiting pod.
     #[tokio::test]
