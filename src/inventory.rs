@@ -148,6 +148,28 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     Some(g)
 }
 
+/// The first `nodeModes` rule that declares a mode (a sharing mode or a MIG profile) and
+/// selects a node of `labels`: the one that applies to it.
+pub fn declared_mode<'a>(
+    labels: &BTreeMap<String, String>,
+    modes: &'a [crate::policy::NodeMode],
+) -> Option<&'a crate::policy::NodeMode> {
+    modes
+        .iter()
+        .find(|m| m.declares_mode() && m.selector.matches(labels))
+}
+
+/// Whether the rule that applies to a node of `labels` ([`declared_mode`]) declares it
+/// `time-slicing`: on a node whose GPUs NVIDIA's DRA driver shares by consumable capacity, the
+/// opt-in for gpu-share's time-sliced shares ([`crate::dra`]).
+pub fn declares_time_slicing(
+    labels: &BTreeMap<String, String>,
+    modes: &[crate::policy::NodeMode],
+) -> bool {
+    declared_mode(labels, modes)
+        .is_some_and(|m| m.sharing == Some(crate::policy::DeclaredSharing::TimeSlicing))
+}
+
 /// Applies the first declared mode whose selector matches `labels` to a node whose mode no
 /// label states (GFD's and GKE's labels win).
 pub fn declare(
@@ -160,10 +182,7 @@ pub fn declare(
     if g.mode_source != ModeSource::Unverified || g.mig != MigLayout::None {
         return g;
     }
-    let Some(m) = modes
-        .iter()
-        .find(|m| m.declares_mode() && m.selector.matches(labels))
-    else {
+    let Some(m) = declared_mode(labels, modes) else {
         return g;
     };
     let units = g.slots;
@@ -490,6 +509,7 @@ pub fn from_parts(
                 advertised,
                 unreached: None,
                 per_gpu_refused: None,
+                shares_declared: false,
                 enforcement: enforcement_of(labels, reading),
             });
         }
@@ -536,6 +556,7 @@ pub fn from_parts(
         advertised,
         unreached: None,
         per_gpu_refused: None,
+        shares_declared: false,
         enforcement: enforcement_of(labels, reading),
     })
 }

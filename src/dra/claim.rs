@@ -58,6 +58,17 @@ pub struct Consumer {
     pub uid: String,
 }
 
+/// One device of the driver allocated to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedDevice {
+    /// The driver's pool: the node.
+    pub pool: String,
+    pub device: String,
+    /// The shares the allocation consumed of a device shared by consumable capacity
+    /// (`consumedCapacity.shares`), when it says.
+    pub shares: Option<u64>,
+}
+
 /// What a claim holds of driver `gpu.nvidia.com`'s devices, read once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -67,7 +78,7 @@ pub struct Claim {
     /// Made by kube-scheduler for a pod's extended resource (KEP-5004).
     pub extended: bool,
     /// The node (the driver names its pool after the node) and device of each result.
-    pub devices: Vec<(String, String)>,
+    pub devices: Vec<ClaimedDevice>,
     /// The pods it is reserved for, and the pod that owns it (a KEP-5004 claim's), by UID.
     pub pods: Vec<String>,
 }
@@ -76,12 +87,19 @@ impl Claim {
     /// `None` for a claim with no device of the driver allocated (pending, or another driver's).
     pub fn read(c: &ResourceClaim) -> Option<Claim> {
         let allocation = c.status.allocation.as_ref()?;
-        let devices: Vec<(String, String)> = allocation
+        let devices: Vec<ClaimedDevice> = allocation
             .devices
             .results
             .iter()
             .filter(|r| r.driver == crate::nvidia::DRA_DRIVER)
-            .map(|r| (r.pool.clone(), r.device.clone()))
+            .map(|r| ClaimedDevice {
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                shares: r
+                    .consumed_capacity
+                    .get("shares")
+                    .and_then(|q| crate::inventory::quantity_count(q)),
+            })
             .collect();
         let uid = c.metadata.uid.clone().filter(|u| !u.is_empty())?;
         if devices.is_empty() {
@@ -122,6 +140,6 @@ impl Claim {
 
     /// The nodes its devices are on.
     pub fn nodes(&self) -> std::collections::BTreeSet<&str> {
-        self.devices.iter().map(|(n, _)| n.as_str()).collect()
+        self.devices.iter().map(|d| d.pool.as_str()).collect()
     }
 }

@@ -16,7 +16,7 @@ pub mod slice;
 pub mod view;
 
 pub use crate::ledger::{CLAIM_HOLDING, is_claim_holding};
-pub use claim::{Claim, ResourceClaim};
+pub use claim::{Claim, ClaimedDevice, ResourceClaim};
 pub use node::{DraDevice, DraNode, Kind};
 pub use slice::ResourceSlice;
 pub use view::DraView;

@@ -47,6 +47,12 @@ pub struct DraNode {
     pub node: String,
     /// `productName`, e.g. `NVIDIA H100 80GB HBM3`.
     pub product: Option<String>,
+    /// `driverVersion`, e.g. `550.54.15`.
+    pub driver_version: Option<String>,
+    /// Whether a `nodeModes` rule of the policy declares the node `time-slicing` (the node's
+    /// labels, [`crate::inventory::declared_mode`]): the opt-in for gpu-share's time-sliced
+    /// shares to take the driver's consumable shares here.
+    pub shares_declared: bool,
     /// By device name.
     pub devices: BTreeMap<String, DraDevice>,
     /// Devices gpu-share does not account (VFIO passthrough, an unknown `type`), by name.
@@ -73,6 +79,8 @@ impl DraNode {
         let mut out = DraNode {
             node: node.to_string(),
             product: None,
+            driver_version: None,
+            shares_declared: false,
             devices: BTreeMap::new(),
             other: Vec::new(),
         };
@@ -80,6 +88,9 @@ impl DraNode {
             for d in &s.spec.devices {
                 if out.product.is_none() {
                     out.product = d.text("productName").map(str::to_string);
+                }
+                if out.driver_version.is_none() {
+                    out.driver_version = d.text("driverVersion").map(str::to_string);
                 }
                 match read_device(d) {
                     Some(dev) => {
@@ -167,8 +178,9 @@ impl DraNode {
         advertised.extend(instances.keys().map(|p| crate::mig::resource_name(p)));
         advertised.sort();
         // Devices many claims share by consumable capacity (the driver's ConsumableShares): a
-        // claim takes a share there, never a whole device. Shown as the shares per device
-        // (by memory alone: 1), and no gpu-share pod is placed there (`packing::fit`).
+        // claim takes a share there, never a whole device. Shown as the shares per device (by
+        // memory alone: 1). gpu-share's time-sliced shares take them where the policy declares
+        // the node time-slicing (`shares_declared`), nothing else (`packing::fit`).
         let sharing = match self.devices.values().filter_map(|d| d.shares).max() {
             Some(n) => Sharing::TimeSlicing {
                 replicas: u32::try_from(n).unwrap_or(u32::MAX).max(1),
@@ -196,7 +208,13 @@ impl DraNode {
             advertised,
             unreached: None,
             per_gpu_refused: None,
-            enforcement: Default::default(),
+            shares_declared: self.shares_declared && sharing != Sharing::None,
+            // The driver's own version; its claims hold no share's memory (MPS, which would, is
+            // refused beside consumable shares by the driver itself).
+            enforcement: crate::enforcement::Enforcement {
+                driver: self.driver_version.clone(),
+                memory_limits: crate::enforcement::MemoryLimits::DraDriver,
+            },
         }
     }
 }

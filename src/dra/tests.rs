@@ -318,8 +318,16 @@ fn shares_and_the_single_mig_form_are_refused_on_dra_nodes_in_words() {
             memory_mib: None,
         },
     ] {
+        let mps = matches!(gpu, GpuDemand::Mps { .. });
         let r = crate::packing::fit(&g, &usage, &Demand::gpu(gpu)).unwrap_err();
-        assert_eq!(r, Reason::DraNoShares);
+        assert_eq!(
+            r,
+            if mps {
+                Reason::DraMps
+            } else {
+                Reason::DraNoShares
+            }
+        );
         assert!(r.message().contains("DRA driver"), "{}", r.message());
     }
     let mig = v.gpu_node("dra-h100-2gpu-mig").unwrap();
@@ -356,4 +364,131 @@ fn gpu_share_ships_a_device_class_per_mig_profile() {
     assert_eq!(name, "mig-1g.10gb.me.gpu-share.io");
     assert_eq!(resource, "nvidia.com/mig-1g.10gb.me");
     assert!(cel.contains("profile == '1g.10gb+me'"), "{cel}");
+}
+
+/// The opt-in: a `nodeModes` rule that declares a ConsumableShares node `time-slicing` lets
+/// time-sliced shares take the driver's shares there: up to one share (a quarter of a GPU at
+/// `--consumable-shares=4`) each, as many as the GPUs have shares, counted by the claims' own
+/// consumed shares once they are allocated; larger shares, MPS shares and shares whose memory
+/// the policy requires held are refused in words.
+#[test]
+fn declared_consumable_shares_take_time_sliced_shares() {
+    let node = "dra-h100-80gb-shares";
+    let mut v = view_of(&[node, "dra-h100-80gb-whole"]);
+    // Declaring a node without consumable shares changes nothing; a node without slices is
+    // remembered, not read.
+    assert!(v.declare_shares(node, true));
+    assert!(!v.declare_shares(node, true));
+    assert!(!v.declare_shares("no-slices-yet", true));
+    v.declare_shares("dra-h100-80gb-whole", true);
+    assert!(!v.gpu_node("dra-h100-80gb-whole").unwrap().shares_declared);
+    let g = v.gpu_node(node).unwrap();
+    assert!(g.shares_declared);
+    assert_eq!(g.kind(), "consumable shares x4, time-sliced shares");
+    assert_eq!(g.enforcement.driver.as_deref(), Some("550.54.15"));
+    let share = |milli: u32| {
+        Demand::gpu(GpuDemand::Timeslice {
+            milli,
+            memory_mib: None,
+        })
+    };
+    let usage = crate::packing::Usage::empty(&g);
+    assert_eq!(crate::packing::fit(&g, &usage, &share(250)), Ok(()));
+    assert_eq!(crate::packing::fit(&g, &usage, &share(100)), Ok(()));
+    let big = crate::packing::fit(&g, &usage, &share(500)).unwrap_err();
+    assert_eq!(big, Reason::DraShareTooSmall);
+    assert!(big.message().contains("equal shares"), "{}", big.message());
+    let memory = Demand::gpu(GpuDemand::Timeslice {
+        milli: 250,
+        memory_mib: Some(30 * 1024),
+    });
+    assert_eq!(
+        crate::packing::fit(&g, &usage, &memory),
+        Err(Reason::ReplicaMemoryTooSmall)
+    );
+    let mps = Demand::gpu(GpuDemand::Mps {
+        milli: 250,
+        memory_mib: None,
+    });
+    assert_eq!(crate::packing::fit(&g, &usage, &mps), Err(Reason::DraMps));
+    // Nothing there holds a share's memory: a policy that requires it refuses the node.
+    let required = Demand {
+        enforcement: crate::enforcement::Requirement::Required,
+        ..share(250)
+    };
+    let r = crate::packing::fit(&g, &usage, &required).unwrap_err();
+    assert!(
+        matches!(r, Reason::MemoryNotHeld(_)) && r.message().contains("budget enforcement"),
+        "{r:?}"
+    );
+
+    // 32 claims (8 GPUs x 4 shares), one share each, fill the node; the ledger holds each where
+    // DRA put it, and the next share waits in words.
+    let ledger = Ledger::default();
+    ledger.upsert_node(g.clone());
+    let gpus: Vec<String> = v
+        .node(node)
+        .unwrap()
+        .gpus()
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    let mut n = 0;
+    for gpu in &gpus {
+        for _ in 0..4 {
+            let mut c = claim(&format!("c{n}"), &format!("pod-{n}"), node, &[gpu]);
+            c.status.allocation.as_mut().unwrap().devices.results[0]
+                .consumed_capacity
+                .insert("shares".into(), "1".into());
+            v.apply_claim(&format!("c{n}"), Claim::read(&c));
+            n += 1;
+        }
+    }
+    ledger.sync_claims(node, &v.holdings(node), &v.covered_on(node));
+    let full = ledger
+        .with_node(node, |nl| {
+            crate::packing::fit(&nl.node, &nl.usage, &share(250))
+        })
+        .unwrap();
+    assert_eq!(full, Err(Reason::NoFreeReplica));
+    let used: Vec<u32> = ledger
+        .with_node(node, |nl| nl.usage.gpu_milli.clone())
+        .unwrap();
+    assert_eq!(used, vec![1000; 8]);
+    // One claim gone, one share free again on its GPU.
+    v.apply_claim("c5", None);
+    ledger.sync_claims(node, &v.holdings(node), &v.covered_on(node));
+    let used: Vec<u32> = ledger
+        .with_node(node, |nl| nl.usage.gpu_milli.clone())
+        .unwrap();
+    assert_eq!(used, vec![1000, 750, 1000, 1000, 1000, 1000, 1000, 1000]);
+    assert_eq!(
+        ledger
+            .with_node(node, |nl| crate::packing::fit(
+                &nl.node,
+                &nl.usage,
+                &share(250)
+            ))
+            .unwrap(),
+        Ok(())
+    );
+    // A claim that consumed two shares holds half its GPU.
+    let mut two = claim("two", "pod-two", node, &[&gpus[1]]);
+    two.status.allocation.as_mut().unwrap().devices.results[0]
+        .consumed_capacity
+        .insert("shares".into(), "2".into());
+    v.apply_claim("c4", None);
+    v.apply_claim("two", Claim::read(&two));
+    ledger.sync_claims(node, &v.holdings(node), &v.covered_on(node));
+    let used: Vec<u32> = ledger
+        .with_node(node, |nl| nl.usage.gpu_milli.clone())
+        .unwrap();
+    assert_eq!(used[1], 1000);
+    // Undeclared again (the rule removed, or the node's labels changed): refused in words.
+    assert!(v.declare_shares(node, false));
+    let g = v.gpu_node(node).unwrap();
+    assert_eq!(
+        crate::packing::fit(&g, &crate::packing::Usage::empty(&g), &share(250)),
+        Err(Reason::DraNoShares)
+    );
 }

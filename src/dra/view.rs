@@ -25,6 +25,9 @@ pub struct DraView {
     /// event touches one node's entries, not every node's or every claim.
     slice_node: BTreeMap<String, String>,
     node_claims: BTreeMap<String, BTreeSet<String>>,
+    /// Nodes a `nodeModes` rule declares `time-slicing` (by their labels): the opt-in for
+    /// time-sliced shares on the driver's consumable shares.
+    shares_declared: BTreeSet<String>,
 }
 
 impl DraView {
@@ -73,7 +76,26 @@ impl DraView {
 
     /// The driver's devices on `node`, if it publishes any.
     pub fn node(&self, node: &str) -> Option<DraNode> {
-        DraNode::from_slices(node, self.slices.get(node)?.values())
+        let mut d = DraNode::from_slices(node, self.slices.get(node)?.values())?;
+        d.shares_declared = self.shares_declared.contains(node);
+        Some(d)
+    }
+
+    /// The nodes a `nodeModes` rule declares `time-slicing`.
+    pub fn shares_declared(&self) -> &BTreeSet<String> {
+        &self.shares_declared
+    }
+
+    /// Whether a `nodeModes` rule declares `node` `time-slicing` now (read from its labels
+    /// under the current policy). Returns whether that changed for a node with slices, whose
+    /// [`GpuNode`] then changes.
+    pub fn declare_shares(&mut self, node: &str, declared: bool) -> bool {
+        let changed = if declared {
+            self.shares_declared.insert(node.to_string())
+        } else {
+            self.shares_declared.remove(node)
+        };
+        changed && self.slices.contains_key(node)
     }
 
     /// `node` as the extender packs onto it, if the driver publishes GPUs there.
@@ -190,23 +212,28 @@ impl DraView {
             let mut whole: Vec<(u32, u32)> = Vec::new();
             let mut shared: Vec<(u32, u32)> = Vec::new();
             let mut mig: BTreeMap<String, u32> = BTreeMap::new();
-            for (pool, device) in &c.devices {
-                if pool != node {
+            for held in &c.devices {
+                if held.pool != node {
                     continue;
                 }
-                let Some(d) = dra.devices.get(device) else {
+                let Some(d) = dra.devices.get(&held.device) else {
                     continue;
                 };
                 match (&d.kind, d.shares) {
+                    // The shares the allocation consumed (the request policy's default, one,
+                    // when it does not say), of the device's; by memory alone, all of it.
                     (Kind::Gpu { .. }, Some(shares)) => {
-                        if let Some(i) = dra.gpu_index(device) {
-                            let milli =
-                                1000u64.checked_div(shares).map_or(1000, |m| m.max(1)) as u32;
+                        if let Some(i) = dra.gpu_index(&held.device) {
+                            let taken = held.shares.unwrap_or(1).min(shares);
+                            let milli = (taken * 1000)
+                                .checked_div(shares)
+                                .map_or(1000, |m| m.clamp(1, 1000))
+                                as u32;
                             shared.push((i, milli));
                         }
                     }
                     (Kind::Gpu { .. }, None) => {
-                        if let Some(i) = dra.gpu_index(device) {
+                        if let Some(i) = dra.gpu_index(&held.device) {
                             whole.push((i, 1000));
                         }
                     }

@@ -85,6 +85,7 @@ pub fn summary(node: NodeFacts<'_>) -> String {
             format!("no driver limits (driver {driver}; not through the per-GPU form)")
         }
         MemoryLimits::DriverUnknown => "no driver limits (driver unknown)".to_string(),
+        MemoryLimits::DraDriver => format!("no driver limits (driver {driver}; DRA shares)"),
     };
     let mps = match node.sharing {
         NodeSharing::Mps { replicas } => {

@@ -55,6 +55,9 @@ pub enum MemoryLimits {
     NotThroughPerGpuForm,
     /// GKE's own GPU stack, whose device plugin and runtime run no Container Toolkit hook.
     GkeStack,
+    /// NVIDIA's DRA driver gives the node's GPUs: a claim that takes a share of a GPU by
+    /// consumable capacity (its ConsumableShares) gets no per-container memory limit from it.
+    DraDriver,
 }
 
 impl MemoryLimits {
@@ -80,6 +83,9 @@ impl MemoryLimits {
             )),
             MemoryLimits::NotThroughPerGpuForm => Some(format!(
                 "driver {driver} has per-container memory limits, but a time-sliced share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
+            )),
+            MemoryLimits::DraDriver => Some(format!(
+                "driver {driver}, but NVIDIA's DRA driver gives this node's GPUs, and a claim that takes a share of a GPU (its ConsumableShares) gets no per-container memory limit"
             )),
         }
     }

@@ -222,7 +222,7 @@ pub fn filter(
                     pod.metadata.namespace.clone(),
                 )
             {
-                ext.mark_waiting(
+                ext.waiting().mark(
                     uid,
                     super::state::Waiting {
                         namespace: ns,

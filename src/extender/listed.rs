@@ -23,12 +23,19 @@ pub struct Listed {
     reservations: Vec<ReservationPod>,
     /// The DRA side, where the API serves it ([`Listed::dra`]).
     dra: Option<crate::dra::DraView>,
+    /// Nodes a `nodeModes` rule declares `time-slicing`, by their labels: on a DRA node, the
+    /// opt-in for time-sliced shares ([`crate::dra::DraView::declare_shares`]).
+    pub(super) shares_declared: std::collections::BTreeSet<String>,
 }
 
 impl Listed {
     pub fn node(&mut self, n: &Node, reading: &inventory::Reading) {
         if let Some(g) = inventory::read_node(n, reading) {
             self.nodes.insert(g.name.clone(), g);
+        } else if let (Some(name), Some(labels)) = (&n.metadata.name, &n.metadata.labels)
+            && inventory::declares_time_slicing(labels, &reading.declared)
+        {
+            self.shares_declared.insert(name.clone());
         }
     }
 
@@ -42,7 +49,10 @@ impl Listed {
     /// Adds the DRA side: the nodes NVIDIA's DRA driver publishes GPUs on (where no device
     /// plugin does: a node runs one or the other) and, in [`Listed::into_parts`], the claims'
     /// holdings in place of the pods they stand for.
-    pub fn dra(&mut self, view: crate::dra::DraView) {
+    pub fn dra(&mut self, mut view: crate::dra::DraView) {
+        for name in &self.shares_declared {
+            view.declare_shares(name, true);
+        }
         for name in view.nodes() {
             if !self.nodes.contains_key(&name)
                 && let Some(g) = view.gpu_node(&name)

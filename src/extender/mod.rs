@@ -14,6 +14,7 @@ pub mod report;
 pub mod reserve;
 pub mod state;
 pub mod sync;
+pub mod waiting;
 pub mod wire;
 
 use std::sync::Arc;

@@ -28,28 +28,12 @@ pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
 pub const POD_CACHE_BYTES: u64 = 64 << 20;
 /// How long a bound allocation may stay unseen in the API before it frees itself.
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
-/// How long a pod rejected for capacity is remembered for requeue.
-pub const WAITING_TTL: Duration = Duration::from_secs(900);
 /// How long a watch change shields a pod or node from a reconcile's older list (longer than
 /// any list takes).
 pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
 
-/// A pod rejected for capacity, to be requeued when capacity frees.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
-    pub namespace: String,
-    pub name: String,
-    pub class: &'static str,
-}
-
 pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
-
-/// A released allocation (sent to the requeuer).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Released {
-    pub node: String,
-    pub class: &'static str,
-}
+pub use super::waiting::{Released, Waiting, WaitingPods};
 
 /// How the extender learns about nodes and binds pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +98,7 @@ impl Binding<'_> {
     /// was still waiting for a release to nudge it (kube-scheduler retried it first).
     pub fn commit(self) -> bool {
         let ext = self.ext;
-        let was_waiting = ext.waiting.contains_key(&self.uid);
+        let was_waiting = ext.waiting.contains(&self.uid);
         if self.assume && self.reserved {
             ext.assumed.insert(
                 self.uid.clone(),
@@ -124,7 +108,7 @@ impl Binding<'_> {
                 },
             );
         }
-        ext.waiting.invalidate(&self.uid);
+        ext.waiting.stop(&self.uid);
         ext.pods.invalidate(&self.uid);
         ext.clear_unscheduled(&self.uid);
         was_waiting
@@ -169,8 +153,8 @@ pub struct ExtenderState {
     pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
     /// Bound but not yet seen in the API, by UID. Expiry releases the holding.
     assumed: moka::sync::Cache<String, Assumed>,
-    /// Pods rejected for capacity: uid -> who.
-    waiting: moka::sync::Cache<String, Waiting>,
+    /// Pods rejected for capacity ([`super::waiting`]).
+    waiting: WaitingPods,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
     online: Arc<Mutex<Online>>,
     /// The caches have synced (always true in `--dev`).
@@ -227,10 +211,7 @@ impl ExtenderState {
                 .time_to_live(POD_CACHE_TTL)
                 .build(),
             assumed,
-            waiting: moka::sync::Cache::builder()
-                .max_capacity(100_000)
-                .time_to_live(WAITING_TTL)
-                .build(),
+            waiting: WaitingPods::default(),
             online: Arc::new(Mutex::new(Online::default())),
             synced: AtomicBool::new(mode == Mode::Dev),
             touched: Mutex::new(std::collections::HashMap::new()),
@@ -446,27 +427,9 @@ impl ExtenderState {
         self.pods.get(uid)
     }
 
-    /// Marks a pod as waiting for capacity of its class (the requeuer nudges it on a release).
-    pub fn mark_waiting(&self, uid: String, who: Waiting) {
-        self.waiting.insert(uid, who);
-    }
-
-    /// The pods waiting for capacity.
-    pub fn waiting_pods(&self) -> Vec<(String, Waiting)> {
-        self.waiting
-            .iter()
-            .map(|(k, v)| ((*k).clone(), v))
-            .collect()
-    }
-
-    /// Whether pod `uid` waits for capacity.
-    pub fn is_waiting(&self, uid: &str) -> bool {
-        self.waiting.contains_key(uid)
-    }
-
-    /// The pod was nudged (or no longer waits).
-    pub fn stop_waiting(&self, uid: &str) {
-        self.waiting.invalidate(uid);
+    /// The pods waiting for capacity, which the requeuer nudges on a release.
+    pub fn waiting(&self) -> &WaitingPods {
+        &self.waiting
     }
 
     /// Begins binding pod `uid` to `node`. In a cluster (`assume`), the holding bind reserves is
@@ -559,7 +522,7 @@ impl ExtenderState {
         }
         self.assumed.run_pending_tasks();
         self.pods.run_pending_tasks();
-        self.waiting.run_pending_tasks();
+        self.waiting.run_pending();
     }
 
     /// Whether a list of pods begun at `listed_from` may lack `uid` although the extender bound
@@ -614,7 +577,7 @@ impl ExtenderState {
                 }
                 self.ledger.record(&o);
                 self.assumed.invalidate(&uid);
-                self.waiting.invalidate(&uid);
+                self.waiting.stop(&uid);
             }
             Ok(None) => {
                 if pod
@@ -623,7 +586,7 @@ impl ExtenderState {
                     .and_then(|s| s.node_name.as_ref())
                     .is_some()
                 {
-                    self.waiting.invalidate(&uid);
+                    self.waiting.stop(&uid);
                 }
                 let unbound = pod
                     .spec
@@ -669,7 +632,7 @@ impl ExtenderState {
     pub fn forget_pod(&self, uid: &str) {
         self.touch(uid.to_string());
         self.assumed.invalidate(uid);
-        self.waiting.invalidate(uid);
+        self.waiting.stop(uid);
         self.pods.invalidate(uid);
         self.clear_unscheduled(uid);
         self.note_contradicted(uid, false);

@@ -14,7 +14,8 @@ use tokio::sync::mpsc;
 use tokio::sync::watch::Receiver;
 
 pub use super::listed::{Listed, list_compact};
-use super::state::{ExtenderState, Released, Waiting};
+use super::state::{ExtenderState, Released};
+use super::waiting::pods_to_nudge;
 use crate::cluster::watch;
 use crate::inventory;
 use crate::ledger;
@@ -104,19 +105,25 @@ impl ExtenderState {
                 if let Some(seen) = relist.seen.as_mut() {
                     seen.insert(name.clone());
                 }
-                // A node no device plugin serves may have GPUs NVIDIA's DRA driver publishes.
+                let labels = n.metadata.labels.clone().unwrap_or_default();
+                // A node no device plugin serves may have GPUs NVIDIA's DRA driver publishes;
+                // its labels say whether the policy opts its consumable shares in.
+                self.dra().declare_shares(
+                    &name,
+                    inventory::declares_time_slicing(&labels, &reading.declared),
+                );
                 let gpu_node =
                     inventory::read_node(&n, reading).or_else(|| self.dra_gpu_node(&name));
                 // Every node's labels: a node without a device plugin's GPUs may turn out to
                 // have DRA ones once its slices are seen (the explainer weighs GPU nodes only).
-                self.explainer()
-                    .set_labels(&name, Some(n.metadata.labels.clone().unwrap_or_default()));
+                self.explainer().set_labels(&name, Some(labels));
                 self.set_node(&name, gpu_node);
                 false
             }
             Event::Delete(n) => {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
                 self.touch(format!("node/{name}"));
+                self.dra().declare_shares(name, false);
                 self.explainer().set_labels(name, None);
                 self.set_node(name, None);
                 false
@@ -203,8 +210,25 @@ impl ExtenderState {
         let Listed {
             nodes: mut inv,
             pods: expected,
+            shares_declared,
             ..
         } = listed;
+        // The opt-in of DRA nodes' shares, as the list's labels say under the policy it was read
+        // with (after a policy change, the only read under the new one), unless a node's own
+        // event is newer.
+        {
+            let mut dra = self.dra();
+            let known: Vec<String> = dra
+                .shares_declared()
+                .union(&shares_declared)
+                .cloned()
+                .collect();
+            for name in known {
+                if !node_newer(&name) {
+                    dra.declare_shares(&name, shares_declared.contains(&name));
+                }
+            }
+        }
         for name in self.ledger().node_names() {
             // The slice watch keeps DRA nodes: what the node list does not read as a GPU node
             // may be one.
@@ -442,25 +466,6 @@ pub fn spawn_reconcile(
 /// How soon a failed re-read after a policy change is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(2);
 
-/// Which waiting pods a release should nudge: those of the same class (direct device requests
-/// match any class), oldest entries first, at most `limit`.
-pub fn pods_to_nudge(
-    waiting: &[(String, Waiting)],
-    released: &[Released],
-    limit: usize,
-) -> Vec<(String, Waiting)> {
-    waiting
-        .iter()
-        .filter(|(_, w)| {
-            released
-                .iter()
-                .any(|r| r.class == w.class || r.class == "device" || w.class == "device")
-        })
-        .take(limit)
-        .cloned()
-        .collect()
-}
-
 /// Requeue: when capacity is released, nudge the pods waiting for it (debounced).
 pub fn spawn_requeuer(
     client: Client,
@@ -481,7 +486,7 @@ pub fn spawn_requeuer(
             while let Ok(r) = released.try_recv() {
                 batch.push(r);
             }
-            let waiting = ext.waiting_pods();
+            let waiting = ext.waiting().all();
             let chosen = pods_to_nudge(&waiting, &batch, 100);
             if chosen.is_empty() {
                 continue;
@@ -492,7 +497,7 @@ pub fn spawn_requeuer(
                 .unwrap_or_default();
             let mut n = 0;
             for (uid, w) in chosen {
-                ext.stop_waiting(&uid);
+                ext.waiting().stop(&uid);
                 match crate::cluster::binder::nudge(&client, &w.namespace, &w.name, &stamp).await {
                     Ok(()) => n += 1,
                     Err(e) => {
@@ -654,7 +659,7 @@ async fn explain_one(
 mod tests {
     use super::*;
     use crate::cluster::watch::POD_FIELD_SELECTOR;
-    use crate::extender::state::{Binding, Mode};
+    use crate::extender::state::{Binding, Mode, Waiting};
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
     use futures::StreamExt;
@@ -955,31 +960,6 @@ mod tests {
         assert_eq!(e.ledger().holding("a").unwrap().placement.gpus, [(2, 1000)]);
     }
 
-    #[test]
-    fn nudges_go_to_pods_of_the_released_class() {
-        use crate::extender::state::Waiting;
-        let w = |c: &'static str| Waiting {
-            namespace: "ml".into(),
-            name: c.into(),
-            class: c,
-        };
-        let waiting = vec![
-            ("1".to_string(), w("mig")),
-            ("2".to_string(), w("mps")),
-            ("3".to_string(), w("device")),
-        ];
-        let released = vec![Released {
-            node: "n".into(),
-            class: "mig",
-        }];
-        let chosen: Vec<String> = pods_to_nudge(&waiting, &released, 10)
-            .into_iter()
-            .map(|(u, _)| u)
-            .collect();
-        assert_eq!(chosen, vec!["1", "3"]);
-        assert_eq!(pods_to_nudge(&waiting, &released, 1).len(), 1);
-    }
-
     /// The watcher against kube's mock service: a list, a watch that adds a pod and then expires
     /// (410), a relist; the ledger ends with each pod once.
     #[tokio::test]
@@ -1211,7 +1191,7 @@ mod tests {
     #[test]
     fn a_bind_tells_whether_the_pod_still_waited() {
         let e = ext();
-        e.mark_waiting(
+        e.waiting().mark(
             "waited".into(),
             Waiting {
                 namespace: "ml".into(),
@@ -1220,7 +1200,7 @@ mod tests {
             },
         );
         assert!(bind(&e, "waited").commit());
-        assert!(!e.is_waiting("waited"));
+        assert!(!e.waiting().contains("waited"));
         assert!(!bind(&e, "fresh").commit());
     }
 
@@ -1235,7 +1215,7 @@ mod tests {
             &mut r,
             Event::Apply(typed(pod("holder", Some("n1"), "Running"))),
         );
-        e.mark_waiting(
+        e.waiting().mark(
             "waiter".into(),
             Waiting {
                 namespace: "ml".into(),
@@ -1282,6 +1262,6 @@ mod tests {
                 .encode()
                 .contains("gpu_share_requeue_nudges_total 1")
         );
-        assert!(!e.is_waiting("waiter"));
+        assert!(!e.waiting().contains("waiter"));
     }
 }

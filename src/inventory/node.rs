@@ -120,6 +120,11 @@ pub struct GpuNode {
     pub per_gpu_refused: Option<String>,
     /// What can hold a share to its budget here ([`crate::enforcement`]).
     pub enforcement: crate::enforcement::Enforcement,
+    /// A node whose GPUs NVIDIA's DRA driver shares by consumable capacity, which a `nodeModes`
+    /// rule declares `time-slicing`: gpu-share's time-sliced shares take its shares (the
+    /// opt-in; [`crate::dra`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shares_declared: bool,
 }
 
 impl GpuNode {
@@ -146,6 +151,7 @@ impl GpuNode {
             },
             unreached: None,
             per_gpu_refused: None,
+            shares_declared: false,
             enforcement: Default::default(),
         }
     }
@@ -223,7 +229,12 @@ impl GpuNode {
         if self.mode_source == ModeSource::Dra
             && let Sharing::TimeSlicing { replicas } = self.sharing
         {
-            return format!("consumable shares x{replicas}");
+            let served = if self.shares_declared {
+                ", time-sliced shares"
+            } else {
+                ""
+            };
+            return format!("consumable shares x{replicas}{served}");
         }
         match (&self.mig, self.sharing) {
             (MigLayout::Single { profile, .. }, _) => format!("mig single {profile}"),

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
 use super::usage::Usage;
-use crate::inventory::{GpuNode, MigLayout, Sharing};
+use crate::inventory::{GpuNode, MigLayout, ModeSource, Sharing};
 
 /// Why a node cannot take a demand. The messages are a fixed set of category sentences (no
 /// per-node numbers), so kube-scheduler can group them in the pod's FailedScheduling event.
@@ -57,9 +57,16 @@ pub enum Reason {
     /// The policy requires a share's memory to be held to its budget, and nothing on the node
     /// holds it ([`crate::enforcement`]).
     MemoryNotHeld(crate::enforcement::Gap),
-    /// A share (time-sliced or MPS) on a node whose GPUs NVIDIA's DRA driver publishes: nothing
-    /// there gives a share of a GPU that gpu-share arranges ([`crate::dra`]).
+    /// A time-sliced share on a node whose GPUs NVIDIA's DRA driver publishes, where the driver
+    /// does not share them by consumable capacity or no `nodeModes` rule declares the node
+    /// `time-slicing` (the opt-in; [`crate::dra`]).
     DraNoShares,
+    /// An MPS share on a node whose GPUs NVIDIA's DRA driver publishes: the driver gives none
+    /// beside its consumable shares, and gpu-share arranges none there.
+    DraMps,
+    /// A time-sliced share larger than one of the equal shares NVIDIA's DRA driver cuts each
+    /// GPU into (its ConsumableShares): a claim takes one share.
+    DraShareTooSmall,
     /// A MIG pod in the single strategy's form (`nvidia.com/gpu`) on a node whose MIG devices
     /// NVIDIA's DRA driver publishes: there `nvidia.com/gpu` is a whole GPU.
     DraMigForm,
@@ -133,7 +140,13 @@ impl Reason {
             Reason::Memory => "not enough free memory".into(),
             Reason::MemoryNotHeld(gap) => gap.sentence().into(),
             Reason::DraNoShares => {
-                "node's GPUs come through NVIDIA's DRA driver, where gpu-share serves whole GPUs (exclusive-<n>) and MIG devices only; time-sliced and MPS shares go to device-plugin nodes".into()
+                "node's GPUs come through NVIDIA's DRA driver, where time-sliced shares go only if the driver shares its GPUs by consumable capacity (ConsumableShares) and a nodeModes rule of the policy declares the node time-slicing; gpu-share serves whole GPUs (exclusive-<n>) and MIG devices there".into()
+            }
+            Reason::DraMps => {
+                "node's GPUs come through NVIDIA's DRA driver, which gives no MPS share beside its consumable shares; MPS shares go to device-plugin nodes".into()
+            }
+            Reason::DraShareTooSmall => {
+                "node's GPUs are cut into equal shares by NVIDIA's DRA driver (ConsumableShares), and one share, which is what a claim takes, is smaller than the pod's fraction".into()
             }
             Reason::DraSharedDevices => {
                 "node's devices are shared by NVIDIA's DRA driver (its ConsumableShares): a claim there takes a share of a device, never a whole GPU or MIG device".into()
@@ -175,6 +188,8 @@ impl Reason {
             Reason::MemoryNotHeld(crate::enforcement::Gap::NoDriverLimits),
             Reason::MemoryNotHeld(crate::enforcement::Gap::Mig),
             Reason::DraNoShares,
+            Reason::DraMps,
+            Reason::DraShareTooSmall,
             Reason::DraMigForm,
             Reason::DraSharedDevices,
         ]
@@ -239,6 +254,8 @@ impl Reason {
             Reason::Memory => "memory",
             Reason::MemoryNotHeld(gap) => gap.label(),
             Reason::DraNoShares => "dra_no_shares",
+            Reason::DraMps => "dra_mps",
+            Reason::DraShareTooSmall => "dra_share_too_small",
             Reason::DraMigForm => "dra_mig_form",
             Reason::DraSharedDevices => "dra_shared_devices",
         }
@@ -266,13 +283,14 @@ fn mismatch(node: &GpuNode, pod: &'static str) -> Reason {
 /// model; then the GPU rules of [`fit_gpu`]; last, that the node holds a share's memory where
 /// the policy requires it.
 pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason> {
-    if node.mode_source == crate::inventory::ModeSource::Dra
-        && matches!(
-            demand.gpu,
-            GpuDemand::Timeslice { .. } | GpuDemand::Mps { .. }
-        )
-    {
-        return Err(Reason::DraNoShares);
+    if node.mode_source == crate::inventory::ModeSource::Dra {
+        match demand.gpu {
+            GpuDemand::Mps { .. } => return Err(Reason::DraMps),
+            GpuDemand::Timeslice { .. } if !node.shares_declared => {
+                return Err(Reason::DraNoShares);
+            }
+            _ => {}
+        }
     }
     if node.mode_source == crate::inventory::ModeSource::Dra
         && node.sharing != Sharing::None
@@ -520,6 +538,23 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             _ => Err(mismatch(node, "MPS")),
         },
         GpuDemand::Timeslice { milli, memory_mib } => match node.sharing {
+            // NVIDIA's DRA driver cuts each GPU into `replicas` equal shares and hands one to a
+            // claim, on the first GPU with one free: a share that fits one holds on any GPU.
+            Sharing::TimeSlicing { replicas } if node.mode_source == ModeSource::Dra => {
+                let share = replica_milli(node);
+                if *milli > share {
+                    return Err(Reason::DraShareTooSmall);
+                }
+                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
+                    && gpu_mem / u64::from(replicas.max(1)) < *want
+                {
+                    return Err(Reason::ReplicaMemoryTooSmall);
+                }
+                if free_slots < 1 {
+                    return Err(Reason::NoFreeReplica);
+                }
+                gpu_with_room(usage, false, share, None, None)
+            }
             Sharing::TimeSlicing { .. } => {
                 if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
                     && *want > gpu_mem

@@ -11,13 +11,24 @@
 //!   from the cluster shows the DRA nodes;
 //! - two exclusive pods that may go to either kind of node land one on each (a device-plugin
 //!   node beside the DRA ones), each counted once;
-//! - a `timeslice-25` pod meant for a DRA node gets the refusal, in words.
+//! - a `timeslice-25` pod meant for a DRA node gets the refusal, in words;
+//! - the opt-in: with a `nodeModes` rule that declares the ConsumableShares node `time-slicing`,
+//!   `timeslice-25` pods take the driver's shares there (one of four per GPU, each claim's
+//!   consumed capacity), the ledger equals the claims, and a full node, a share larger than one
+//!   of the driver's and the node without the rule refuse in words.
 
 use super::*;
 
 const NS: &str = "dra";
 const WHOLE: &str = "dra-h100-2gpu-whole";
 const MIG: &str = "dra-h100-2gpu-mig";
+/// 8x H100 shared by the driver's ConsumableShares (4 per GPU), labelled for the opt-in.
+const SHARES: &str = "dra-h100-80gb-shares";
+/// The namespace of the shares part.
+const SHARES_NS: &str = "dra-shares";
+/// The `nodeModes` rule that opts the shares node in, in place of the shipped `nodeModes: []`.
+const NO_RULES: &str = "nodeModes: []";
+const SHARES_RULE: &str = "nodeModes:\n- selector:\n    matchLabels:\n      gpu-share.test/dra-shares: \"on\"\n  sharing: time-slicing\n  replicas: 4";
 /// A device-plugin node beside the DRA ones (tests/cluster/dra-nodes.yaml).
 const BESIDE: &str = "dra-beside-plain-1";
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nvidia-dra");
@@ -48,6 +59,11 @@ fn claims_by_node(c: &Cluster) -> Result<BTreeMap<String, BTreeSet<String>>, Str
 
 /// The ledger's holdings on the DRA nodes are the claims, and nothing else: polled until so.
 async fn ledger_is_the_claims(c: &Cluster, step: &str) -> Check {
+    claims_held(c, NS, &[WHOLE, MIG], step).await
+}
+
+/// [`ledger_is_the_claims`] for `nodes`, whose pods are those of `ns`.
+async fn claims_held(c: &Cluster, ns: &str, nodes: &[&str], step: &str) -> Check {
     let last = std::sync::Mutex::new(String::new());
     let r = wait_for(
         &format!("the ledger to equal the claims after {step}"),
@@ -57,8 +73,8 @@ async fn ledger_is_the_claims(c: &Cluster, step: &str) -> Check {
             let ledger = ledger(c)?;
             let mut diffs = Vec::new();
             // Each pod bound to a DRA node has its claim there, and only one.
-            let pods = pods_of(c, NS).await?;
-            for node in [WHOLE, MIG] {
+            let pods = pods_of(c, ns).await?;
+            for node in nodes.iter().copied() {
                 let bound = pods
                     .values()
                     .filter(|p| live(p) && node_of(p) == Some(node))
@@ -68,7 +84,7 @@ async fn ledger_is_the_claims(c: &Cluster, step: &str) -> Check {
                     diffs.push(format!("{node}: {bound} pods bound, {claimed} claims"));
                 }
             }
-            for node in [WHOLE, MIG] {
+            for node in nodes.iter().copied() {
                 let n = ledger
                     .get(node)
                     .ok_or(format!("{node} is not in the ledger"))?;
@@ -109,7 +125,7 @@ pub(super) async fn dra(c: &Cluster) -> Check {
         kubectl(c, &["apply", "-f", &classes], None)?;
     }
     super::quota::register(c, "dra-nodes.yaml")?;
-    for node in [WHOLE, MIG] {
+    for node in [WHOLE, MIG, SHARES] {
         let _ = kubectl(
             c,
             &[
@@ -144,10 +160,15 @@ pub(super) async fn dra(c: &Cluster) -> Check {
         l[WHOLE]["gpus"] == 2 && l[MIG]["gpus"] == 2 && l[MIG]["mig"]["1g.10gb"] == "0/7",
         format!("the DRA nodes read as {} and {}", l[WHOLE], l[MIG]),
     )?;
-    let result = served(c).await;
-    // Leave no DRA node behind for the points after this one.
+    let mut result = served(c).await;
+    if result.is_ok() {
+        result = shares(c).await;
+    }
+    // Leave no DRA node and no rule behind for the points after this one.
+    let restored = super::quota::set_policy(c, &[(SHARES_RULE, NO_RULES)]);
     let _ = kubectl(c, &["delete", "namespace", NS, "--wait=true"], None);
-    for node in [WHOLE, MIG] {
+    let _ = kubectl(c, &["delete", "namespace", SHARES_NS, "--wait=true"], None);
+    for node in [WHOLE, MIG, SHARES] {
         let _ = kubectl(
             c,
             &[
@@ -161,7 +182,7 @@ pub(super) async fn dra(c: &Cluster) -> Check {
         let _ = kubectl(c, &["delete", "node", node, "--ignore-not-found"], None);
     }
     let _ = kubectl(c, &["delete", "node", BESIDE, "--ignore-not-found"], None);
-    result
+    result.and(restored)
 }
 
 async fn served(c: &Cluster) -> Check {
@@ -340,4 +361,161 @@ async fn served(c: &Cluster) -> Check {
             || words.contains("affinity"),
         format!("the share's refusal on a DRA node: {words}"),
     )
+}
+
+/// A pod of `annotation` for the shares node pool (its label), in the shares namespace.
+fn share_pod(name: &str, annotation: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"gpu-share": annotation}},
+        "spec": {"nodeSelector": {"gpu-share.test/dra-shares": "on"}, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.11.0"}]},
+    })
+}
+
+/// The opt-in: a `nodeModes` rule declares the ConsumableShares node `time-slicing`; the webhook
+/// then admits such nodes for timeslice pods, and the extender serves them one driver share each.
+async fn shares(c: &Cluster) -> Check {
+    namespace(c, SHARES_NS).await?;
+    // Before the rule: the node's shares are not gpu-share's.
+    wait_for(
+        "the shares node in the ledger",
+        Duration::from_secs(30),
+        || async {
+            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
+                == Some("DRA: consumable shares x4"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    super::quota::set_policy(c, &[(NO_RULES, SHARES_RULE)])?;
+    wait_for(
+        "the extender to read the shares node under the rule",
+        Duration::from_secs(60),
+        || async {
+            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
+                == Some("DRA: consumable shares x4, time-sliced shares"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    wait_for(
+        "the webhook to admit the declared nodes for timeslice pods",
+        Duration::from_secs(60),
+        || async {
+            let out = kubectl(
+                c,
+                &["create", "--dry-run=server", "-n", SHARES_NS, "-o", "json", "-f", "-"],
+                Some(&share_pod("probe", "timeslice-25").to_string()),
+            )?;
+            // The rule's term in the pod's required node affinity (its nodeSelector names the
+            // label too).
+            let pod: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            let terms = &pod["spec"]["affinity"]["nodeAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+            Ok(terms.to_string().contains("gpu-share.test/dra-shares").then_some(()))
+        },
+    )
+    .await?;
+    // A share larger than one of the driver's is refused in words.
+    apply(c, SHARES_NS, &share_pod("half", "timeslice-50"))?;
+    let words = why_waiting(c, SHARES_NS, "half").await?;
+    ensure(
+        words.contains("equal shares"),
+        format!("a timeslice-50 pod on a node of quarter shares: {words}"),
+    )?;
+    kubectl(
+        c,
+        &["delete", "pod", "-n", SHARES_NS, "half", "--wait=true"],
+        None,
+    )?;
+    // 32 quarter shares fill 8 GPUs of 4 shares each.
+    let mut t = template(json!({"gpu-share": "timeslice-25"}), None, "Always");
+    t["spec"]["nodeSelector"] = json!({"gpu-share.test/dra-shares": "on"});
+    apply(c, SHARES_NS, &deployment("quarters", 32, t))?;
+    wait_pods_within(c, SHARES_NS, 32, 0, Duration::from_secs(180)).await?;
+    let claims: Value = serde_json::from_str(&kubectl(
+        c,
+        &["get", "resourceclaims", "-n", SHARES_NS, "-o", "json"],
+        None,
+    )?)
+    .map_err(|e| e.to_string())?;
+    let mut per_gpu: BTreeMap<String, u64> = BTreeMap::new();
+    for claim in claims["items"].as_array().into_iter().flatten() {
+        for r in claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["driver"] == "gpu.nvidia.com")
+        {
+            let shares = r["consumedCapacity"]["shares"].as_str().unwrap_or("?");
+            ensure(
+                r["pool"] == SHARES && shares == "1",
+                format!("a claim took {shares} share(s) on {}: {r}", r["pool"]),
+            )?;
+            *per_gpu
+                .entry(r["device"].as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+    }
+    ensure(
+        per_gpu.len() == 8 && per_gpu.values().all(|n| *n == 4),
+        format!("the driver's shares taken per GPU: {per_gpu:?}"),
+    )?;
+    claims_held(c, SHARES_NS, &[SHARES], "32 quarter shares bound").await?;
+    let l = ledger(c)?;
+    ensure(
+        l[SHARES]["usedGpus"] == 8.0,
+        format!(
+            "the ledger counts {} GPUs used by the shares",
+            l[SHARES]["usedGpus"]
+        ),
+    )?;
+    // Full: the next share waits, in words.
+    kubectl(
+        c,
+        &[
+            "scale",
+            "-n",
+            SHARES_NS,
+            "deployment/quarters",
+            "--replicas=33",
+        ],
+        None,
+    )?;
+    let waiting = wait_pods(c, SHARES_NS, 32, 1).await?;
+    for w in &waiting {
+        let words = why_waiting(c, SHARES_NS, w).await?;
+        ensure(
+            words.contains("no free GPU replica"),
+            format!("the 33rd share on a full node: {words}"),
+        )?;
+    }
+    // Room again: a replica gone, the waiting one takes its share.
+    kubectl(
+        c,
+        &[
+            "scale",
+            "-n",
+            SHARES_NS,
+            "deployment/quarters",
+            "--replicas=31",
+        ],
+        None,
+    )?;
+    wait_pods(c, SHARES_NS, 31, 0).await?;
+    claims_held(c, SHARES_NS, &[SHARES], "scaled down").await?;
+    // Without the rule, the node's shares are not gpu-share's again: the extender says so.
+    super::quota::set_policy(c, &[(SHARES_RULE, NO_RULES)])?;
+    wait_for(
+        "the extender to read the shares node without the rule",
+        Duration::from_secs(60),
+        || async {
+            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
+                == Some("DRA: consumable shares x4"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
 }

@@ -1,0 +1,114 @@
+//! The pods waiting for GPU capacity: marked by filter when no node it was offered has room for
+//! the pod's class, nudged back into kube-scheduler's queue when a holding of that class is
+//! released (`super::sync::spawn_requeuer`), unmarked by their bind or their nudge.
+
+use std::time::Duration;
+
+/// How long a pod stays marked waiting without being filtered again.
+pub const WAITING_TTL: Duration = Duration::from_secs(900);
+
+/// A pod rejected for capacity, to be requeued when capacity frees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub namespace: String,
+    pub name: String,
+    pub class: &'static str,
+}
+
+/// A released allocation (sent to the requeuer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub node: String,
+    pub class: &'static str,
+}
+
+/// The pods waiting for capacity, by UID.
+pub struct WaitingPods {
+    pods: moka::sync::Cache<String, Waiting>,
+}
+
+impl Default for WaitingPods {
+    fn default() -> Self {
+        WaitingPods {
+            pods: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(WAITING_TTL)
+                .build(),
+        }
+    }
+}
+
+impl WaitingPods {
+    /// Marks a pod as waiting for capacity of its class (the requeuer nudges it on a release).
+    pub fn mark(&self, uid: String, who: Waiting) {
+        self.pods.insert(uid, who);
+    }
+
+    /// The pods waiting for capacity.
+    pub fn all(&self) -> Vec<(String, Waiting)> {
+        self.pods.iter().map(|(k, v)| ((*k).clone(), v)).collect()
+    }
+
+    /// Whether pod `uid` waits for capacity.
+    pub fn contains(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
+    /// The pod was nudged or bound (or no longer waits).
+    pub fn stop(&self, uid: &str) {
+        self.pods.invalidate(uid);
+    }
+
+    /// Runs the cache's pending expiries.
+    pub fn run_pending(&self) {
+        self.pods.run_pending_tasks();
+    }
+}
+
+/// Which waiting pods a release should nudge: those of the same class (direct device requests
+/// match any class), oldest entries first, at most `limit`.
+pub fn pods_to_nudge(
+    waiting: &[(String, Waiting)],
+    released: &[Released],
+    limit: usize,
+) -> Vec<(String, Waiting)> {
+    waiting
+        .iter()
+        .filter(|(_, w)| {
+            released
+                .iter()
+                .any(|r| r.class == w.class || r.class == "device" || w.class == "device")
+        })
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nudges_go_to_pods_of_the_released_class() {
+        let w = |c: &'static str| Waiting {
+            namespace: "ml".into(),
+            name: c.into(),
+            class: c,
+        };
+        let waiting = vec![
+            ("1".to_string(), w("mig")),
+            ("2".to_string(), w("mps")),
+            ("3".to_string(), w("device")),
+        ];
+        let released = vec![Released {
+            node: "n".into(),
+            class: "mig",
+        }];
+        let chosen: Vec<String> = pods_to_nudge(&waiting, &released, 10)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(chosen, vec!["1", "3"]);
+        assert_eq!(pods_to_nudge(&waiting, &released, 1).len(), 1);
+    }
+}
