@@ -12,6 +12,11 @@ plane of tests/cluster/up.sh (real kube-apiserver, etcd and kube-scheduler).
    gpu-share's annotations (so plain nvidia.com/* requests, the same tolerations and node affinity),
    for a second kube-scheduler from the same binary running the default profile, and times them.
 
+With --profile DIR, each half also takes, 30 s long once a tenth of its pods are bound: a CPU
+profile of kube-scheduler (its /debug/pprof/profile), `perf record` of the extender (gpu-share's
+half), and every control-plane process's CPU over the same 30 s (from /proc); DIR/summary.txt
+keeps the top of each (go tool pprof -top, perf report).
+
 Both profiles score every node (percentageOfNodesToScore: 100) and use the same
 clientConnection qps/burst (500/1000; with the defaults, 50 QPS, the baseline's own binding calls
 would be the bottleneck). Reported: pods bound per second for each and the ratio, kube-scheduler's
@@ -221,15 +226,95 @@ def scheduled_count(directory, url):
                if l.startswith("scheduler_schedule_attempts_total{") and 'result="scheduled"' in l)
 
 
-def wait_bound(api, directory, url, namespace, n, limit):
+def cpu_ticks(directory):
+    """Each control-plane process's CPU time so far (utime + stime, clock ticks), by name."""
+    out = {}
+    for f in os.listdir(f"{directory}/pids"):
+        name = f[:-len(".pid")]
+        try:
+            pid = pid_of(directory, name)
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            out[name] = int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def take_profile(directory, url, half, out_dir, seconds=30, extender=True, scheduler_pid=None):
+    """kube-scheduler's CPU profile, the extender's perf samples and every process's CPU share,
+    over the same `seconds`, into out_dir/<half>-*; returns the CPU shares (cores, by process)."""
+    os.makedirs(out_dir, exist_ok=True)
+    pki = f"{directory}/pki"
+    procs = [subprocess.Popen(["curl", "-sfk", "--cert", f"{pki}/admin.crt", "--key", f"{pki}/admin.key",
+                               "-o", f"{out_dir}/{half}-kube-scheduler.pprof",
+                               f"{url}/debug/pprof/profile?seconds={seconds}"])]
+    if extender:
+        procs.append(subprocess.Popen(["perf", "record", "-q", "-F", "199", "-p",
+                                       str(pid_of(directory, "extender")), "-o",
+                                       f"{out_dir}/{half}-extender.perf.data", "--", "sleep", str(seconds)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    before, t0, bound0 = cpu_ticks(directory), time.time(), scheduled_count(directory, url)
+    extra_before = None
+    if scheduler_pid:
+        extra_before = int(open(f"/proc/{scheduler_pid}/stat").read().rsplit(")", 1)[1].split()[11]) + \
+            int(open(f"/proc/{scheduler_pid}/stat").read().rsplit(")", 1)[1].split()[12])
+    for p in procs:
+        p.wait(timeout=seconds + 60)
+    after, dt, bound1 = cpu_ticks(directory), time.time() - t0, scheduled_count(directory, url)
+    rate = (bound1 - bound0) / dt
+    hz = os.sysconf("SC_CLK_TCK")
+    shares = {k: (after[k] - before[k]) / hz / dt for k in after if k in before}
+    if scheduler_pid:
+        fields = open(f"/proc/{scheduler_pid}/stat").read().rsplit(")", 1)[1].split()
+        shares["kube-scheduler (baseline)"] = (int(fields[11]) + int(fields[12]) - extra_before) / hz / dt
+    with open(f"{out_dir}/summary.txt", "a") as f:
+        f.write(f"== {half}: CPU over {dt:.0f} s, {rate:.1f} pods bound/s, cores (and CPU ms per bound pod): " +
+                ", ".join(f"{k} {v:.2f} ({1000 * v / max(rate, 1e-9):.1f} ms)"
+                          for k, v in sorted(shares.items(), key=lambda kv: -kv[1])) + "\n")
+        top = subprocess.run(["go", "tool", "pprof", "-top", "-nodecount=45",
+                              f"{out_dir}/{half}-kube-scheduler.pprof"], capture_output=True, text=True)
+        f.write(f"== {half}: kube-scheduler, go tool pprof -top\n{top.stdout}{top.stderr[-500:]}\n")
+        cum = subprocess.run(["go", "tool", "pprof", "-top", "-cum", "-nodecount=60",
+                              f"{out_dir}/{half}-kube-scheduler.pprof"], capture_output=True, text=True)
+        f.write(f"== {half}: kube-scheduler, go tool pprof -top -cum\n{cum.stdout}\n")
+        if extender:
+            metrics = urllib.request.urlopen(f"{env_of(directory)['EXTENDER_ADMIN']}/metrics").read().decode()
+            conns = [l for l in metrics.splitlines() if l.startswith("gpu_share_connections")]
+            f.write(f"== {half}: extender connections\n" + "\n".join(conns) + "\n")
+            rep = subprocess.run(["perf", "report", "-i", f"{out_dir}/{half}-extender.perf.data", "--stdio",
+                                  "--sort", "symbol", "--percent-limit", "0.7"],
+                                 capture_output=True, text=True)
+            f.write(f"== {half}: extender, perf report (self)\n{rep.stdout[-12000:]}\n")
+    log(f"profiled {half}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
+    return shares
+
+
+def keep_attempts(out_dir, half, text):
+    """With --profile: kube-scheduler's attempts by result, its preemptions and its extender
+    calls at the end of a half, into out_dir/summary.txt (a retry runs every filter again)."""
+    if not out_dir:
+        return
+    keep = [l for l in text.splitlines() if l.startswith(("scheduler_schedule_attempts_total",
+                                                          "scheduler_preemption_attempts_total",
+                                                          "scheduler_preemption_victims_count",
+                                                          "scheduler_unschedulable_pods"))]
+    with open(f"{out_dir}/summary.txt", "a") as f:
+        f.write(f"== {half}: kube-scheduler's attempts at the end\n" + "\n".join(keep) + "\n")
+
+
+def wait_bound(api, directory, url, namespace, n, limit, profile=None):
     """Waits until kube-scheduler has bound n pods (or `limit` seconds pass without progress);
     returns the pods of the namespace bound in the API, and the times of the first and the last
-    binding seen."""
+    binding seen. `profile`: called once in a thread when a tenth of the pods are bound."""
     last_change, last = time.time(), 0
     first_seen = None
+    profiler = None
     while True:
         bound = scheduled_count(directory, url)
         now = time.time()
+        if profile and profiler is None and bound >= n / 10:
+            profiler = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+            profiler.submit(profile)
         if bound and first_seen is None:
             first_seen = now
         if bound != last:
@@ -237,6 +322,8 @@ def wait_bound(api, directory, url, namespace, n, limit):
         if bound >= n or now - last_change > limit:
             break
         time.sleep(0.5)
+    if profiler:
+        profiler.shutdown(wait=True)
     items = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?fieldSelector=spec.nodeName!%3D")["items"]
     return len(items), first_seen or now, last_change
 
@@ -261,6 +348,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "cluster-scale.md"))
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
+    ap.add_argument("--profile", metavar="DIR", help="profile each half into DIR (see above)")
     args = ap.parse_args()
 
     with_cluster(args, "scale", nodes(args.nodes), lambda directory: run(args, directory))
@@ -313,6 +401,18 @@ def run(args, directory):
     log(f"advertised: {adv['advertising']} of {adv['nodes']} nodes, {adv['patched']} patches in "
         f"{adv['batches']} batches, {adv['span']:.1f} s from the first to the last")
 
+    # ---- the cluster idle: what 5,000 nodes' heartbeats cost every process with no pod to place ----
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        before, t0 = cpu_ticks(directory), time.time()
+        time.sleep(30)
+        after, dt = cpu_ticks(directory), time.time() - t0
+        hz = os.sysconf("SC_CLK_TCK")
+        idle = {k: (after[k] - before[k]) / hz / dt for k in after if k in before}
+        with open(f"{args.profile}/summary.txt", "a") as f:
+            f.write(f"== idle: CPU over {dt:.0f} s with no pod to place, cores: " +
+                    ", ".join(f"{k} {v:.2f}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) + "\n")
+
     # ---- gpu-share ----
     stop(directory, "kube-scheduler")
     ensure_namespace(api, "scale")
@@ -324,10 +424,13 @@ def run(args, directory):
               for i, c in enumerate(classes)]
     created = create_all(api, "scale", bodies)
     subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
-    bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60)
+    profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "gpu-share", args.profile))
+    bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60,
+                                    profile=profile)
     gs_rate = (bound - 1) / max(last - first, 1e-9)
     log(f"gpu-share: {bound} bound, {gs_rate:.1f} pods/s")
     sched = scheduler_metrics(directory, env["SCHEDULER"])
+    keep_attempts(args.profile, "gpu-share", sched)
     gs_algo = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
     ext = urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/metrics").read().decode()
     verbs = {v: histogram(ext, "gpu_share_request_duration_seconds", f'endpoint="{v}"')
@@ -372,15 +475,23 @@ def run(args, directory):
                                 stdout=logf, stderr=logf, start_new_session=True)
     try:
         time.sleep(1)
-        b_bound, b_first, b_last = wait_bound(api, directory, env["SCHEDULER"], "baseline", args.pods, limit=60)
+        profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "baseline", args.profile,
+                                                         extender=False, scheduler_pid=proc.pid))
+        b_bound, b_first, b_last = wait_bound(api, directory, env["SCHEDULER"], "baseline", args.pods, limit=60,
+                                              profile=profile)
         b_rate = (b_bound - 1) / max(b_last - b_first, 1e-9)
         log(f"baseline: {b_bound} bound, {b_rate:.1f} pods/s")
-        b_algo = histogram(scheduler_metrics(directory, env["SCHEDULER"]),
-                           "scheduler_scheduling_algorithm_duration_seconds")
+        b_sched = scheduler_metrics(directory, env["SCHEDULER"])
+        keep_attempts(args.profile, "baseline", b_sched)
+        b_algo = histogram(b_sched, "scheduler_scheduling_algorithm_duration_seconds")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    api.call("DELETE", "/api/v1/namespaces/baseline/pods", {"gracePeriodSeconds": 0})
+    try:
+        api.call("DELETE", "/api/v1/namespaces/baseline/pods", {"gracePeriodSeconds": 0})
+    except (RuntimeError, ConnectionError, TimeoutError, urllib.error.URLError) as e:
+        # The measurements are taken; the cluster is stopped next anyway.
+        log(f"could not delete the baseline's pods ({e}); the report stands")
 
     cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     lines = [
