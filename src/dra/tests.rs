@@ -375,11 +375,10 @@ fn gpu_share_ships_a_device_class_per_mig_profile() {
 fn declared_consumable_shares_take_time_sliced_shares() {
     let node = "dra-h100-80gb-shares";
     let mut v = view_of(&[node, "dra-h100-80gb-whole"]);
-    // Declaring a node without consumable shares changes nothing; a node without slices is
-    // remembered, not read.
-    assert!(v.declare_shares(node, true));
-    assert!(!v.declare_shares(node, true));
-    assert!(!v.declare_shares("no-slices-yet", true));
+    // Undeclared, the node's shares are not gpu-share's; declaring a node without consumable
+    // shares changes nothing.
+    assert!(!v.gpu_node(node).unwrap().shares_declared);
+    v.declare_shares(node, true);
     v.declare_shares("dra-h100-80gb-whole", true);
     assert!(!v.gpu_node("dra-h100-80gb-whole").unwrap().shares_declared);
     let g = v.gpu_node(node).unwrap();
@@ -485,7 +484,7 @@ fn declared_consumable_shares_take_time_sliced_shares() {
         .unwrap();
     assert_eq!(used[1], 1000);
     // Undeclared again (the rule removed, or the node's labels changed): refused in words.
-    assert!(v.declare_shares(node, false));
+    v.declare_shares(node, false);
     let g = v.gpu_node(node).unwrap();
     assert_eq!(
         crate::packing::fit(&g, &crate::packing::Usage::empty(&g), &share(250)),

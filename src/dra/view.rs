@@ -87,15 +87,13 @@ impl DraView {
     }
 
     /// Whether a `nodeModes` rule declares `node` `time-slicing` now (read from its labels
-    /// under the current policy). Returns whether that changed for a node with slices, whose
-    /// [`GpuNode`] then changes.
-    pub fn declare_shares(&mut self, node: &str, declared: bool) -> bool {
-        let changed = if declared {
-            self.shares_declared.insert(node.to_string())
+    /// under the current policy): its [`GpuNode`] is read with it from here on.
+    pub fn declare_shares(&mut self, node: &str, declared: bool) {
+        if declared {
+            self.shares_declared.insert(node.to_string());
         } else {
-            self.shares_declared.remove(node)
-        };
-        changed && self.slices.contains_key(node)
+            self.shares_declared.remove(node);
+        }
     }
 
     /// `node` as the extender packs onto it, if the driver publishes GPUs there.

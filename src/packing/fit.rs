@@ -442,6 +442,22 @@ fn per_gpu_share(
     gpu_with_room(usage, mps, milli, memory_mib, node.gpu_memory_mib)
 }
 
+/// A share's declared memory fits one replica's part of its GPU (the GPU's memory over
+/// `replicas`): each MPS replica's equal split, or one of the equal shares NVIDIA's DRA driver
+/// cuts a GPU into.
+fn replica_memory_fits(
+    node: &GpuNode,
+    replicas: u32,
+    memory_mib: Option<u64>,
+) -> Result<(), Reason> {
+    match (memory_mib, node.gpu_memory_mib) {
+        (Some(want), Some(gpu_mem)) if gpu_mem / u64::from(replicas.max(1)) < want => {
+            Err(Reason::ReplicaMemoryTooSmall)
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn replica_milli(node: &GpuNode) -> u32 {
     GPU_MILLI / node.sharing.replicas()
 }
@@ -517,11 +533,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 if replica_milli(node) < *milli {
                     return Err(Reason::MpsReplicaTooSmall);
                 }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && gpu_mem / u64::from(replicas.max(1)) < *want
-                {
-                    return Err(Reason::ReplicaMemoryTooSmall);
-                }
+                replica_memory_fits(node, replicas, *memory_mib)?;
                 if free_slots < 1 {
                     return Err(Reason::NoFreeReplica);
                 }
@@ -545,11 +557,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 if *milli > share {
                     return Err(Reason::DraShareTooSmall);
                 }
-                if let (Some(want), Some(gpu_mem)) = (memory_mib, node.gpu_memory_mib)
-                    && gpu_mem / u64::from(replicas.max(1)) < *want
-                {
-                    return Err(Reason::ReplicaMemoryTooSmall);
-                }
+                replica_memory_fits(node, replicas, *memory_mib)?;
                 if free_slots < 1 {
                     return Err(Reason::NoFreeReplica);
                 }

@@ -373,30 +373,30 @@ fn share_pod(name: &str, annotation: &str) -> Value {
     })
 }
 
+/// Waits (up to 60 s) until the ledger shows the shares node as `kind`.
+async fn shares_node_reads_as(c: &Cluster, kind: &str, step: &str) -> Check {
+    wait_for(step, Duration::from_secs(60), || async {
+        Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str()) == Some(kind)).then_some(()))
+    })
+    .await
+}
+
 /// The opt-in: a `nodeModes` rule declares the ConsumableShares node `time-slicing`; the webhook
 /// then admits such nodes for timeslice pods, and the extender serves them one driver share each.
 async fn shares(c: &Cluster) -> Check {
     namespace(c, SHARES_NS).await?;
     // Before the rule: the node's shares are not gpu-share's.
-    wait_for(
+    shares_node_reads_as(
+        c,
+        "DRA: consumable shares x4",
         "the shares node in the ledger",
-        Duration::from_secs(30),
-        || async {
-            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
-                == Some("DRA: consumable shares x4"))
-            .then_some(()))
-        },
     )
     .await?;
     super::quota::set_policy(c, &[(NO_RULES, SHARES_RULE)])?;
-    wait_for(
+    shares_node_reads_as(
+        c,
+        "DRA: consumable shares x4, time-sliced shares",
         "the extender to read the shares node under the rule",
-        Duration::from_secs(60),
-        || async {
-            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
-                == Some("DRA: consumable shares x4, time-sliced shares"))
-            .then_some(()))
-        },
     )
     .await?;
     wait_for(
@@ -507,14 +507,10 @@ async fn shares(c: &Cluster) -> Check {
     claims_held(c, SHARES_NS, &[SHARES], "scaled down").await?;
     // Without the rule, the node's shares are not gpu-share's again: the extender says so.
     super::quota::set_policy(c, &[(SHARES_RULE, NO_RULES)])?;
-    wait_for(
+    shares_node_reads_as(
+        c,
+        "DRA: consumable shares x4",
         "the extender to read the shares node without the rule",
-        Duration::from_secs(60),
-        || async {
-            Ok((ledger(c)?.get(SHARES).and_then(|n| n["kind"].as_str())
-                == Some("DRA: consumable shares x4"))
-            .then_some(()))
-        },
     )
     .await?;
     Ok(())
