@@ -64,6 +64,9 @@ pub struct Binding<'a> {
     node: String,
     assume: bool,
     reserved: bool,
+    /// Whether the pod was marked waiting for a release when its bind began (the watch may
+    /// show it bound, and unmark it, before the binding's answer comes back).
+    was_waiting: bool,
 }
 
 impl Binding<'_> {
@@ -95,10 +98,11 @@ impl Binding<'_> {
 
     /// The API bound the pod (or, in `--dev`, there is no API): the holding stays. A list begun
     /// from here on shows the pod unless it is gone; the pod no longer waits. Returns whether it
-    /// was still waiting for a release to nudge it (kube-scheduler retried it first).
+    /// was still waiting for a release to nudge it when its bind began (kube-scheduler retried
+    /// it first).
     pub fn commit(self) -> bool {
         let ext = self.ext;
-        let was_waiting = ext.waiting.contains(&self.uid);
+        let was_waiting = self.was_waiting;
         if self.assume && self.reserved {
             ext.assumed.insert(
                 self.uid.clone(),
@@ -442,6 +446,7 @@ impl ExtenderState {
             node: node.to_string(),
             assume,
             reserved: false,
+            was_waiting: self.waiting.contains(uid),
         }
     }
 

@@ -747,6 +747,28 @@ mod tests {
         b
     }
 
+    /// A waiting pod that kube-scheduler retried and bound before a release nudged it counts as
+    /// retried first, even when the watch shows it bound (and unmarks it) before the binding's
+    /// answer comes back.
+    #[test]
+    fn a_waiting_pod_bound_before_its_nudge_counts_as_retried_first() {
+        let e = ext();
+        let mut r = Relist::default();
+        e.waiting().mark(
+            "w".into(),
+            crate::extender::waiting::Waiting {
+                namespace: "ml".into(),
+                name: "pod-w".into(),
+                class: "whole",
+            },
+        );
+        let b = bind(&e, "w");
+        e.apply_pod_event(&mut r, Event::Apply(typed(pod("w", Some("n1"), "Pending"))));
+        assert!(!e.waiting().contains("w"), "the watch unmarks a bound pod");
+        assert!(b.commit(), "it was waiting when its bind began");
+        assert!(!bind(&e, "never-waited").commit());
+    }
+
     #[test]
     fn a_fresh_bind_survives_a_relist_that_does_not_show_it_yet() {
         let e = ext();
