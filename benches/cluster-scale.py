@@ -6,16 +6,21 @@ plane of tests/cluster/up.sh (real kube-apiserver, etcd and kube-scheduler).
 
 1. Starts the control plane with N GPU nodes of mixed kinds (8 GPUs each: time-slicing x4,
    MPS x4, MIG mixed A100 7x 1g.10gb per GPU, plain L40S) and gpu-share built in release.
-2. gpu-share: stops the gpu-share-scheduler, creates the annotated pods through the webhook,
-   starts kube-scheduler again with the shipped configuration and times the bindings.
-3. Baseline: deletes those pods, then creates the same pods as the webhook wrote them, minus
-   gpu-share's annotations (so plain nvidia.com/* requests, the same tolerations and node affinity),
-   for a second kube-scheduler from the same binary running the default profile, and times them.
+2. Writes the annotated pods through the webhook once as a dry run (admission runs, nothing is
+   stored) and derives the baseline's pods from them: the same pods as the webhook wrote them,
+   minus gpu-share's annotations (so plain nvidia.com/* requests, the same tolerations and node
+   affinity), for a second kube-scheduler from the same binary running the default profile.
+3. gpu-share: with the gpu-share-scheduler stopped, creates the annotated pods through the
+   webhook, starts kube-scheduler again with the shipped configuration and times the bindings.
+4. Baseline: creates its pods and times their bindings the same way.
+   Each half's pods are deleted before the next half; --baseline-first runs the baseline first
+   (the order's own effect, measured).
 
 With --profile DIR, each half also takes, 30 s long once a tenth of its pods are bound: a CPU
 profile of kube-scheduler (its /debug/pprof/profile), `perf record` of the extender (gpu-share's
 half), and every control-plane process's CPU over the same 30 s (from /proc); DIR/summary.txt
-keeps the top of each (go tool pprof -top, perf report).
+keeps the top of each (go tool pprof -top, perf report) and kube-apiserver's requests and watch
+events per bound pod over the same window (its /metrics), plus 30 s of the idle cluster.
 
 Both profiles score every node (percentageOfNodesToScore: 100) and use the same
 clientConnection qps/burst (500/1000; with the defaults, 50 QPS, the baseline's own binding calls
@@ -207,11 +212,12 @@ def scheduler_metrics(directory, url):
 
 # ---- the runs -----------------------------------------------------------------------------------
 
-def create_all(api, namespace, bodies, workers=24):
+def create_all(api, namespace, bodies, workers=24, dry_run=False):
     start = time.time()
+    path = f"/api/v1/namespaces/{namespace}/pods" + ("?dryRun=All" if dry_run else "")
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(lambda b: api.call("POST", f"/api/v1/namespaces/{namespace}/pods", b), bodies))
-    log(f"created {len(bodies)} pods in {namespace} in {time.time() - start:.0f} s")
+        results = list(pool.map(lambda b: api.call("POST", path, b), bodies))
+    log(f"{'dry-run ' if dry_run else ''}created {len(bodies)} pods in {namespace} in {time.time() - start:.0f} s")
     return results
 
 
@@ -253,6 +259,7 @@ def take_profile(directory, url, half, out_dir, seconds=30, extender=True, sched
                                        str(pid_of(directory, "extender")), "-o",
                                        f"{out_dir}/{half}-extender.perf.data", "--", "sleep", str(seconds)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    api_before = api_counters(directory)
     before, t0, bound0 = cpu_ticks(directory), time.time(), scheduled_count(directory, url)
     extra_before = None
     if scheduler_pid:
@@ -261,6 +268,7 @@ def take_profile(directory, url, half, out_dir, seconds=30, extender=True, sched
     for p in procs:
         p.wait(timeout=seconds + 60)
     after, dt, bound1 = cpu_ticks(directory), time.time() - t0, scheduled_count(directory, url)
+    api_after = api_counters(directory)
     rate = (bound1 - bound0) / dt
     hz = os.sysconf("SC_CLK_TCK")
     shares = {k: (after[k] - before[k]) / hz / dt for k in after if k in before}
@@ -274,6 +282,8 @@ def take_profile(directory, url, half, out_dir, seconds=30, extender=True, sched
         top = subprocess.run(["go", "tool", "pprof", "-top", "-nodecount=45",
                               f"{out_dir}/{half}-kube-scheduler.pprof"], capture_output=True, text=True)
         f.write(f"== {half}: kube-scheduler, go tool pprof -top\n{top.stdout}{top.stderr[-500:]}\n")
+        f.write(f"== {half}: kube-apiserver's work per bound pod over the same window\n"
+                + api_per_pod(api_before, api_after, max(bound1 - bound0, 1)) + "\n")
         cum = subprocess.run(["go", "tool", "pprof", "-top", "-cum", "-nodecount=60",
                               f"{out_dir}/{half}-kube-scheduler.pprof"], capture_output=True, text=True)
         f.write(f"== {half}: kube-scheduler, go tool pprof -top -cum\n{cum.stdout}\n")
@@ -287,6 +297,41 @@ def take_profile(directory, url, half, out_dir, seconds=30, extender=True, sched
             f.write(f"== {half}: extender, perf report (self)\n{rep.stdout[-12000:]}\n")
     log(f"profiled {half}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])))
     return shares
+
+
+def api_counters(directory):
+    """kube-apiserver's request counts (by verb, resource, subresource and client), and its watch
+    events and their bytes (by kind), from its /metrics."""
+    server = yaml.safe_load(open(f"{directory}/kubeconfig"))["clusters"][0]["cluster"]["server"]
+    try:
+        text = scheduler_metrics(directory, server)
+    except RuntimeError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            key = ("request", labels.get("verb", ""), labels.get("resource", "") +
+                   (f"/{labels['subresource']}" if labels.get("subresource") else ""))
+        elif line.startswith(("apiserver_watch_events_total{", "apiserver_watch_events_sizes_sum{")):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            what = "watch events" if line.startswith("apiserver_watch_events_total") else "watch bytes"
+            key = (what, "", labels.get("resource", labels.get("kind", "")))
+        else:
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        except ValueError:
+            continue
+    return out
+
+
+def api_per_pod(before, after, bound):
+    """The counters that moved between two api_counters readings, per bound pod, largest first."""
+    moved = {k: after[k] - before.get(k, 0.0) for k in after}
+    rows = [f"{kind:12} {verb:7} {res:32} {v / bound:10.2f}"
+            for (kind, verb, res), v in sorted(moved.items(), key=lambda kv: -kv[1]) if v > 0]
+    return "\n".join(rows[:40])
 
 
 def keep_attempts(out_dir, half, text):
@@ -349,6 +394,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     ap.add_argument("--profile", metavar="DIR", help="profile each half into DIR (see above)")
+    ap.add_argument("--baseline-first", action="store_true",
+                    help="run the default profile's half first (the order's effect, measured)")
     args = ap.parse_args()
 
     with_cluster(args, "scale", nodes(args.nodes), lambda directory: run(args, directory))
@@ -413,44 +460,20 @@ def run(args, directory):
             f.write(f"== idle: CPU over {dt:.0f} s with no pod to place, cores: " +
                     ", ".join(f"{k} {v:.2f}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) + "\n")
 
-    # ---- gpu-share ----
-    stop(directory, "kube-scheduler")
-    ensure_namespace(api, "scale")
     bodies = [{"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"p-{i}", "annotations": {"gpu-share": c}},
                "spec": {"terminationGracePeriodSeconds": 0,
                         "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
                                         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
               for i, c in enumerate(classes)]
-    created = create_all(api, "scale", bodies)
-    subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
-    profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "gpu-share", args.profile))
-    bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60,
-                                    profile=profile)
-    gs_rate = (bound - 1) / max(last - first, 1e-9)
-    log(f"gpu-share: {bound} bound, {gs_rate:.1f} pods/s")
-    sched = scheduler_metrics(directory, env["SCHEDULER"])
-    keep_attempts(args.profile, "gpu-share", sched)
-    gs_algo = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
-    ext = urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/metrics").read().decode()
-    verbs = {v: histogram(ext, "gpu_share_request_duration_seconds", f'endpoint="{v}"')
-             for v in ("filter", "prioritize", "bind")}
-    ext_rss = rss_mib(pid_of(directory, "extender"))
-    ledger = json.loads(urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/v1/nodes").read())
-    ledger_pods = sum(len(n.get("pods", [])) for n in ledger)
-
-    # ---- baseline: the default profile, same binary, same nodes, same pods minus the annotations ----
     stop(directory, "kube-scheduler")
-    base_cfg = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": f"{directory}/kubeconfig", "qps": QPS, "burst": BURST},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": "bench-default", "percentageOfNodesToScore": 100}],
-    }
-    yaml.safe_dump(base_cfg, open(f"{directory}/baseline-config.yaml", "w"))
+    ensure_namespace(api, "scale")
     ensure_namespace(api, "baseline")
+    # The baseline's pods are the gpu-share pods as the webhook writes them (a dry-run create:
+    # admission runs, nothing is stored), so either half can run first.
+    written = create_all(api, "scale", bodies, dry_run=True)
     plain = []
-    for i, p in enumerate(created):
+    for i, p in enumerate(written):
         spec = p["spec"]
         keep = {k: spec[k] for k in ("containers", "tolerations", "affinity", "terminationGracePeriodSeconds")
                 if k in spec}
@@ -463,35 +486,88 @@ def run(args, directory):
                 c.get("resources", {}).get(part, {}).pop("gpu-share.io/gpu-milli", None)
         keep["schedulerName"] = "bench-default"
         plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
-    api.call("DELETE", "/api/v1/namespaces/scale/pods", {"gracePeriodSeconds": 0})
-    create_all(api, "baseline", plain)
-    port = env["SCHEDULER"].rsplit(":", 1)[1]
-    log_path = f"{directory}/logs/baseline-scheduler.log"
-    with open(log_path, "a") as logf:
-        proc = subprocess.Popen([f"{bin_dir}/kube-scheduler", "--config", f"{directory}/baseline-config.yaml",
-                                 "--bind-address", "127.0.0.1", "--secure-port", port,
-                                 "--authentication-kubeconfig", f"{directory}/kubeconfig",
-                                 "--authorization-kubeconfig", f"{directory}/kubeconfig", "--v", "1"],
-                                stdout=logf, stderr=logf, start_new_session=True)
-    try:
-        time.sleep(1)
-        profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "baseline", args.profile,
-                                                         extender=False, scheduler_pid=proc.pid))
-        b_bound, b_first, b_last = wait_bound(api, directory, env["SCHEDULER"], "baseline", args.pods, limit=60,
-                                              profile=profile)
-        b_rate = (b_bound - 1) / max(b_last - b_first, 1e-9)
-        log(f"baseline: {b_bound} bound, {b_rate:.1f} pods/s")
-        b_sched = scheduler_metrics(directory, env["SCHEDULER"])
-        keep_attempts(args.profile, "baseline", b_sched)
-        b_algo = histogram(b_sched, "scheduler_scheduling_algorithm_duration_seconds")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    try:
-        api.call("DELETE", "/api/v1/namespaces/baseline/pods", {"gracePeriodSeconds": 0})
-    except (RuntimeError, ConnectionError, TimeoutError, urllib.error.URLError) as e:
-        # The measurements are taken; the cluster is stopped next anyway.
-        log(f"could not delete the baseline's pods ({e}); the report stands")
+    sizes = (len(json.dumps(written[0])), len(json.dumps(plain[0])))
+
+    def delete_all(namespace):
+        try:
+            api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+        except (RuntimeError, ConnectionError, TimeoutError, urllib.error.URLError) as e:
+            # The measurements are taken; the cluster is stopped next anyway.
+            log(f"could not delete the pods of {namespace} ({e}); the report stands")
+        # The next half starts on empty nodes.
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            left = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")["items"]
+            if not left:
+                return
+            time.sleep(2)
+
+    def gpu_share_half():
+        create_all(api, "scale", bodies)
+        subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
+        profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "gpu-share", args.profile))
+        bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60,
+                                        profile=profile)
+        rate = (bound - 1) / max(last - first, 1e-9)
+        log(f"gpu-share: {bound} bound, {rate:.1f} pods/s")
+        sched = scheduler_metrics(directory, env["SCHEDULER"])
+        keep_attempts(args.profile, "gpu-share", sched)
+        ext = urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/metrics").read().decode()
+        ledger = json.loads(urllib.request.urlopen(f"{env['EXTENDER_ADMIN']}/v1/nodes").read())
+        out = {
+            "bound": bound, "rate": rate,
+            "algo": histogram(sched, "scheduler_scheduling_algorithm_duration_seconds"),
+            "verbs": {v: histogram(ext, "gpu_share_request_duration_seconds", f'endpoint="{v}"')
+                      for v in ("filter", "prioritize", "bind")},
+            "rss": rss_mib(pid_of(directory, "extender")),
+            "ledger_pods": sum(len(n.get("pods", [])) for n in ledger),
+            "ledger_nodes": len(ledger),
+        }
+        stop(directory, "kube-scheduler")
+        delete_all("scale")
+        return out
+
+    def baseline_half():
+        create_all(api, "baseline", plain)
+        port = env["SCHEDULER"].rsplit(":", 1)[1]
+        log_path = f"{directory}/logs/baseline-scheduler.log"
+        with open(log_path, "a") as logf:
+            proc = subprocess.Popen([f"{bin_dir}/kube-scheduler", "--config", f"{directory}/baseline-config.yaml",
+                                     "--bind-address", "127.0.0.1", "--secure-port", port,
+                                     "--authentication-kubeconfig", f"{directory}/kubeconfig",
+                                     "--authorization-kubeconfig", f"{directory}/kubeconfig", "--v", "1"],
+                                    stdout=logf, stderr=logf, start_new_session=True)
+        try:
+            time.sleep(1)
+            profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "baseline", args.profile,
+                                                             extender=False, scheduler_pid=proc.pid))
+            bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "baseline", args.pods, limit=60,
+                                            profile=profile)
+            rate = (bound - 1) / max(last - first, 1e-9)
+            log(f"baseline: {bound} bound, {rate:.1f} pods/s")
+            sched = scheduler_metrics(directory, env["SCHEDULER"])
+            keep_attempts(args.profile, "baseline", sched)
+            algo = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        delete_all("baseline")
+        return {"bound": bound, "rate": rate, "algo": algo}
+
+    base_cfg = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": f"{directory}/kubeconfig", "qps": QPS, "burst": BURST},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "bench-default", "percentageOfNodesToScore": 100}],
+    }
+    yaml.safe_dump(base_cfg, open(f"{directory}/baseline-config.yaml", "w"))
+    if args.baseline_first:
+        b, g = baseline_half(), gpu_share_half()
+    else:
+        g, b = gpu_share_half(), baseline_half()
+    bound, gs_rate, gs_algo, verbs = g["bound"], g["rate"], g["algo"], g["verbs"]
+    b_bound, b_rate, b_algo = b["bound"], b["rate"], b["algo"]
+    ext_rss, ledger_pods, ledger_nodes = g["rss"], g["ledger_pods"], g["ledger_nodes"]
 
     cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     lines = [
@@ -526,7 +602,11 @@ def run(args, directory):
     lines += [
         "",
         f"Extender RSS after the gpu-share run: {ext_rss:.0f} MiB, its ledger holding "
-        f"{ledger_pods} pods on {len(ledger)} nodes.",
+        f"{ledger_pods} pods on {ledger_nodes} nodes.",
+        "",
+        f"Halves in order: {'baseline, then gpu-share' if args.baseline_first else 'gpu-share, then baseline'} "
+        f"(each half's pods deleted before the next). One pod as stored: {sizes[0]} bytes of JSON for "
+        f"gpu-share's, {sizes[1]} for the baseline's.",
         "",
         "The quantity (`gpu-share.io/gpu-milli`, on by default): every gpu-share pod above carries it "
         "(the baseline's pods do not), and the leading extender advertises it on every GPU node by a "

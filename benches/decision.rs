@@ -314,6 +314,7 @@ fn simulate(cr: &mut Criterion) {
         pods: &inputs.pods,
         metric: &metric,
         explain: false,
+        nodes_to_score: 100,
     };
     let mut g = cr.benchmark_group("simulate");
     g.sample_size(10);

@@ -99,6 +99,12 @@ pub struct SimulateArgs {
     /// when the first refusal came and the fit reason (which pods fail, for lack of what).
     #[arg(long)]
     pub refusals: bool,
+    /// kube-scheduler's percentageOfNodesToScore to replay: each pod is placed on the best of
+    /// the first nodes that fit from where the last search stopped (100: every node, as
+    /// gpu-share's profile ships; 0: kube-scheduler's adaptive default, 50% less one point per
+    /// 125 nodes, at least 5% and 100 nodes).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub nodes_to_score: u32,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -42,6 +42,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
         pods: &inputs.pods,
         metric: &metric,
         explain: false,
+        nodes_to_score: 100,
     };
     for seed in [1, 2] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, seed, 1.3);
@@ -572,6 +573,7 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
         pods: &inputs.pods,
         metric: &metric,
         explain: false,
+        nodes_to_score: 100,
     };
     for policy in [PackingPolicy::GpuShare, PackingPolicy::BestFit] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, 5, 0.0);

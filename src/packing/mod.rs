@@ -72,10 +72,45 @@ pub fn to_extender_scores(raw: &[f64]) -> Vec<i64> {
         .collect()
 }
 
+/// The nodes worth listing in a prioritize answer, as (index into `raw`, score 0..=10): the
+/// fitting nodes (`Some`) scaled by [`to_extender_scores`], less those that score 0. kube-scheduler
+/// gives a node an extender does not list 0 from that extender, so every node's total is what
+/// the full list gives; what differs is its tie-break between equal totals, a random draw that it
+/// makes only for listed nodes (a listed node wins a tie against an unlisted one). Most nodes of
+/// a large cluster sit at the lowest score (empty ones, for a packing policy), and a list of
+/// thousands of zeros costs kube-scheduler a decode per pod for nothing
+/// (docs/cluster-scale.md).
+pub fn listed_scores(raw: &[Option<f64>]) -> Vec<(usize, i64)> {
+    let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
+    let mut scaled = to_extender_scores(&fitting).into_iter();
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.map(|_| (i, scaled.next().unwrap_or(0))))
+        .filter(|(_, score)| *score > 0)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inventory::{MigLayout, Sharing};
+
+    #[test]
+    fn a_prioritize_answer_lists_every_node_that_scores_above_zero() {
+        let raw = [Some(1.0), None, Some(3.0), Some(1.0), Some(2.0), Some(1.04)];
+        // Scaled: 0, -, 10, 0, 5, 0 (1.04 rounds to 0): the zeros and the node that does not fit
+        // are left out, and every listed score is the full list's.
+        assert_eq!(listed_scores(&raw), vec![(2, 10), (4, 5)]);
+        let full = to_extender_scores(&[1.0, 3.0, 1.0, 2.0, 1.04]);
+        assert_eq!(full, vec![0, 10, 0, 5, 0]);
+        // All equal: every fitting node scores 10 and is listed (kube-scheduler draws between
+        // them, as before).
+        assert_eq!(
+            listed_scores(&[Some(2.0), None, Some(2.0)]),
+            vec![(0, 10), (2, 10)]
+        );
+        assert!(listed_scores(&[None, None]).is_empty());
+    }
 
     #[test]
     fn mig_shares_follow_the_model_and_demands_print_as_annotations() {

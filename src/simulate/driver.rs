@@ -145,6 +145,20 @@ pub fn simulate(
     show_progress: bool,
     refusals: bool,
 ) -> Report {
+    simulate_sampled(inputs, policies, seeds, tune, show_progress, refusals, 100)
+}
+
+/// [`simulate`] with kube-scheduler's `percentageOfNodesToScore` (100: every node, as gpu-share's
+/// profile ships; 0: kube-scheduler's adaptive default; [`replay::nodes_to_find`]).
+pub fn simulate_sampled(
+    inputs: &Inputs,
+    policies: &[PackingPolicy],
+    seeds: &[u64],
+    tune: f64,
+    show_progress: bool,
+    refusals: bool,
+    nodes_to_score: u32,
+) -> Report {
     let capacity: u64 = inputs
         .nodes
         .iter()
@@ -190,6 +204,7 @@ pub fn simulate(
                     pods: &inputs.pods,
                     metric: &metric,
                     explain: refusals,
+                    nodes_to_score,
                 },
                 &orders[si],
                 policy,
@@ -228,6 +243,7 @@ pub fn simulate(
         nodes: inputs.nodes.len(),
         pods: inputs.pods.len(),
         variant: None,
+        nodes_to_score,
         tune,
         seeds: seeds.to_vec(),
         policies: policies_out,
@@ -280,6 +296,7 @@ pub fn what_if(
                     pods: &prep.pods,
                     metric,
                     explain: true,
+                    nodes_to_score: 100,
                 },
                 &order,
                 policies[pi],
@@ -355,13 +372,14 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         seeds = seeds.len(),
         "simulating"
     );
-    let mut report = simulate(
+    let mut report = simulate_sampled(
         &inputs,
         &policies,
         &seeds,
         args.tune,
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         args.refusals,
+        args.nodes_to_score,
     );
     report.variant = variant.map(|v| format!("{v}, seed {}", args.variant_seed));
     if let Some(path) = &args.json {

@@ -160,6 +160,25 @@ pub struct Trace<'a> {
     pub metric: &'a TargetWorkload,
     /// Record why each unplaced pod fit nowhere (a fit check per node per failure).
     pub explain: bool,
+    /// kube-scheduler's `percentageOfNodesToScore`: 100 scores every node that fits (gpu-share's
+    /// shipped profile), 0 is kube-scheduler's adaptive default; see [`nodes_to_find`].
+    pub nodes_to_score: u32,
+}
+
+/// How many fitting nodes kube-scheduler looks for before it stops filtering
+/// (`numFeasibleNodesToFind`, kube-scheduler v1.37): every node below 100 nodes; otherwise
+/// `percent` of them (0: 50% less one point per 125 nodes, at least 5%), at least 100.
+pub fn nodes_to_find(percent: u32, nodes: usize) -> usize {
+    const MIN_NODES: usize = 100;
+    if nodes < MIN_NODES || percent >= 100 {
+        return nodes;
+    }
+    let percent = if percent == 0 {
+        50usize.saturating_sub(nodes / 125).max(5)
+    } else {
+        percent as usize
+    };
+    (nodes * percent / 100).max(MIN_NODES)
 }
 
 /// Replays the trace's pods in `order` with `policy`; `progress` is called after every pod.
@@ -176,7 +195,11 @@ pub fn run(
         pods,
         metric,
         explain,
+        nodes_to_score,
     } = *trace;
+    let to_find = nodes_to_find(nodes_to_score, nodes.len());
+    // Where kube-scheduler's next search starts (`nextStartNodeIndex`), in the node order.
+    let mut start = 0usize;
     let capacity_milli: u64 = nodes.iter().map(super::trace::node_capacity_milli).sum();
     let mut usages: Vec<Usage> = nodes.iter().map(Usage::empty).collect();
     let mut versions = vec![0u32; nodes.len()];
@@ -239,9 +262,18 @@ pub fn run(
         // Best node: highest score; ties go to the first node in the permuted order (the FGD
         // simulator's kube-scheduler picks the smallest of the permutation-prefixed names),
         // except for `random`, whose equal scores are a uniform draw (reservoir sampling).
+        // With fewer nodes to find than there are, the search starts where the last one
+        // stopped and stops at the `to_find`th node that fits, as kube-scheduler's does.
         let mut best: Option<(usize, f64)> = None;
         let mut tied = 0u32;
-        for &ni in &order.nodes {
+        let (mut found, mut visited) = (0usize, 0usize);
+        let n = order.nodes.len();
+        for k in 0..n {
+            if found == to_find {
+                break;
+            }
+            let ni = order.nodes[(start + k) % n];
+            visited += 1;
             let node = &nodes[ni];
             let score = if !random {
                 let row = &mut cache[ni];
@@ -264,6 +296,7 @@ pub fn run(
                 evaluate(&scorer, node, &usages[ni], demand, &mut memos[ni])
             };
             let Some(s) = score else { continue };
+            found += 1;
             match best {
                 Some((_, b)) if s < b || (s == b && !random) => {}
                 Some((_, b)) if s == b && random => {
@@ -277,6 +310,9 @@ pub fn run(
                     tied = 1;
                 }
             }
+        }
+        if to_find < n {
+            start = (start + visited) % n;
         }
         if let Some((ni, _)) = best
             && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand, &mut memos[ni])
@@ -442,6 +478,56 @@ mod tests {
     }
 
     #[test]
+    fn kube_scheduler_finds_a_share_of_the_nodes() {
+        assert_eq!(nodes_to_find(100, 5000), 5000);
+        assert_eq!(nodes_to_find(0, 5000), 500, "50% less 40 points");
+        assert_eq!(nodes_to_find(0, 1523), 578, "38% of the openb cluster");
+        assert_eq!(nodes_to_find(0, 100_000), 5000, "at least 5%");
+        assert_eq!(nodes_to_find(10, 500), 100, "at least 100 nodes");
+        assert_eq!(nodes_to_find(0, 60), 60, "every node of a small cluster");
+    }
+
+    /// Sampled, the second pod's search starts where the first stopped, past the node the first
+    /// pod half filled: two half-used nodes, where scoring every node fills one.
+    #[test]
+    fn a_sampled_search_misses_the_node_it_half_filled() {
+        let nodes: Vec<GpuNode> = (0..200)
+            .map(|i| GpuNode::whole(&format!("n{i}"), "H100", 2, 81559))
+            .collect();
+        let pods = vec![
+            pod("a", GpuDemand::Whole { count: 1 }),
+            pod("b", GpuDemand::Whole { count: 1 }),
+        ];
+        let two = [pod("w", GpuDemand::Whole { count: 2 })];
+        let metric = TargetWorkload::typical(two.iter().map(|p| &p.demand), 0.95);
+        let o = Order {
+            pods: vec![0, 1],
+            nodes: (0..200).collect(),
+        };
+        let frag = |nodes_to_score| {
+            let trace = Trace {
+                nodes: &nodes,
+                pods: &pods,
+                metric: &metric,
+                explain: false,
+                nodes_to_score,
+            };
+            let out = run(
+                &trace,
+                &o,
+                PackingPolicy::Binpack,
+                &WorkloadSource::None,
+                1,
+                || {},
+            );
+            assert_eq!(out.placed, 2);
+            out.samples.last().unwrap().frag_milli
+        };
+        assert_eq!(frag(100), 0.0);
+        assert_eq!(frag(50), 2000.0, "one free GPU on each of two nodes");
+    }
+
+    #[test]
     fn unplaced_pods_are_explained_in_the_fit_reasons() {
         let nodes = vec![GpuNode::whole("n", "H100", 1, 81559)];
         let pods = vec![
@@ -455,6 +541,7 @@ mod tests {
             pods: &pods,
             metric: &metric,
             explain: true,
+            nodes_to_score: 100,
         };
         let o = Order {
             pods: vec![0, 1, 2],

@@ -177,6 +177,9 @@ pub struct Report {
     /// The workload variant replayed (`--variant`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// kube-scheduler's percentageOfNodesToScore replayed (`--nodes-to-score`): 100 scores every
+    /// node, 0 is kube-scheduler's adaptive default.
+    pub nodes_to_score: u32,
     pub tune: f64,
     pub seeds: Vec<u64>,
     pub policies: Vec<PolicyReport>,
@@ -194,13 +197,24 @@ pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} nodes, {} GPUs, {} pods{}, tune {}, seeds {}",
+        "{} nodes, {} GPUs, {} pods{}{}, tune {}, seeds {}",
         r.nodes,
         r.gpus_total,
         r.pods,
         r.variant
             .as_ref()
             .map_or_else(String::new, |v| format!(" (variant {v})")),
+        match r.nodes_to_score {
+            100 => String::new(),
+            0 => format!(
+                ", scoring the first {} nodes that fit (kube-scheduler's adaptive percentageOfNodesToScore)",
+                super::replay::nodes_to_find(0, r.nodes)
+            ),
+            p => format!(
+                ", scoring the first {} nodes that fit (percentageOfNodesToScore {p})",
+                super::replay::nodes_to_find(p, r.nodes)
+            ),
+        },
         r.tune,
         seeds_text(&r.seeds)
     );
