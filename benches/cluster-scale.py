@@ -22,7 +22,8 @@ half), and every control-plane process's CPU over the same 30 s (from /proc); DI
 keeps the top of each (go tool pprof -top, perf report) and kube-apiserver's requests and watch
 events per bound pod over the same window (its /metrics), plus 30 s of the idle cluster.
 
-Both profiles score every node (percentageOfNodesToScore: 100) and use the same
+Both profiles score every node (percentageOfNodesToScore: 100, as gpu-share's profile ships;
+--nodes-to-score P sets both to P, 0 being kube-scheduler's adaptive default) and use the same
 clientConnection qps/burst (500/1000; with the defaults, 50 QPS, the baseline's own binding calls
 would be the bottleneck). Reported: pods bound per second for each and the ratio, kube-scheduler's
 scheduler_scheduling_algorithm_duration_seconds (which includes the extender's filter and
@@ -394,6 +395,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     ap.add_argument("--profile", metavar="DIR", help="profile each half into DIR (see above)")
+    ap.add_argument("--nodes-to-score", type=int, default=100, choices=range(0, 101), metavar="0-100",
+                    help="percentageOfNodesToScore for both profiles (default 100; 0: adaptive)")
     ap.add_argument("--baseline-first", action="store_true",
                     help="run the default profile's half first (the order's effect, measured)")
     args = ap.parse_args()
@@ -441,6 +444,8 @@ def run(args, directory):
     # Same qps/burst for both profiles, written into a copy of the shipped config.
     cfg = yaml.safe_load(open(f"{directory}/scheduler-config.yaml"))
     cfg["clientConnection"].update({"qps": QPS, "burst": BURST})
+    for profile in cfg["profiles"]:
+        profile["percentageOfNodesToScore"] = args.nodes_to_score
     yaml.safe_dump(cfg, open(f"{directory}/scheduler-config.yaml", "w"), sort_keys=False)
 
     # ---- the quantity advertised on every GPU node (gpu-share.io/gpu-milli, docs/quotas.md) ----
@@ -486,7 +491,6 @@ def run(args, directory):
                 c.get("resources", {}).get(part, {}).pop("gpu-share.io/gpu-milli", None)
         keep["schedulerName"] = "bench-default"
         plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
-    sizes = (len(json.dumps(written[0])), len(json.dumps(plain[0])))
 
     def delete_all(namespace):
         try:
@@ -503,7 +507,7 @@ def run(args, directory):
             time.sleep(2)
 
     def gpu_share_half():
-        create_all(api, "scale", bodies)
+        stored = create_all(api, "scale", bodies)
         subprocess.run(["bash", f"{directory}/start/kube-scheduler.sh"], check=True)
         profile = args.profile and (lambda: take_profile(directory, env["SCHEDULER"], "gpu-share", args.profile))
         bound, first, last = wait_bound(api, directory, env["SCHEDULER"], "scale", args.pods, limit=60,
@@ -522,13 +526,14 @@ def run(args, directory):
             "rss": rss_mib(pid_of(directory, "extender")),
             "ledger_pods": sum(len(n.get("pods", [])) for n in ledger),
             "ledger_nodes": len(ledger),
+            "size": len(json.dumps(stored[0])),
         }
         stop(directory, "kube-scheduler")
         delete_all("scale")
         return out
 
     def baseline_half():
-        create_all(api, "baseline", plain)
+        stored = create_all(api, "baseline", plain)
         port = env["SCHEDULER"].rsplit(":", 1)[1]
         log_path = f"{directory}/logs/baseline-scheduler.log"
         with open(log_path, "a") as logf:
@@ -552,13 +557,13 @@ def run(args, directory):
             proc.terminate()
             proc.wait(timeout=30)
         delete_all("baseline")
-        return {"bound": bound, "rate": rate, "algo": algo}
+        return {"bound": bound, "rate": rate, "algo": algo, "size": len(json.dumps(stored[0]))}
 
     base_cfg = {
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": f"{directory}/kubeconfig", "qps": QPS, "burst": BURST},
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": "bench-default", "percentageOfNodesToScore": 100}],
+        "profiles": [{"schedulerName": "bench-default", "percentageOfNodesToScore": args.nodes_to_score}],
     }
     yaml.safe_dump(base_cfg, open(f"{directory}/baseline-config.yaml", "w"))
     if args.baseline_first:
@@ -568,20 +573,26 @@ def run(args, directory):
     bound, gs_rate, gs_algo, verbs = g["bound"], g["rate"], g["algo"], g["verbs"]
     b_bound, b_rate, b_algo = b["bound"], b["rate"], b["algo"]
     ext_rss, ledger_pods, ledger_nodes = g["rss"], g["ledger_pods"], g["ledger_nodes"]
+    sizes = (g["size"], b["size"])
 
+    scoring = ("Both profiles score every node (percentageOfNodesToScore 100)." if args.nodes_to_score == 100
+               else f"Both profiles run percentageOfNodesToScore {args.nodes_to_score}"
+               + (" (kube-scheduler's adaptive default)" if args.nodes_to_score == 0 else "") + ".")
     cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     lines = [
         "# gpu-share at scale on a real control plane",
         "",
         "Written by `benches/cluster-scale.py`; the README keeps one line of it.",
         "",
-        f"Command: `python3 benches/cluster-scale.py --nodes {args.nodes} --pods {args.pods}` "
+        f"Command: `python3 benches/cluster-scale.py --nodes {args.nodes} --pods {args.pods}"
+        f"{'' if args.nodes_to_score == 100 else f' --nodes-to-score {args.nodes_to_score}'}"
+        f"{' --baseline-first' if args.baseline_first else ''}` "
         f"({time.strftime('%Y-%m-%d')}, {cpu} cores; kube-apiserver, etcd and kube-scheduler v1.37.2 "
         "from tests/cluster, everything on one machine).",
         "",
         f"{args.nodes} GPU nodes of 8 GPUs (60% time-slicing x4, 20% MPS x4, 10% MIG mixed A100 7x 1g.10gb "
         f"per GPU, 10% plain L40S); {args.pods} pods (timeslice-25 30%, mps-25 20%, mig-1g.10gb 25%, "
-        "timeslice-50 15%, exclusive-1 10%). Both profiles score every node and use clientConnection "
+        "timeslice-50 15%, exclusive-1 10%). " + scoring + " Both use clientConnection "
         f"qps {QPS} / burst {BURST}. The pods are created while the scheduler is stopped; the rate is "
         "bound pods over the time from the first binding to the last (kube-scheduler's "
         "schedule_attempts_total{result=\"scheduled\"}, polled every 0.5 s; the bound count is read from the "
@@ -605,8 +616,8 @@ def run(args, directory):
         f"{ledger_pods} pods on {ledger_nodes} nodes.",
         "",
         f"Halves in order: {'baseline, then gpu-share' if args.baseline_first else 'gpu-share, then baseline'} "
-        f"(each half's pods deleted before the next). One pod as stored: {sizes[0]} bytes of JSON for "
-        f"gpu-share's, {sizes[1]} for the baseline's.",
+        f"(each half's pods deleted before the next). The first pod as the API stored it "
+        f"(JSON, before scheduling): {sizes[0]} bytes for gpu-share's, {sizes[1]} for the baseline's.",
         "",
         "The quantity (`gpu-share.io/gpu-milli`, on by default): every gpu-share pod above carries it "
         "(the baseline's pods do not), and the leading extender advertises it on every GPU node by a "
