@@ -126,18 +126,23 @@ async fn lower_case_field_names_are_accepted() {
 }
 
 #[tokio::test]
-async fn prioritize_lists_the_nodes_that_score_above_0() {
+async fn prioritize_scores_every_node_within_0_to_10() {
     let s = state();
-    let args = fixture("extender/prioritize-names-mig.json");
-    assert_eq!(args["NodeNames"].as_array().unwrap().len(), 5);
-    let (status, r) = post(s, "/scheduler/prioritize", body(&args)).await;
+    let (status, r) = post(
+        s,
+        "/scheduler/prioritize",
+        body(&fixture("extender/prioritize-names-mig.json")),
+    )
+    .await;
     assert_eq!(status, 200);
-    // Only a100-mig can hold the MIG pod: it scores 10, and the other four, which would score 0,
-    // are left out (kube-scheduler reads an unlisted node as 0).
     let list = r.as_array().expect("a top-level array");
-    assert_eq!(list.len(), 1, "{r}");
-    assert_eq!(list[0]["Host"], "a100-mig");
-    assert_eq!(list[0]["Score"], 10);
+    assert_eq!(list.len(), 5);
+    for e in list {
+        let score = e["Score"].as_i64().unwrap();
+        assert!((0..=10).contains(&score));
+        let expected = if e["Host"] == "a100-mig" { 10 } else { 0 };
+        assert_eq!(score, expected, "{e}");
+    }
 }
 
 /// Filter (to cache the pod), then bind; returns the bind reply's Error.
@@ -478,7 +483,8 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
             .unwrap()
             .iter()
             .find(|e| e["Host"] == host)
-            .map_or(0, |e| e["Score"].as_i64().unwrap())
+            .and_then(|e| e["Score"].as_i64())
+            .unwrap()
     };
     // ts-a has a half-free GPU the pod would fill, but 16 CPUs for 7.5 free GPUs; ts-b has the
     // CPU for all of its GPUs.

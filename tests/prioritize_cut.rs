@@ -1,4 +1,5 @@
-//! The prioritize answer lists only the nodes that score above 0 (`packing::listed_scores`):
+//! A prioritize answer that lists only the nodes that score above 0 (`packing::listed_scores`;
+//! not served yet: with it, the cluster test's preemption point failed, docs/cluster-scale.md):
 //! replayed over the packing traces through the extender's own state and scoring (the calls its
 //! prioritize handler makes), every node's score as kube-scheduler reads it (an unlisted node
 //! scores 0) equals the full answer's, so the node chosen does not change. How much shorter the

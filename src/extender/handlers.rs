@@ -364,13 +364,18 @@ pub fn prioritize(
         .into_iter()
         .map(Option::flatten)
         .collect();
-    // Only the nodes above the lowest score (packing::listed_scores: every node's total is the
-    // same as with the full list).
-    Ok(packing::listed_scores(&raw)
+    let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
+    let mut scaled = packing::to_extender_scores(&fitting).into_iter();
+    Ok(names
         .into_iter()
-        .map(|(i, score)| HostPriority {
-            host: names[i].clone(),
-            score,
+        .zip(raw)
+        .map(|(host, r)| HostPriority {
+            host,
+            score: if r.is_some() {
+                scaled.next().unwrap_or(0)
+            } else {
+                0
+            },
         })
         .collect())
 }
