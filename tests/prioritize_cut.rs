@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use gpu_share::extender::handlers;
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::ledger::PodRef;
 use gpu_share::packing::{self, PackingPolicy};
@@ -30,28 +31,13 @@ fn replay(inputs: &driver::Inputs, limit: usize) -> (usize, usize) {
     for (i, pod) in pods.into_iter().take(limit).enumerate() {
         ext.observe_demand(&pod.demand, policy);
         let scorer = ext.scorer(policy);
-        // What prioritize computes for every node it is sent (here: every node).
-        let raw: Vec<Option<f64>> = ext
-            .ledger()
-            .with_nodes_par(&names, |nl| {
-                packing::place(&scorer, &nl.node, &nl.usage, &pod.demand, &mut nl.memo)
-                    .ok()
-                    .map(|(_, s)| s)
-            })
-            .into_iter()
-            .map(Option::flatten)
-            .collect();
-        let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
-        if fitting.is_empty() {
+        // What prioritize computes for every node it is sent (here: every node), and its full
+        // answer: every node, 0 where it does not fit.
+        let raw = handlers::raw_scores(&ext, &scorer, &names, &pod.demand);
+        if raw.iter().all(Option::is_none) {
             continue;
         }
-        // The full answer, as prioritize wrote it before the cut: every node, 0 where it does
-        // not fit.
-        let mut scaled = packing::to_extender_scores(&fitting).into_iter();
-        let full: Vec<i64> = raw
-            .iter()
-            .map(|r| r.map_or(0, |_| scaled.next().unwrap()))
-            .collect();
+        let full = packing::node_scores(&raw);
         // The cut answer, as kube-scheduler reads it.
         let cut = packing::listed_scores(&raw);
         let mut read = vec![0i64; names.len()];

@@ -354,30 +354,31 @@ pub fn prioritize(
             .collect());
     };
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    let raw: Vec<Option<f64>> = ext
-        .ledger()
-        .with_nodes_par(&names, |nl| {
-            packing::place(&scorer, &nl.node, &nl.usage, &demand, &mut nl.memo)
+    let raw = raw_scores(ext, &scorer, &names, &demand);
+    Ok(names
+        .into_iter()
+        .zip(packing::node_scores(&raw))
+        .map(|(host, score)| HostPriority { host, score })
+        .collect())
+}
+
+/// Each named node's packing score for `demand` (`None`: it does not fit there, or is unknown),
+/// as prioritize computes it.
+pub fn raw_scores(
+    ext: &ExtenderState,
+    scorer: &packing::Scorer,
+    names: &[String],
+    demand: &packing::Demand,
+) -> Vec<Option<f64>> {
+    ext.ledger()
+        .with_nodes_par(names, |nl| {
+            packing::place(scorer, &nl.node, &nl.usage, demand, &mut nl.memo)
                 .ok()
                 .map(|(_, s)| s)
         })
         .into_iter()
         .map(Option::flatten)
-        .collect();
-    let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
-    let mut scaled = packing::to_extender_scores(&fitting).into_iter();
-    Ok(names
-        .into_iter()
-        .zip(raw)
-        .map(|(host, r)| HostPriority {
-            host,
-            score: if r.is_some() {
-                scaled.next().unwrap_or(0)
-            } else {
-                0
-            },
-        })
-        .collect())
+        .collect()
 }
 
 /// What bind has to do after the ledger said yes.

@@ -82,12 +82,20 @@ pub fn to_extender_scores(raw: &[f64]) -> Vec<i64> {
 /// it, the cluster test's preemption point evicted two pods where one was expected
 /// (docs/cluster-scale.md); `tests/prioritize_cut.rs` replays it.
 pub fn listed_scores(raw: &[Option<f64>]) -> Vec<(usize, i64)> {
+    node_scores(raw)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, score)| *score > 0)
+        .collect()
+}
+
+/// Every node's prioritize score, 0..=10: the fitting nodes (`Some`) scaled by
+/// [`to_extender_scores`], 0 for the others.
+pub fn node_scores(raw: &[Option<f64>]) -> Vec<i64> {
     let fitting: Vec<f64> = raw.iter().flatten().copied().collect();
     let mut scaled = to_extender_scores(&fitting).into_iter();
     raw.iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.map(|_| (i, scaled.next().unwrap_or(0))))
-        .filter(|(_, score)| *score > 0)
+        .map(|r| r.map_or(0, |_| scaled.next().unwrap_or(0)))
         .collect()
 }
 
