@@ -15,10 +15,12 @@ use crate::workloads::WorkloadKind;
 
 mod enforcement;
 mod fields;
+mod packing;
 mod per_gpu;
 mod resources;
 pub use enforcement::EnforcementPolicy;
 pub use fields::UNSET_BY_DEFAULT;
+pub use packing::{Candidates, PackingPolicyName, PackingSection};
 pub use per_gpu::PerGpuPolicy;
 pub use resources::{ResourceName, ResourcesPolicy, Violation};
 
@@ -94,32 +96,6 @@ pub struct MpsPolicy {
     /// A `runAsUser` for MPS pods that set none (one MPS server serves one UID).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as_user: Option<i64>,
-}
-
-/// Node packing policy names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum PackingPolicyName {
-    Binpack,
-    Spread,
-    #[default]
-    GpuShare,
-}
-
-/// The policy file's `packing` section (the scorer's policy is [`crate::packing::PackingPolicy`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PackingSection {
-    #[serde(default)]
-    pub policy: PackingPolicyName,
-}
-
-impl Default for PackingSection {
-    fn default() -> Self {
-        PackingSection {
-            policy: PackingPolicyName::GpuShare,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::{fixture, post};
 use gpu_share::cli::Role;
 use gpu_share::extender::state::{ExtenderState, Mode};
-use gpu_share::policy::Policy;
+use gpu_share::policy::{Candidates, PackingPolicyName, Policy};
 use gpu_share::server::{AppState, parse_nodes};
 use serde_json::{Value, json};
 
@@ -21,9 +21,23 @@ fn nodes_yaml() -> String {
     .unwrap()
 }
 
-/// A `--dev` service with the example nodes loaded (as `--nodes` does).
+/// A `--dev` service with the example nodes loaded (as `--nodes` does), whose filter names every
+/// fitting node and every other node's reason (`packing.candidates: all`), as these tests read.
 fn state() -> AppState {
-    let state = AppState::dev(Role::All, Policy::default_policy());
+    state_with(every_fit())
+}
+
+/// The default policy with `packing.candidates: all`: filter names every fitting node and every
+/// other node's reason, for the tests that read reasons beside a fitting node.
+fn every_fit() -> Policy {
+    let mut policy = Policy::default_policy();
+    policy.packing.candidates = Candidates::All;
+    policy
+}
+
+/// The same with a given policy.
+fn state_with(policy: Policy) -> AppState {
+    let state = AppState::dev(Role::All, policy);
     let nodes = parse_nodes(&nodes_yaml()).unwrap();
     let gpu = state
         .extender
@@ -72,6 +86,83 @@ async fn filter_in_node_names_mode_answers_with_node_names_and_reasons() {
     assert_eq!(un["a100-mig"], "node does not share GPUs; pod asks MPS");
     assert_eq!(un["cpu-1"], "node has no NVIDIA GPUs");
     assert_eq!(r["FailedNodes"], json!({}));
+}
+
+/// The default `packing.candidates: best`: once a node fits, filter names only the fitting nodes
+/// of the best packing score and no reasons; when none fits, every node with its reason, as `all`.
+#[tokio::test]
+async fn filter_passes_the_best_tier_and_names_reasons_only_when_nothing_fits() {
+    // binpack: a node that already holds a share ranks above an empty one (gpu-share's measure
+    // finds both leave nothing unusable for a mix of timeslice-25 pods alone).
+    let best = || {
+        let mut p = Policy::default_policy();
+        p.packing.policy = PackingPolicyName::Binpack;
+        state_with(p)
+    };
+    // A second time-slicing node like h100-ts.
+    let twin = |s: AppState| {
+        let mut nodes = parse_nodes(&nodes_yaml()).unwrap();
+        nodes.retain(|n| n.metadata.name.as_deref() == Some("h100-ts"));
+        nodes[0].metadata.name = Some("h100-ts-b".into());
+        let learned = s
+            .extender
+            .as_ref()
+            .unwrap()
+            .learn_nodes(&nodes, &"nvidia.com/gpu".into());
+        assert_eq!(learned, 1);
+        s
+    };
+    let (status, r) = post(
+        best(),
+        "/scheduler/filter",
+        body(&fixture("extender/filter-names-mps.json")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-mps"]);
+    assert_eq!(r["FailedNodes"], json!({}));
+    assert_eq!(r["FailedAndUnresolvableNodes"], json!({}));
+
+    // Two nodes fit a timeslice pod; one already holds a share, so binpack ranks it best.
+    let s = twin(best());
+    let nodes = json!(["h100-ts", "h100-ts-b", "cpu-1"]);
+    let ask = |uid: &str| json!({"Pod": ts_pod(uid, 25), "NodeNames": nodes.clone()});
+    let (_, all_fit) = post(s.clone(), "/scheduler/filter", body(&ask("tier-0"))).await;
+    let mut both = names(&all_fit["NodeNames"]);
+    both.sort();
+    assert_eq!(
+        both,
+        vec!["h100-ts", "h100-ts-b"],
+        "empty alike nodes are one tier: {all_fit}"
+    );
+    assert_eq!(
+        filter_and_bind(&s, &ts_pod("tier-0", 25), "h100-ts-b").await,
+        ""
+    );
+    let (_, r) = post(s.clone(), "/scheduler/filter", body(&ask("tier-1"))).await;
+    assert_eq!(names(&r["NodeNames"]), vec!["h100-ts-b"], "{r}");
+    assert_eq!(r["FailedAndUnresolvableNodes"], json!({}), "{r}");
+    // The same pod under `all`: both fitting nodes, and the CPU node's reason.
+    let (_, r) = post(twin(state()), "/scheduler/filter", body(&ask("tier-1"))).await;
+    let mut both = names(&r["NodeNames"]);
+    both.sort();
+    assert_eq!(both, vec!["h100-ts", "h100-ts-b"]);
+    assert_eq!(
+        r["FailedAndUnresolvableNodes"]["cpu-1"],
+        "node has no NVIDIA GPUs"
+    );
+
+    // Nothing fits: every node with its reason.
+    let (_, r) = post(
+        best(),
+        "/scheduler/filter",
+        body(&json!({"Pod": mig_pod("tier-2", "7g.80gb", 0), "NodeNames": ["h100-ts", "cpu-1"]})),
+    )
+    .await;
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    let un = &r["FailedAndUnresolvableNodes"];
+    assert_eq!(un["cpu-1"], "node has no NVIDIA GPUs", "{r}");
+    assert!(un["h100-ts"].is_string(), "{r}");
 }
 
 #[tokio::test]
@@ -441,7 +532,7 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
     };
     let list =
         json!({"apiVersion": "v1", "kind": "NodeList", "items": [node("ts-a"), node("ts-b")]});
-    let state = AppState::dev(Role::All, Policy::default_policy());
+    let state = AppState::dev(Role::All, every_fit());
     let nodes = parse_nodes(&serde_json::to_string(&list).unwrap()).unwrap();
     assert_eq!(
         state
@@ -496,7 +587,7 @@ async fn prioritize_prefers_the_node_with_cpu_for_its_free_gpus() {
 /// say why in words.
 #[tokio::test]
 async fn platform_nodes_take_the_classes_they_can_hold() {
-    let state = AppState::dev(Role::All, Policy::default_policy());
+    let state = AppState::dev(Role::All, every_fit());
     let text = std::fs::read_to_string(format!(
         "{}/tests/fixtures/extender/platform-nodes.yaml",
         env!("CARGO_MANIFEST_DIR")
@@ -659,7 +750,7 @@ async fn a_model_pinned_pod_fits_only_its_model_and_its_shape_keeps_the_pin() {
     };
     let list = json!({"apiVersion": "v1", "kind": "NodeList", "items": [
         node("a100", "NVIDIA-A100-SXM4-80GB"), node("h100", "NVIDIA-H100-80GB-HBM3")]});
-    let state = AppState::dev(Role::All, Policy::default_policy());
+    let state = AppState::dev(Role::All, every_fit());
     let ext = state.extender.clone().unwrap();
     let nodes = parse_nodes(&serde_json::to_string(&list).unwrap()).unwrap();
     assert_eq!(ext.learn_nodes(&nodes, &"nvidia.com/gpu".into()), 2);
@@ -738,7 +829,7 @@ fn nvidia_state(policy: Policy) -> AppState {
 /// single-strategy node, a time-sliced pod and a node with `renameByDefault`.
 #[tokio::test]
 async fn nodes_that_do_not_advertise_the_pods_resource_are_refused_in_words() {
-    let s = nvidia_state(Policy::default_policy());
+    let s = nvidia_state(every_fit());
     let mig = mig_pod("nv-mig", "1g.10gb", 0);
     let mig_nodes = json!([
         "a100-80gb-mig-single-all-1g.10gb",

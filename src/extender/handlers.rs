@@ -22,6 +22,7 @@ use super::wire::{self, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeLi
 use crate::ledger;
 use crate::metrics::Metrics;
 use crate::packing::{self, Demand, Reason};
+use crate::policy::Candidates;
 use crate::shared::{LoadedPolicy, json_error};
 
 /// What the verbs say while the caches have not synced.
@@ -110,31 +111,46 @@ fn learn_nodes(ext: &ExtenderState, items: &[Value], reading: &crate::inventory:
     ext.learn_nodes(&nodes, reading);
 }
 
-/// The fit of a demand on each named node (in order); nodes outside the inventory are not GPU
-/// nodes (cluster mode, or known as such) or unknown.
-fn verdicts(ext: &ExtenderState, names: &[String], demand: &Demand) -> Vec<Result<(), Reason>> {
+/// The fit of a demand on each named node (in order), with its packing score where a scorer is
+/// given and finds a placement; nodes outside the inventory are not GPU nodes (cluster mode, or
+/// known as such) or unknown.
+fn verdicts(
+    ext: &ExtenderState,
+    names: &[String],
+    demand: &Demand,
+    scorer: Option<&packing::Scorer>,
+) -> Vec<Result<Option<f64>, Reason>> {
     let held_off = if demand.pointed() {
         ext.ledger().held_off_now()
     } else {
         Default::default()
     };
     ext.ledger()
-        .with_nodes_par(names, |nl| packing::fit(&nl.node, &nl.usage, demand))
+        .with_nodes_par(names, |nl| {
+            packing::fit(&nl.node, &nl.usage, demand).map(|()| {
+                scorer.and_then(|s| {
+                    s.evaluate(&nl.node, &nl.usage, demand, &mut nl.memo)
+                        .map(|(_, score)| score)
+                })
+            })
+        })
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
-            Some(Ok(())) => match held_off.get(name) {
+            Some(Ok(score)) => match held_off.get(name) {
                 Some(why) => Err(Reason::ReservationFailed { why: why.clone() }),
-                None => Ok(()),
+                None => Ok(score),
             },
-            Some(r) => r,
+            Some(Err(r)) => Err(r),
             None if ext.mode() == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
             None => Err(Reason::UnknownNode),
         })
         .collect()
 }
 
-/// Filter: every node that fits, every other node with a reason.
+/// Filter: the fitting nodes the policy's `packing.candidates` passes on (the packing's best
+/// tier, or every one); the other nodes with their reasons when none fits, or always under
+/// `all`.
 pub fn filter(
     ext: &ExtenderState,
     policy: &LoadedPolicy,
@@ -184,6 +200,9 @@ pub fn filter(
     };
     // Per position in `names`: `None` when the node fits, else why not.
     let mut tags: Vec<Option<Reason>> = vec![None; names.len()];
+    // Per position: the packing score of a fitting node, under `candidates: best`.
+    let best_only = policy.policy.packing.candidates == Candidates::Best;
+    let mut scores: Vec<Option<f64>> = vec![None; names.len()];
     let mut bad_request: Option<String> = None;
     let (mut failed_count, mut unresolvable_count) = (0, 0);
     match seen.demand.clone() {
@@ -199,7 +218,14 @@ pub fn filter(
                 ext.observe_demand(&demand, policy.policy.packing.policy.into());
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-            for (i, v) in verdicts(ext, names, &demand).into_iter().enumerate() {
+            let scorer = best_only.then(|| ext.scorer(policy.policy.packing.policy.into()));
+            for (i, v) in verdicts(ext, names, &demand, scorer.as_ref())
+                .into_iter()
+                .enumerate()
+            {
+                if let Ok(score) = v {
+                    scores[i] = score;
+                }
                 if let Err(r) = v {
                     tracing::debug!(pod = %key, node = %names[i], reason = r.label(), "node rejected");
                     *by_reason.entry(r.label()).or_default() += 1;
@@ -259,17 +285,35 @@ pub fn filter(
             ext.clear_unscheduled(uid);
         }
     }
-    tracing::info!(pod = %key, nodes = names.len(), fit, failed = failed_count, unresolvable = unresolvable_count, "filter");
+    // Under `best`, once a node fits: the best tier only, and no reasons (kube-scheduler reports
+    // them only for a pod no node takes). A fitting node the scorer finds no placement on is
+    // passed when no fitting node scores at all.
+    let cut = best_only && fit > 0 && bad_request.is_none();
+    let passed: Vec<bool> = if !cut {
+        tags.iter().map(Option::is_none).collect()
+    } else if scores.iter().any(Option::is_some) {
+        packing::best_tier(&scores)
+    } else {
+        tags.iter().map(Option::is_none).collect()
+    };
+    let passed_count = passed.iter().filter(|p| **p).count();
+    tracing::info!(pod = %key, nodes = names.len(), fit, passed = passed_count, failed = failed_count, unresolvable = unresolvable_count, "filter");
     // The names move into the answer (thousands of them: not copied), each with its reason.
-    let mut failed = wire::NodeReasons::with_capacity(failed_count);
-    let mut unresolvable = wire::NodeReasons::with_capacity(unresolvable_count);
-    let mut sort = |name: String, tag: Option<Reason>| -> Option<String> {
+    let (failed_cap, unresolvable_cap) = if cut {
+        (0, 0)
+    } else {
+        (failed_count, unresolvable_count)
+    };
+    let mut failed = wire::NodeReasons::with_capacity(failed_cap);
+    let mut unresolvable = wire::NodeReasons::with_capacity(unresolvable_cap);
+    let mut sort = |name: String, tag: Option<Reason>, pass: bool| -> Option<String> {
         if let Some(msg) = &bad_request {
             unresolvable.push(name, msg.clone().into());
             return None;
         }
         match tag {
-            None => Some(name),
+            None => pass.then_some(name),
+            Some(_) if cut => None,
             Some(r) => {
                 let reason: std::borrow::Cow<'static, str> = match &contradicted {
                     None => r.message_static(),
@@ -290,7 +334,8 @@ pub fn filter(
             let kept: Vec<String> = n
                 .into_iter()
                 .zip(tags)
-                .filter_map(|(name, tag)| sort(name, tag))
+                .zip(passed)
+                .filter_map(|((name, tag), pass)| sort(name, tag, pass))
                 .collect();
             result.node_names = Some(kept);
         }
@@ -299,7 +344,8 @@ pub fn filter(
                 .into_iter()
                 .zip(full_names)
                 .zip(tags)
-                .filter_map(|((item, name), tag)| sort(name, tag).map(|_| item))
+                .zip(passed)
+                .filter_map(|(((item, name), tag), pass)| sort(name, tag, pass).map(|_| item))
                 .collect();
             result.nodes = Some(NodeList {
                 metadata: None,

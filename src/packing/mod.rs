@@ -72,22 +72,25 @@ pub fn to_extender_scores(raw: &[f64]) -> Vec<i64> {
         .collect()
 }
 
-/// The nodes worth listing in a prioritize answer, as (index into `raw`, score 0..=10): the
-/// fitting nodes (`Some`) scaled by [`to_extender_scores`], less those that score 0. kube-scheduler
-/// gives a node an extender does not list 0 from that extender, so every node's total is what
-/// the full list gives; what differs is its tie-break between equal totals, a random draw that it
-/// makes only for listed nodes (a listed node wins a tie against an unlisted one). Most nodes of
-/// a large cluster sit at the lowest score (empty ones, for a packing policy), and a list of
-/// thousands of zeros costs kube-scheduler a decode per pod for nothing. Not served yet: with
-/// it, the cluster test's preemption point evicted two pods where one was expected
-/// (docs/cluster-scale.md); `tests/prioritize_cut.rs` replays it.
-pub fn listed_scores(raw: &[Option<f64>]) -> Vec<(usize, i64)> {
-    node_scores(raw)
-        .into_iter()
-        .enumerate()
-        .filter(|(_, score)| *score > 0)
+/// The fitting nodes (`Some`) that filter passes to kube-scheduler when the policy's
+/// `packing.candidates` is `best`: those with the best packing score, every one of equals (to a
+/// billionth of the score, so that nodes in the same state tie however their sums round).
+/// kube-scheduler scores only the nodes filter passes, so its own plugins then choose among
+/// equally well packed nodes; the node passed is the one the simulator's replay picks.
+pub fn best_tier(raw: &[Option<f64>]) -> Vec<bool> {
+    let best = raw
+        .iter()
+        .flatten()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
+    let slack = 1e-9 * best.abs().max(1.0);
+    raw.iter()
+        .map(|r| r.is_some_and(|s| s >= best - slack))
         .collect()
 }
+
+/// The top of the extender protocol's score range (`MaxExtenderPriority`).
+pub const MAX_SCORE: i64 = 10;
 
 /// Every node's prioritize score, 0..=10: the fitting nodes (`Some`) scaled by
 /// [`to_extender_scores`], 0 for the others.
@@ -105,20 +108,33 @@ mod tests {
     use crate::inventory::{MigLayout, Sharing};
 
     #[test]
-    fn a_prioritize_answer_lists_every_node_that_scores_above_zero() {
-        let raw = [Some(1.0), None, Some(3.0), Some(1.0), Some(2.0), Some(1.04)];
-        // Scaled: 0, -, 10, 0, 5, 0 (1.04 rounds to 0): the zeros and the node that does not fit
-        // are left out, and every listed score is the full list's.
-        assert_eq!(listed_scores(&raw), vec![(2, 10), (4, 5)]);
-        let full = to_extender_scores(&[1.0, 3.0, 1.0, 2.0, 1.04]);
-        assert_eq!(full, vec![0, 10, 0, 5, 0]);
-        // All equal: every fitting node scores 10 and is listed (kube-scheduler draws between
-        // them, as before).
+    fn the_best_tier_is_every_fitting_node_of_the_best_score() {
+        let raw = [
+            Some(1.0),
+            None,
+            Some(3.0),
+            Some(1.0),
+            Some(2.0),
+            Some(3.0 + 1e-12),
+            Some(2.99),
+        ];
+        // The two best tie (to a billionth); 2.99, within prioritize's top step, is not passed.
+        assert_eq!(node_scores(&raw), vec![0, 0, 10, 0, 5, 10, 10]);
         assert_eq!(
-            listed_scores(&[Some(2.0), None, Some(2.0)]),
-            vec![(0, 10), (2, 10)]
+            best_tier(&raw),
+            vec![false, false, true, false, false, true, false]
         );
-        assert!(listed_scores(&[None, None]).is_empty());
+        // All alike: every fitting node is in the tier, and one that does not fit never is.
+        assert_eq!(
+            best_tier(&[Some(2.0), None, Some(2.0)]),
+            vec![true, false, true]
+        );
+        assert_eq!(
+            best_tier(&[Some(-4.0e6), Some(-4.0e6 - 1e-6), Some(-4.1e6)]),
+            vec![true, true, false]
+        );
+        assert_eq!(best_tier(&[None, None]), vec![false, false]);
+        assert_eq!(best_tier(&[Some(0.5)]), vec![true]);
     }
 
     #[test]

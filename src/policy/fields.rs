@@ -27,6 +27,7 @@ pub(super) const FIELDS: &[&str] = &[
     "mps.runAsUser",
     "packing",
     "packing.policy",
+    "packing.candidates",
     "perGpu",
     "perGpu.timeslice",
     "perGpu.mps",
