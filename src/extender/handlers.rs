@@ -223,18 +223,18 @@ pub fn filter(
                 .into_iter()
                 .enumerate()
             {
-                if let Ok(score) = v {
-                    scores[i] = score;
-                }
-                if let Err(r) = v {
-                    tracing::debug!(pod = %key, node = %names[i], reason = r.label(), "node rejected");
-                    *by_reason.entry(r.label()).or_default() += 1;
-                    if r.resolvable() {
-                        failed_count += 1;
-                    } else {
-                        unresolvable_count += 1;
+                match v {
+                    Ok(score) => scores[i] = score,
+                    Err(r) => {
+                        tracing::debug!(pod = %key, node = %names[i], reason = r.label(), "node rejected");
+                        *by_reason.entry(r.label()).or_default() += 1;
+                        if r.resolvable() {
+                            failed_count += 1;
+                        } else {
+                            unresolvable_count += 1;
+                        }
+                        tags[i] = Some(r);
                     }
-                    tags[i] = Some(r);
                 }
             }
             for (r, c) in by_reason {
@@ -289,9 +289,7 @@ pub fn filter(
     // them only for a pod no node takes). A fitting node the scorer finds no placement on is
     // passed when no fitting node scores at all.
     let cut = best_only && fit > 0 && bad_request.is_none();
-    let passed: Vec<bool> = if !cut {
-        tags.iter().map(Option::is_none).collect()
-    } else if scores.iter().any(Option::is_some) {
+    let passed: Vec<bool> = if cut && scores.iter().any(Option::is_some) {
         packing::best_tier(&scores)
     } else {
         tags.iter().map(Option::is_none).collect()
