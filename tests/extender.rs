@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use common::{fixture, post};
 use gpu_share::cli::Role;
+use gpu_share::extender::candidates::tie_order;
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::policy::{Candidates, PackingPolicyName, Policy};
 use gpu_share::server::{AppState, parse_nodes};
@@ -88,8 +89,23 @@ async fn filter_in_node_names_mode_answers_with_node_names_and_reasons() {
     assert_eq!(r["FailedNodes"], json!({}));
 }
 
-/// The default `packing.candidates: best`: once a node fits, filter names only the fitting nodes
-/// of the best packing score and no reasons; when none fits, every node with its reason, as `all`.
+/// A second time-slicing node like h100-ts (`h100-ts-b`), with the given taints.
+fn twin_tainted(s: AppState, taints: Value) -> AppState {
+    let mut nodes = parse_nodes(&nodes_yaml()).unwrap();
+    nodes.retain(|n| n.metadata.name.as_deref() == Some("h100-ts"));
+    nodes[0].metadata.name = Some("h100-ts-b".into());
+    nodes[0].spec.get_or_insert_default().taints = serde_json::from_value(taints).unwrap();
+    let learned = s
+        .extender
+        .as_ref()
+        .unwrap()
+        .learn_nodes(&nodes, &"nvidia.com/gpu".into());
+    assert_eq!(learned, 1);
+    s
+}
+
+/// `packing.candidates: best`: once a node fits, filter names only the fitting nodes of the best
+/// packing score and no reasons; when none fits, every node with its reason, as `all`.
 #[tokio::test]
 async fn filter_passes_the_best_tier_and_names_reasons_only_when_nothing_fits() {
     // binpack: a node that already holds a share ranks above an empty one (gpu-share's measure
@@ -97,21 +113,10 @@ async fn filter_passes_the_best_tier_and_names_reasons_only_when_nothing_fits() 
     let best = || {
         let mut p = Policy::default_policy();
         p.packing.policy = PackingPolicyName::Binpack;
+        p.packing.candidates = Candidates::Best;
         state_with(p)
     };
-    // A second time-slicing node like h100-ts.
-    let twin = |s: AppState| {
-        let mut nodes = parse_nodes(&nodes_yaml()).unwrap();
-        nodes.retain(|n| n.metadata.name.as_deref() == Some("h100-ts"));
-        nodes[0].metadata.name = Some("h100-ts-b".into());
-        let learned = s
-            .extender
-            .as_ref()
-            .unwrap()
-            .learn_nodes(&nodes, &"nvidia.com/gpu".into());
-        assert_eq!(learned, 1);
-        s
-    };
+    let twin = |s: AppState| twin_tainted(s, json!([]));
     let (status, r) = post(
         best(),
         "/scheduler/filter",
@@ -163,6 +168,76 @@ async fn filter_passes_the_best_tier_and_names_reasons_only_when_nothing_fits() 
     let un = &r["FailedAndUnresolvableNodes"];
     assert_eq!(un["cpu-1"], "node has no NVIDIA GPUs", "{r}");
     assert!(un["h100-ts"].is_string(), "{r}");
+}
+
+/// The default `packing.candidates: one`: of equally well packed nodes, the first in the fixed
+/// order of names alone, unless the pod prefers something kube-scheduler's scores weigh, or the
+/// tied nodes differ in their PreferNoSchedule taints; then the whole tier, as `best`.
+#[tokio::test]
+async fn filter_passes_one_node_of_a_tie_unless_kube_schedulers_scores_would_choose() {
+    assert_eq!(Policy::default_policy().packing.candidates, Candidates::One);
+    let twins = |taints: Value| twin_tainted(state_with(Policy::default_policy()), taints);
+    let nodes = json!(["h100-ts", "h100-ts-b", "cpu-1"]);
+    let first = ["h100-ts", "h100-ts-b"]
+        .into_iter()
+        .min_by_key(|n| tie_order(n))
+        .unwrap();
+    let filter = |s: AppState, pod: Value| {
+        let nodes = nodes.clone();
+        async move {
+            let (status, r) = post(
+                s,
+                "/scheduler/filter",
+                body(&json!({"Pod": pod, "NodeNames": nodes})),
+            )
+            .await;
+            assert_eq!(status, 200);
+            assert_eq!(r["FailedAndUnresolvableNodes"], json!({}), "{r}");
+            let mut passed = names(&r["NodeNames"]);
+            passed.sort();
+            passed
+        }
+    };
+    // Two empty alike nodes tie: the first of them in the fixed order.
+    assert_eq!(
+        filter(twins(json!([])), bare_ts_pod("one-0", 25)).await,
+        vec![first]
+    );
+    // The same pod asked again gets the same node.
+    let s = twins(json!([]));
+    assert_eq!(
+        filter(s.clone(), bare_ts_pod("one-1", 25)).await,
+        vec![first]
+    );
+    assert_eq!(filter(s, bare_ts_pod("one-1", 25)).await, vec![first]);
+
+    let both = vec!["h100-ts".to_string(), "h100-ts-b".to_string()];
+    // A preference kube-scheduler weighs: the whole tier.
+    let mut preferring = bare_ts_pod("one-2", 25);
+    preferring["spec"]["affinity"] = json!({"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "preference":
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}});
+    assert_eq!(filter(twins(json!([])), preferring).await, both);
+    // A Deployment's pod (the fixture's is its ReplicaSet's): kube-scheduler's default spread
+    // weighs it.
+    let replica = ts_pod("one-3", 25);
+    assert_eq!(
+        replica["metadata"]["ownerReferences"][0]["kind"],
+        "ReplicaSet"
+    );
+    assert_eq!(filter(twins(json!([])), replica).await, both);
+    // One twin tainted PreferNoSchedule: TaintToleration tells them apart, so both go on.
+    let soft = json!([{"key": "spot", "value": "true", "effect": "PreferNoSchedule"}]);
+    assert_eq!(
+        filter(twins(soft.clone()), bare_ts_pod("one-4", 25)).await,
+        both
+    );
+    // A NoSchedule taint is the in-tree filter's business (it ran before filter): one node.
+    let hard = json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]);
+    assert_eq!(
+        filter(twins(hard), bare_ts_pod("one-5", 25)).await,
+        vec![first]
+    );
 }
 
 #[tokio::test]
@@ -268,6 +343,16 @@ fn mig_pod(uid: &str, profile: &str, priority: i32) -> Value {
     let units = json!({format!("nvidia.com/mig-{profile}"): "1"});
     p["spec"]["containers"][0]["resources"] = json!({"limits": units, "requests": units});
     p["spec"]["priority"] = json!(priority);
+    p
+}
+
+/// A timeslice pod of no controller (the fixture's belongs to a ReplicaSet).
+fn bare_ts_pod(uid: &str, percent: u32) -> Value {
+    let mut p = ts_pod(uid, percent);
+    p["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
     p
 }
 

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
+use super::candidates;
 use super::report::{NodeReport, report};
 use super::state::{Binding, ExtenderState, Mode};
 
@@ -200,8 +201,9 @@ pub fn filter(
     };
     // Per position in `names`: `None` when the node fits, else why not.
     let mut tags: Vec<Option<Reason>> = vec![None; names.len()];
-    // Per position: the packing score of a fitting node, under `candidates: best`.
-    let best_only = policy.policy.packing.candidates == Candidates::Best;
+    // Per position: the packing score of a fitting node, under `candidates: one` or `best`.
+    let candidates = policy.policy.packing.candidates;
+    let best_only = candidates != Candidates::All;
     let mut scores: Vec<Option<f64>> = vec![None; names.len()];
     let mut bad_request: Option<String> = None;
     let (mut failed_count, mut unresolvable_count) = (0, 0);
@@ -289,13 +291,30 @@ pub fn filter(
     // them only for a pod no node takes). A fitting node the scorer finds no placement on is
     // passed when no fitting node scores at all.
     let cut = best_only && fit > 0 && bad_request.is_none();
+    // Under `one`, a single node of the tier where kube-scheduler's scores would rank the tied
+    // nodes alike; `tie` says why the whole tier went on otherwise.
+    let mut tie: Option<&'static str> = None;
     let passed: Vec<bool> = if cut && scores.iter().any(Option::is_some) {
-        packing::best_tier(&scores)
+        let tier = packing::best_tier(&scores);
+        if candidates == Candidates::One {
+            let taints = ext.soft_taints();
+            match candidates::pick(names, &tier, candidates::pod_preference(&pod), |n| {
+                taints.get(n).map(Vec::as_slice)
+            }) {
+                candidates::Pass::One(i) => (0..names.len()).map(|j| j == i).collect(),
+                candidates::Pass::Tier(why) => {
+                    tie = Some(why);
+                    tier
+                }
+            }
+        } else {
+            tier
+        }
     } else {
         tags.iter().map(Option::is_none).collect()
     };
     let passed_count = passed.iter().filter(|p| **p).count();
-    tracing::info!(pod = %key, nodes = names.len(), fit, passed = passed_count, failed = failed_count, unresolvable = unresolvable_count, "filter");
+    tracing::info!(pod = %key, nodes = names.len(), fit, passed = passed_count, failed = failed_count, unresolvable = unresolvable_count, tie = tie.unwrap_or_default(), "filter");
     // The names move into the answer (thousands of them: not copied), each with its reason.
     let (failed_cap, unresolvable_cap) = if cut {
         (0, 0)

@@ -1,6 +1,7 @@
 //! The kube-scheduler extender: wire types, live state and the four verbs.
 
 pub mod bind;
+pub mod candidates;
 pub mod config;
 pub mod dra;
 pub mod explain;

@@ -170,6 +170,10 @@ pub struct ExtenderState {
     touched: Mutex<std::collections::HashMap<String, Instant>>,
     /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
     non_gpu: Mutex<std::collections::HashSet<String>>,
+    /// The `PreferNoSchedule` taints of the nodes that have some, from the node watch: filter
+    /// passes one node of a tie only where the tied nodes' are alike
+    /// ([`super::candidates::pick`]).
+    soft_taints: Mutex<std::collections::HashMap<String, Vec<String>>>,
     /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
     /// filter turned it away), or in `--dev` from filter.
     unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
@@ -220,6 +224,7 @@ impl ExtenderState {
             synced: AtomicBool::new(mode == Mode::Dev),
             touched: Mutex::new(std::collections::HashMap::new()),
             non_gpu: Mutex::new(std::collections::HashSet::new()),
+            soft_taints: Mutex::new(std::collections::HashMap::new()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
@@ -380,6 +385,7 @@ impl ExtenderState {
         let mut gpu = 0;
         for n in nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
+            self.set_soft_taints(&name, Some(n));
             match crate::inventory::read_node(n, reading) {
                 Some(inv) => {
                     lock(&self.non_gpu).remove(&name);
@@ -393,6 +399,27 @@ impl ExtenderState {
             }
         }
         gpu
+    }
+
+    /// Keeps what the node shows of its `PreferNoSchedule` taints (`None`: the node is gone).
+    pub fn set_soft_taints(&self, name: &str, node: Option<&k8s_openapi::api::core::v1::Node>) {
+        let taints = super::candidates::soft_taints(
+            node.and_then(|n| n.spec.as_ref())
+                .and_then(|s| s.taints.as_deref()),
+        );
+        let mut known = lock(&self.soft_taints);
+        if taints.is_empty() {
+            known.remove(name);
+        } else {
+            known.insert(name.to_string(), taints);
+        }
+    }
+
+    /// The `PreferNoSchedule` taints of the nodes that have some, by name.
+    pub fn soft_taints(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<String>>> {
+        lock(&self.soft_taints)
     }
 
     /// True when the node is known to have no NVIDIA GPUs.

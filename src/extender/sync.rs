@@ -117,6 +117,7 @@ impl ExtenderState {
                 // Every node's labels: a node without a device plugin's GPUs may turn out to
                 // have DRA ones once its slices are seen (the explainer weighs GPU nodes only).
                 self.explainer().set_labels(&name, Some(labels));
+                self.set_soft_taints(&name, Some(&n));
                 self.set_node(&name, gpu_node);
                 false
             }
@@ -125,6 +126,7 @@ impl ExtenderState {
                 self.touch(format!("node/{name}"));
                 self.dra().declare_shares(name, false);
                 self.explainer().set_labels(name, None);
+                self.set_soft_taints(name, None);
                 self.set_node(name, None);
                 false
             }
@@ -134,6 +136,7 @@ impl ExtenderState {
                     for name in self.ledger().node_names() {
                         if !seen.contains(&name) {
                             self.explainer().set_labels(&name, None);
+                            self.set_soft_taints(&name, None);
                             self.set_node(&name, None);
                         }
                     }

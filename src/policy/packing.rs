@@ -27,21 +27,28 @@ impl Default for PackingSection {
     fn default() -> Self {
         PackingSection {
             policy: PackingPolicyName::GpuShare,
-            candidates: Candidates::Best,
+            candidates: Candidates::One,
         }
     }
 }
 
-/// Which of the fitting nodes the extender's filter passes on to kube-scheduler.
+/// Which of the fitting nodes the extender's filter passes on to kube-scheduler. Under `one`
+/// and `best`, the nodes that do not fit are named with their reasons only when none fits (the
+/// reasons kube-scheduler reports on a Pending pod).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Candidates {
+    /// One node of the best packing score: the first of the tied nodes in a fixed order of node
+    /// names, as the simulator's replay breaks ties, so kube-scheduler scores nothing and skips
+    /// prioritize. The whole tier, as under `best`, when kube-scheduler's scores would tell the
+    /// tied nodes apart by what the pod or the nodes ask (preferred affinity, soft topology
+    /// spread, a controller-owned pod's default spread, differing `PreferNoSchedule` taints;
+    /// [`crate::extender::candidates`]).
+    #[default]
+    One,
     /// The fitting nodes with the best packing score ([`crate::packing::best_tier`]):
     /// kube-scheduler's own scores choose among equally well packed nodes, and it scores only
-    /// those. The nodes that
-    /// do not fit are named with their reasons only when none fits (the reasons kube-scheduler
-    /// reports on a Pending pod).
-    #[default]
+    /// those.
     Best,
     /// Every fitting node, every other node with its reason: kube-scheduler's own scores weigh
     /// against the packing's on every node (for a profile whose score plugins must see every
