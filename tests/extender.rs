@@ -468,11 +468,32 @@ async fn preempt_keeps_only_victims_of_the_pods_class() {
         json!({"NodeNameToMetaVictims": {}}),
         "victims still leaving"
     );
-    // Once the ledger has seen a victim go, a new preemption is a real one.
     let ledger = s.extender.as_ref().unwrap().ledger();
     assert!(ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
     ledger.release("victim-3g-a");
     assert!(!ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
+    // The ledger has seen the victim go, and kube-scheduler (whose cache saw it first, so that
+    // its retry found no room here) asks again: the room is made, so no second victim.
+    let (_, r) = post(
+        s.clone(),
+        "/scheduler/preempt",
+        body(&fixture("extender/preempt-meta.json")),
+    )
+    .await;
+    assert_eq!(r, json!({"NodeNameToMetaVictims": {}}), "room already made");
+    // Once another pod has taken that room, a new preemption is a real one.
+    assert_eq!(
+        filter_and_bind(&s, &mig_pod("victim-3g-b", "3g.40gb", 0), "a100-mig").await,
+        ""
+    );
+    let mut again = fixture("extender/preempt-meta.json");
+    again["NodeNameToMetaVictims"]["a100-mig"]["Pods"] = json!([{"UID": "victim-3g-b"}]);
+    let (_, r) = post(s.clone(), "/scheduler/preempt", body(&again)).await;
+    assert_eq!(
+        r["NodeNameToMetaVictims"]["a100-mig"]["Pods"],
+        json!([{"UID": "victim-3g-b"}]),
+        "{r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

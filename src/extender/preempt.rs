@@ -68,13 +68,24 @@ pub fn preempt(
         }
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if demand.is_some() && ext.ledger().victims_leaving(&uid) {
+    let none = || {
+        Ok(ExtenderPreemptionResult {
+            node_name_to_meta_victims: Some(BTreeMap::new()),
+        })
+    };
+    if let Some(d) = &demand {
         // kube-scheduler deletes victims asynchronously and may try the pod again before the
         // pod watch has shown those deletions here: the room is on its way.
-        tracing::info!(pod = %ledger::pod_key(pod), "preempt: the victims of this pod's last preemption are still leaving; no more");
-        return Ok(ExtenderPreemptionResult {
-            node_name_to_meta_victims: Some(BTreeMap::new()),
-        });
+        if ext.ledger().victims_leaving(&uid) {
+            tracing::info!(pod = %ledger::pod_key(pod), "preempt: the victims of this pod's last preemption are still leaving; no more");
+            return none();
+        }
+        // Or its cache saw them go before this ledger did, so its retry found no room, and it
+        // asks again now that the ledger has: the room is there, and the next try takes it.
+        if let Some(node) = ext.ledger().room_made(&uid, d) {
+            tracing::info!(pod = %ledger::pod_key(pod), node = %node, "preempt: this pod's last preemption made room; no more victims");
+            return none();
+        }
     }
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     let mut out = BTreeMap::new();
@@ -109,9 +120,14 @@ pub fn preempt(
     tracing::info!(pod = %ledger::pod_key(pod), candidates, nodes = out.len(), victims, "preempt");
     if demand.is_some() && !uid.is_empty() {
         let given = out
-            .values()
-            .flat_map(|m: &MetaVictims| m.pods.iter().flatten().flatten())
-            .map(|p| p.uid.clone())
+            .iter()
+            .flat_map(|(node, m): (&String, &MetaVictims)| {
+                m.pods
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .map(move |p| (node.clone(), p.uid.clone()))
+            })
             .collect();
         ext.ledger().note_victims(&uid, given);
     }

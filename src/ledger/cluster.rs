@@ -21,6 +21,9 @@ pub const PARALLEL_CHUNK: usize = 512;
 /// within a watch event; an API that refused it is retried after this).
 pub const VICTIMS_LEAVING: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A victim a preemptor was given: `(node, victim UID)`.
+pub type NodeVictim = (String, String);
+
 /// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
 /// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
 /// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
@@ -37,7 +40,7 @@ pub struct Ledger {
     /// form are not placed there meanwhile ([`Reason::ReservationFailed`]).
     held_off: Mutex<HashMap<String, (std::time::Instant, String)>>,
     /// The victims each preemptor (by UID) was last given, and when.
-    preempted: Mutex<HashMap<String, (std::time::Instant, Vec<String>)>>,
+    preempted: Mutex<HashMap<String, (std::time::Instant, Vec<NodeVictim>)>>,
     /// Pods a DRA claim stands for (by UID), and the claim's node: the claim holds their
     /// devices, so they hold nothing themselves ([`Ledger::sync_claims`]).
     claimed: Mutex<HashMap<String, String>>,
@@ -388,12 +391,19 @@ impl Ledger {
             .collect()
     }
 
-    /// Records the victims preemptor `uid` was given (on every candidate node).
-    pub fn note_victims(&self, uid: &str, victims: Vec<String>) {
+    /// Records the victims preemptor `uid` was given on every candidate node, as `(node, victim
+    /// UID)`.
+    pub fn note_victims(&self, uid: &str, victims: Vec<NodeVictim>) {
         let now = std::time::Instant::now();
         let mut p = lock(&self.preempted);
         p.retain(|_, (at, _)| now.duration_since(*at) < VICTIMS_LEAVING);
         p.insert(uid.to_string(), (now, victims));
+    }
+
+    /// The victims preemptor `uid` was given less than [`VICTIMS_LEAVING`] ago.
+    fn noted_victims(&self, uid: &str) -> Option<Vec<NodeVictim>> {
+        let (at, victims) = lock(&self.preempted).get(uid).cloned()?;
+        (at.elapsed() < VICTIMS_LEAVING && !victims.is_empty()).then_some(victims)
     }
 
     /// Whether the victims preemptor `uid` was given less than [`VICTIMS_LEAVING`] ago are all
@@ -401,12 +411,31 @@ impl Ledger {
     /// chose (its victims there gone, the others kept). Preempting again then would evict more
     /// pods for the same room.
     pub fn victims_leaving(&self, uid: &str) -> bool {
-        let Some((at, victims)) = lock(&self.preempted).get(uid).cloned() else {
-            return false;
-        };
-        at.elapsed() < VICTIMS_LEAVING
-            && !victims.is_empty()
-            && victims.iter().all(|v| self.node_of(v).is_some())
+        self.noted_victims(uid)
+            .is_some_and(|v| v.iter().all(|(_, victim)| self.node_of(victim).is_some()))
+    }
+
+    /// A node where preemptor `uid`'s last preemption (less than [`VICTIMS_LEAVING`] ago) made
+    /// room: some of its victims there are gone, and `demand` fits now. kube-scheduler may try
+    /// the pod again, find no room (its cache saw the victims go before this ledger did), and
+    /// ask for victims again once this ledger has seen them go: evicting more then would empty
+    /// a second node for the room the first already has.
+    pub fn room_made(&self, uid: &str, demand: &Demand) -> Option<String> {
+        let victims = self.noted_victims(uid)?;
+        let mut nodes: Vec<&String> = victims
+            .iter()
+            .filter(|(_, victim)| self.node_of(victim).is_none())
+            .map(|(node, _)| node)
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes.into_iter().find_map(|node| {
+            self.with_node(node, |nl| {
+                crate::packing::fit(&nl.node, &nl.usage, demand).is_ok()
+            })
+            .unwrap_or(false)
+            .then(|| node.clone())
+        })
     }
 
     /// Releases a pod's holding (and tells the release listener).
