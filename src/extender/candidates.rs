@@ -38,36 +38,30 @@ pub fn pod_preference(pod: &Pod) -> Option<&'static str> {
         return Some("default topology spread (controller-owned pod)");
     }
     let spec = pod.spec.as_ref()?;
-    let affinity = spec.affinity.as_ref();
-    let preferred_nodes = affinity
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.preferred_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_some_and(|p| !p.is_empty());
-    if preferred_nodes {
-        return Some("preferred node affinity");
-    }
-    let preferred_pods = affinity
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|p| {
-            p.preferred_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_some_and(|p| !p.is_empty());
-    if preferred_pods {
-        return Some("preferred pod affinity");
-    }
-    let preferred_apart = affinity
-        .and_then(|a| a.pod_anti_affinity.as_ref())
-        .and_then(|p| {
-            p.preferred_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_some_and(|p| !p.is_empty());
-    if preferred_apart {
-        return Some("preferred pod anti-affinity");
+    if let Some(a) = &spec.affinity {
+        let preferred = [
+            (
+                a.node_affinity.as_ref().map_or(0, |n| {
+                    terms(&n.preferred_during_scheduling_ignored_during_execution)
+                }),
+                "preferred node affinity",
+            ),
+            (
+                a.pod_affinity.as_ref().map_or(0, |p| {
+                    terms(&p.preferred_during_scheduling_ignored_during_execution)
+                }),
+                "preferred pod affinity",
+            ),
+            (
+                a.pod_anti_affinity.as_ref().map_or(0, |p| {
+                    terms(&p.preferred_during_scheduling_ignored_during_execution)
+                }),
+                "preferred pod anti-affinity",
+            ),
+        ];
+        if let Some((_, why)) = preferred.into_iter().find(|(n, _)| *n > 0) {
+            return Some(why);
+        }
     }
     let soft_spread = spec
         .topology_spread_constraints
@@ -78,6 +72,11 @@ pub fn pod_preference(pod: &Pod) -> Option<&'static str> {
         return Some("topology spread (ScheduleAnyway)");
     }
     None
+}
+
+/// How many terms an optional list holds.
+fn terms<T>(list: &Option<Vec<T>>) -> usize {
+    list.as_ref().map_or(0, Vec::len)
 }
 
 /// A node's `PreferNoSchedule` taints, as `key=value`, sorted: two nodes with the same list score
@@ -230,6 +229,13 @@ mod tests {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm":
                 {"topologyKey": "kubernetes.io/hostname"}}]}}}));
         assert_eq!(pod_preference(&apart), Some("preferred pod anti-affinity"));
+        let together = pod(json!({"containers": [], "affinity": {"podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm":
+                {"topologyKey": "zone"}}]}}}));
+        assert_eq!(pod_preference(&together), Some("preferred pod affinity"));
+        let empty_list = pod(json!({"containers": [], "affinity": {"nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": []}}}));
+        assert_eq!(pod_preference(&empty_list), None);
         let hard_spread = pod(json!({"containers": [], "topologySpreadConstraints": [
             {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}));
         assert_eq!(pod_preference(&hard_spread), None);

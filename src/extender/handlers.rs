@@ -293,28 +293,25 @@ pub fn filter(
     let cut = best_only && fit > 0 && bad_request.is_none();
     // Under `one`, a single node of the tier where kube-scheduler's scores would rank the tied
     // nodes alike; `tie` says why the whole tier went on otherwise.
-    let mut tie: Option<&'static str> = None;
-    let passed: Vec<bool> = if cut && scores.iter().any(Option::is_some) {
+    let (passed, tie): (Vec<bool>, &str) = if cut && scores.iter().any(Option::is_some) {
         let tier = packing::best_tier(&scores);
-        if candidates == Candidates::One {
+        if candidates != Candidates::One {
+            (tier, "")
+        } else {
             let taints = ext.soft_taints();
-            match candidates::pick(names, &tier, candidates::pod_preference(&pod), |n| {
+            let preference = candidates::pod_preference(&pod);
+            match candidates::pick(names, &tier, preference, |n| {
                 taints.get(n).map(Vec::as_slice)
             }) {
-                candidates::Pass::One(i) => (0..names.len()).map(|j| j == i).collect(),
-                candidates::Pass::Tier(why) => {
-                    tie = Some(why);
-                    tier
-                }
+                candidates::Pass::One(i) => ((0..names.len()).map(|j| j == i).collect(), ""),
+                candidates::Pass::Tier(why) => (tier, why),
             }
-        } else {
-            tier
         }
     } else {
-        tags.iter().map(Option::is_none).collect()
+        (tags.iter().map(Option::is_none).collect(), "")
     };
     let passed_count = passed.iter().filter(|p| **p).count();
-    tracing::info!(pod = %key, nodes = names.len(), fit, passed = passed_count, failed = failed_count, unresolvable = unresolvable_count, tie = tie.unwrap_or_default(), "filter");
+    tracing::info!(pod = %key, nodes = names.len(), fit, passed = passed_count, failed = failed_count, unresolvable = unresolvable_count, tie, "filter");
     // The names move into the answer (thousands of them: not copied), each with its reason.
     let (failed_cap, unresolvable_cap) = if cut {
         (0, 0)
