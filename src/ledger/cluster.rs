@@ -193,7 +193,7 @@ impl Ledger {
         }
         let removed = crate::sync::write(&self.nodes).remove(name);
         let Some(n) = removed else { return };
-        let holdings: Vec<Holding> = lock(&n).holdings.values().cloned().collect();
+        let holdings: Vec<Holding> = lock(&n).holdings.values().map(|h| (**h).clone()).collect();
         let mut index = lock(&self.index);
         let mut unplaced = lock(&self.unplaced);
         for h in holdings {
@@ -240,7 +240,7 @@ impl Ledger {
                 nl.holdings
                     .iter()
                     .filter(|(uid, _)| is_claim_holding(uid))
-                    .map(|(u, h)| (u.clone(), h.clone()))
+                    .map(|(u, h)| (u.clone(), (**h).clone()))
                     .collect()
             })
             .unwrap_or_default();
@@ -464,7 +464,7 @@ impl Ledger {
 
     pub fn holding(&self, uid: &str) -> Option<Holding> {
         let node = self.node_of(uid)?;
-        self.with_node(&node, |nl| nl.holdings.get(uid).cloned())
+        self.with_node(&node, |nl| nl.holdings.get(uid).map(|h| (**h).clone()))
             .flatten()
     }
 
