@@ -15,16 +15,20 @@ use k8s_openapi::api::core::v1::Node;
 
 pub use crate::nvidia::*;
 
+mod instance_types;
 mod node;
 mod offers;
 mod quantity;
 mod sharing;
 mod warnings;
+pub use instance_types::LABEL_INSTANCE_TYPE;
 pub use node::{GpuNode, MigLayout, Unreached};
 pub use offers::MigOffers;
 pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
 pub use sharing::{ModeSource, Sharing};
-use warnings::{warn_per_gpu_refused_once, warn_unreached_once, warn_unverified_once};
+use warnings::{
+    warn_instance_shared_once, warn_per_gpu_refused_once, warn_unreached_once, warn_unverified_once,
+};
 
 /// How nodes are read: the resources each class of pod asks for, the modes the policy declares
 /// for nodes whose labels do not say, and the MIG table (the policy's models first).
@@ -127,6 +131,7 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
     let labelled = g.mode_source != ModeSource::Unverified;
     let g = declare(g, labels, &reading.declared, &reading.mig);
+    let g = by_instance_type(g, labels);
     let mut g = opt_in_per_gpu(g, labels, &reading.declared, labelled);
     g.unreached = reading.unreached(&g);
     // GKE's stack runs no Container Toolkit. (On a node shared per GPU, the limits reach MPS
@@ -210,6 +215,44 @@ pub fn declare(
         slots,
         sharing,
         mode_source: ModeSource::Declared,
+        ..g
+    }
+}
+
+/// A node whose mode neither a label nor the policy states, read by its instance type's GPU count
+/// ([`instance_types`]): `nvidia.com/gpu` up to the count are whole GPUs; a multiple above it
+/// are replicas of each GPU, which the device plugin time-slices or splits by MPS (taken as
+/// time-slicing: no whole-GPU pod goes there). A type the table lacks, or a count no multiple of
+/// the GPUs, leaves the node unverified.
+pub fn by_instance_type(g: GpuNode, labels: &BTreeMap<String, String>) -> GpuNode {
+    use instance_types::Advertised;
+    if g.mode_source != ModeSource::Unverified
+        || g.mig != MigLayout::None
+        || g.sharing != Sharing::None
+        || g.pool_resource != RESOURCE_GPU
+    {
+        return g;
+    }
+    let Some(kind) = labels.get(LABEL_INSTANCE_TYPE) else {
+        return g;
+    };
+    let Some(t) = instance_types::lookup(kind) else {
+        return g;
+    };
+    let sharing = match instance_types::advertised(g.slots, t.gpus) {
+        Advertised::Whole => Sharing::None,
+        Advertised::Replicas(replicas) => {
+            warn_instance_shared_once(&g.name, kind, t.gpus, g.slots, replicas);
+            Sharing::TimeSlicing { replicas }
+        }
+        Advertised::Unknown => return g,
+    };
+    let (gpus, slots) = clamp_pool(&g.name, &g.pool_resource, g.slots, sharing.replicas());
+    GpuNode {
+        gpus,
+        slots,
+        sharing,
+        mode_source: ModeSource::InstanceType,
         ..g
     }
 }

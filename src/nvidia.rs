@@ -9,6 +9,10 @@ pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
 pub const LABEL_SHARING: &str = "nvidia.com/gpu.sharing-strategy";
 pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
 pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
+/// GPU Feature Discovery writes a MIG device's slices under its resource's name, so under the
+/// single strategy this one is on a node exactly when its `nvidia.com/gpu` are MIG devices
+/// (k8s-device-plugin `internal/lm/resource.go`, `newMigResourceLabeler`).
+pub const LABEL_SINGLE_MIG_SLICES: &str = "nvidia.com/gpu.slices.gi";
 pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
 /// What the device plugin advertises a shared GPU's replicas as under `renameByDefault: true`
 /// (time-slicing or MPS); the product label then has no `-SHARED` suffix.

@@ -437,7 +437,7 @@ async fn admission(c: &Cluster) -> Check {
             limit: ("nvidia.com/gpu", "2"),
             affinity: &[
                 "nvidia.com/gpu.sharing-strategy NotIn [mps,time-slicing]",
-                "nvidia.com/mig.strategy NotIn [single]",
+                "nvidia.com/gpu.slices.gi DoesNotExist []",
                 "cloud.google.com/gke-gpu-sharing-strategy DoesNotExist []",
                 "cloud.google.com/gke-gpu-partition-size DoesNotExist []",
             ],

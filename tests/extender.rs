@@ -771,7 +771,8 @@ async fn platform_nodes_take_the_classes_they_can_hold() {
         })
     };
     assert_eq!(source("gke-l4-ts").as_deref(), Some("gke"));
-    assert_eq!(source("eks-g5").as_deref(), Some("unverified"));
+    // No GFD label, but g5.12xlarge has 4 GPUs, as many as it advertises.
+    assert_eq!(source("eks-g5").as_deref(), Some("instance-type"));
     assert_eq!(source("aks-a100-mig").as_deref(), Some("gfd"));
 }
 

@@ -658,8 +658,14 @@ fn declared_node_groups_are_reachable_even_scaled_to_zero() {
     single.mig.strategy = MigStrategy::Single;
     assert!(selects(&planned_pod(&single, "mig-1g.10gb"), &mig_group));
     assert!(!selects(&planned_pod(&single, "mig-3g.40gb"), &mig_group));
-    // Whole GPUs matched such templates already (no GFD label says they are shared).
-    assert!(selects(&planned_pod(&policy, "exclusive"), &other));
+    // Whole GPUs match a template no rule declares shared or MIG, and none that one does:
+    // those groups' nvidia.com/gpu are replicas or MIG devices (an autoscaler would otherwise
+    // grow them for a whole-GPU pod the extender then refuses there).
+    let exclusive = planned_pod(&policy, "exclusive");
+    assert!(selects(&exclusive, &other));
+    for group in [&ts_group, &mps_group, &mig_group] {
+        assert!(!selects(&exclusive, group), "{group:?}");
+    }
     // Without the rules, the time-sliced group's template matches no timeslice pod.
     let bare = Policy::default_policy();
     assert!(!selects(&planned_pod(&bare, "timeslice-25"), &ts_group));

@@ -272,7 +272,7 @@ async fn exclusive_leaves_init_containers_alone() {
     );
     assert_eq!(
         (exprs[1].key.as_str(), exprs[1].operator.as_str()),
-        ("nvidia.com/mig.strategy", "NotIn")
+        ("nvidia.com/gpu.slices.gi", "DoesNotExist")
     );
     assert_eq!(pod.metadata.annotations.as_ref().unwrap()["team"], "nlp");
     assert_idempotent(&review, &doc).await;

@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 // Node labels the affinity uses (GPU Feature Discovery's and GKE's): the inventory's.
 use crate::inventory::{
-    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_MIG_STRATEGY, LABEL_PRODUCT,
-    LABEL_SHARING as LABEL_SHARING_STRATEGY,
+    LABEL_GKE_PARTITION, LABEL_GKE_SHARING, LABEL_MIG_CONFIG, LABEL_PRODUCT,
+    LABEL_SHARING as LABEL_SHARING_STRATEGY, LABEL_SINGLE_MIG_SLICES,
 };
 use crate::policy::{DeclaredSharing, MigStrategy, Policy, SelectorOperator};
 use crate::request::GpuClass;
@@ -17,7 +17,10 @@ use super::patch::PatchBuilder;
 /// A node selector requirement: key, operator, values.
 pub(super) type Expr = (String, &'static str, Vec<String>);
 
-pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
+/// The alternatives (ORed) of node terms that match nodes of the class: one, but for whole GPUs,
+/// whose one term is crossed with what keeps them off the node groups the policy declares shared
+/// or MIG.
+pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Vec<Expr>> {
     let e = |k: &str, op: &'static str, v: &str| (k.to_string(), op, vec![v.to_string()]);
     let absent = |k: &str| (k.to_string(), "DoesNotExist", Vec::new());
     match class {
@@ -25,31 +28,85 @@ pub(super) fn affinity_for(class: &GpuClass, policy: &Policy) -> Vec<Expr> {
         GpuClass::Timeslice { .. } | GpuClass::Mps { .. } if policy.per_gpu.takes(class) => {
             affinity_for(&GpuClass::Exclusive { count: 1 }, policy)
         }
-        GpuClass::Mps { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "mps")],
-        GpuClass::Timeslice { .. } => vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")],
+        GpuClass::Mps { .. } => vec![vec![e(LABEL_SHARING_STRATEGY, "In", "mps")]],
+        GpuClass::Timeslice { .. } => vec![vec![e(LABEL_SHARING_STRATEGY, "In", "time-slicing")]],
         // Any node whose GPUs are not shared: GFD's `none`, and nodes without GFD's label (the
         // device plugin alone, GKE) — but not GKE's shared or MIG-partitioned nodes, which carry
-        // no GFD label either (NotIn also matches a node without the label).
-        GpuClass::Exclusive { .. } => vec![
-            (
-                LABEL_SHARING_STRATEGY.to_string(),
-                "NotIn",
-                vec!["mps".to_string(), "time-slicing".to_string()],
-            ),
-            e(LABEL_MIG_STRATEGY, "NotIn", "single"),
-            absent(LABEL_GKE_SHARING),
-            absent(LABEL_GKE_PARTITION),
-        ],
+        // no GFD label either (NotIn also matches a node without the label). Of a single-strategy
+        // node (the GPU Operator's default, written on every GPU node whether MIG-capable or not)
+        // only one whose `nvidia.com/gpu` are MIG devices is left out: GFD labels those, and only
+        // those, with their slices.
+        GpuClass::Exclusive { .. } => {
+            let whole = vec![
+                (
+                    LABEL_SHARING_STRATEGY.to_string(),
+                    "NotIn",
+                    vec!["mps".to_string(), "time-slicing".to_string()],
+                ),
+                absent(LABEL_SINGLE_MIG_SLICES),
+                absent(LABEL_GKE_SHARING),
+                absent(LABEL_GKE_PARTITION),
+            ];
+            undeclared(whole, policy)
+        }
         GpuClass::Mig { profile } => match policy.mig.strategy {
-            MigStrategy::Single => vec![e(
+            MigStrategy::Single => vec![vec![e(
                 LABEL_MIG_CONFIG,
                 "In",
                 &crate::mig::all_config_name(profile),
-            )],
+            )]],
             // Auto is resolved to a form before the affinity is written (plan's `policy_for`).
-            MigStrategy::Mixed | MigStrategy::Auto => vec![],
+            MigStrategy::Mixed | MigStrategy::Auto => vec![vec![]],
         },
     }
+}
+
+/// Most node terms the crossing in [`undeclared`] writes: past it, the declared groups are left
+/// to the extender, which reads them by their rules and refuses whole-GPU pods there in words.
+const MAX_UNDECLARED_TERMS: usize = 16;
+
+/// `term` on nodes outside every group the policy's `nodeModes` declare time-sliced, MPS or MIG
+/// (by a rule's labels: a group without GPU Feature Discovery, or scaled to zero, whose
+/// `nvidia.com/gpu` are replicas or MIG devices that no label of NVIDIA's says): a rule matches
+/// when all its expressions do, so a node is outside it when one of them fails, one alternative
+/// each, crossed over the rules.
+fn undeclared(term: Vec<Expr>, policy: &Policy) -> Vec<Vec<Expr>> {
+    let mut out = vec![term];
+    for rule in policy.node_modes.iter().filter(|m| {
+        m.mig_profile.is_some()
+            || matches!(
+                m.sharing,
+                Some(DeclaredSharing::TimeSlicing | DeclaredSharing::Mps)
+            )
+    }) {
+        let negations: Vec<Expr> = selector_exprs(rule)
+            .into_iter()
+            .map(|(k, op, values)| {
+                let op = match op {
+                    "In" => "NotIn",
+                    "NotIn" => "In",
+                    "Exists" => "DoesNotExist",
+                    _ => "Exists",
+                };
+                (k, op, values)
+            })
+            .collect();
+        // A rule without labels selects nothing the affinity can name.
+        if negations.is_empty() || out.len() * negations.len() > MAX_UNDECLARED_TERMS {
+            continue;
+        }
+        out = out
+            .iter()
+            .flat_map(|t| {
+                negations.iter().map(move |n| {
+                    let mut t = t.clone();
+                    t.push(n.clone());
+                    t
+                })
+            })
+            .collect();
+    }
+    out
 }
 
 /// GPU Feature Discovery's own word for a single-strategy MIG node of a profile, for nodes
@@ -139,26 +196,29 @@ pub(super) fn declared_alternatives(class: &GpuClass, policy: &Policy) -> Vec<Ve
         .node_modes
         .iter()
         .filter(|m| declares(m))
-        .map(|m| {
-            let mut exprs: Vec<Expr> = m
-                .selector
-                .match_labels
-                .iter()
-                .map(|(k, v)| (k.clone(), "In", vec![v.clone()]))
-                .collect();
-            exprs.extend(m.selector.match_expressions.iter().map(|r| {
-                let op = match r.operator {
-                    SelectorOperator::In => "In",
-                    SelectorOperator::NotIn => "NotIn",
-                    SelectorOperator::Exists => "Exists",
-                    SelectorOperator::DoesNotExist => "DoesNotExist",
-                };
-                (r.key.clone(), op, r.values.clone())
-            }));
-            exprs
-        })
+        .map(selector_exprs)
         .filter(|exprs| !exprs.is_empty())
         .collect()
+}
+
+/// A `nodeModes` rule's selector as node selector requirements.
+fn selector_exprs(m: &crate::policy::NodeMode) -> Vec<Expr> {
+    let mut exprs: Vec<Expr> = m
+        .selector
+        .match_labels
+        .iter()
+        .map(|(k, v)| (k.clone(), "In", vec![v.clone()]))
+        .collect();
+    exprs.extend(m.selector.match_expressions.iter().map(|r| {
+        let op = match r.operator {
+            SelectorOperator::In => "In",
+            SelectorOperator::NotIn => "NotIn",
+            SelectorOperator::Exists => "Exists",
+            SelectorOperator::DoesNotExist => "DoesNotExist",
+        };
+        (r.key.clone(), op, r.values.clone())
+    }));
+    exprs
 }
 
 /// Requires the pod's own terms and one of `alternatives`: every existing required term is

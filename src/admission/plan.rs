@@ -1136,7 +1136,7 @@ mod tests {
             t["matchExpressions"],
             json!([
                 {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn", "values": ["mps", "time-slicing"]},
-                {"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single"]},
+                {"key": "nvidia.com/gpu.slices.gi", "operator": "DoesNotExist"},
                 {"key": "cloud.google.com/gke-gpu-sharing-strategy", "operator": "DoesNotExist"},
                 {"key": "cloud.google.com/gke-gpu-partition-size", "operator": "DoesNotExist"}
             ])
@@ -1173,7 +1173,16 @@ mod tests {
             "nvidia.com/gpu.sharing-strategy",
             "time-slicing"
         )]));
-        assert!(!matches(&[("nvidia.com/mig.strategy", "single")]));
+        // The GPU Operator's default strategy labels every GPU node single, MIG or not: only
+        // one whose nvidia.com/gpu are MIG devices (GFD gives those their slices) is left out.
+        assert!(matches(&[
+            ("nvidia.com/mig.strategy", "single"),
+            ("nvidia.com/gpu.sharing-strategy", "none")
+        ]));
+        assert!(!matches(&[
+            ("nvidia.com/mig.strategy", "single"),
+            ("nvidia.com/gpu.slices.gi", "1")
+        ]));
         assert!(!matches(&[(
             "cloud.google.com/gke-gpu-sharing-strategy",
             "time-sharing"

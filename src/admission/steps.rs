@@ -96,7 +96,7 @@ pub(super) fn patch(
     set_mps_process_settings(&mut b, &mut warnings, t, policy);
     // Step 5: the node affinity (`affinity.rs`).
     if policy.node_affinity {
-        let mut alternatives = vec![affinity_for(&t.request.class, policy)];
+        let mut alternatives = affinity_for(&t.request.class, policy);
         alternatives.extend(gfd_single_alternative(&t.request.class, policy, mig));
         alternatives.extend(gke_alternative(&t.request.class, policy));
         alternatives.extend(declared_alternatives(&t.request.class, policy));

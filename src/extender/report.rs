@@ -17,8 +17,8 @@ pub struct NodeReport {
     pub name: String,
     /// e.g. `time-slicing x4`; `whole (unverified)` when no label says how the GPUs are shared.
     pub kind: String,
-    /// Where the sharing mode was read from: `gfd`, `gke`, `declared` (the policy's nodeModes)
-    /// or `unverified`.
+    /// Where the sharing mode was read from: `gfd`, `gke`, `declared` (the policy's nodeModes),
+    /// `instance-type` (the cloud's GPU count for it), `dra` or `unverified`.
     #[serde(default)]
     pub mode_source: crate::inventory::ModeSource,
     pub product: Option<String>,
@@ -287,6 +287,7 @@ pub fn report(
         kind: match n.mode_source {
             crate::inventory::ModeSource::Unverified => format!("{} (unverified)", n.kind()),
             crate::inventory::ModeSource::Declared => format!("{} (declared)", n.kind()),
+            crate::inventory::ModeSource::InstanceType => format!("{} (instance type)", n.kind()),
             crate::inventory::ModeSource::Dra => format!("DRA: {}", n.kind()),
             _ => n.kind(),
         },

@@ -52,6 +52,9 @@ pub enum ModeSource {
     Unverified,
     /// The policy's `nodeModes` declares it for the node's labels.
     Declared,
+    /// No label says, but the node's cloud instance type gives its GPU count
+    /// (`node.kubernetes.io/instance-type`): what `nvidia.com/gpu` has above it is replicas.
+    InstanceType,
     /// NVIDIA's DRA driver's ResourceSlices (`gpu.nvidia.com`): no device plugin on the node
     /// ([`crate::dra`]).
     Dra,

@@ -23,6 +23,24 @@ pub(super) fn warn_unverified_once(node: &str) {
     }
 }
 
+/// Warns once per node (per process) that its instance type says it advertises replicas.
+pub(super) fn warn_instance_shared_once(
+    node: &str,
+    instance_type: &str,
+    gpus: u32,
+    advertised: u32,
+    replicas: u32,
+) {
+    static WARNED: Warned = Mutex::new(None);
+    if first_warning(&WARNED, node) {
+        tracing::warn!(
+            node,
+            instance_type,
+            "the node advertises {advertised} nvidia.com/gpu, and its instance type {instance_type} has {gpus} GPUs: its device plugin shares each GPU {replicas} ways (time-slicing or MPS), which no GPU Feature Discovery label says; gpu-share reads it as time-sliced and places no whole-GPU pod there (declare its mode in the policy's nodeModes to place shares there)"
+        );
+    }
+}
+
 /// Warns once per node (per process) that no pod of its class can use it.
 pub(super) fn warn_unreached_once(node: &str, resource: &str, sentence: &str) {
     static WARNED: Warned = Mutex::new(None);

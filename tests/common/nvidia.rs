@@ -11,9 +11,24 @@ use k8s_openapi::api::core::v1::Node;
 /// The file, relative to the repository.
 pub const NODES: &str = "tests/fixtures/nvidia/nodes.yaml";
 
-/// The nodes generated from NVIDIA's code.
+/// The sets of nodes as the configurations people run write them, one file each beside the
+/// catalogue (`generate.sh`): the GPU Operator's default ClusterPolicy, the device plugin's chart
+/// with its defaults (no GFD) and with GFD, the chart under the mixed strategy, and GKE.
+pub const SETS: &[&str] = &[
+    "tests/fixtures/nvidia/operator-defaults.yaml",
+    "tests/fixtures/nvidia/device-plugin-chart.yaml",
+    "tests/fixtures/nvidia/device-plugin-chart-mixed.yaml",
+    "tests/fixtures/nvidia/gke.yaml",
+];
+
+/// The nodes generated from NVIDIA's code: the catalogue.
 pub fn nodes() -> Vec<Node> {
-    let path = format!("{}/{NODES}", env!("CARGO_MANIFEST_DIR"));
+    set(NODES)
+}
+
+/// The nodes of one file of the generated sets, relative to the repository.
+pub fn set(file: &str) -> Vec<Node> {
+    let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     gpu_share::server::parse_nodes(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
