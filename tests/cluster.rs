@@ -872,7 +872,7 @@ async fn platform_nodes(c: &Cluster, ns: &str) -> Check {
         ("gke-l4-ts", "\"gke\""),
         ("gke-t4-mps", "\"gke\""),
         ("gke-a100-mig", "\"gke\""),
-        ("eks-t4-plain", "\"unverified\""),
+        ("eks-t4-plain", "\"instance-type\""),
         ("aks-a100-mig", "\"gfd\""),
         ("l40s-plain", "\"gfd\""),
     ] {
