@@ -23,7 +23,7 @@ mod sharing;
 mod warnings;
 pub use instance_types::LABEL_INSTANCE_TYPE;
 pub use node::{GpuNode, MigLayout, Unreached};
-pub use offers::MigOffers;
+pub use offers::{FormBasis, MigForm, MigOffers};
 pub use quantity::{profile_from_resource_suffix, quantity_count, quantity_milli};
 pub use sharing::{ModeSource, Sharing};
 use warnings::{
@@ -151,6 +151,24 @@ pub fn read_node(node: &Node, reading: &Reading) -> Option<GpuNode> {
         warn_unreached_once(&g.name, &u.pods_ask_for, &u.sentence());
     }
     Some(g)
+}
+
+impl MigOffers {
+    /// What a cluster offers: its nodes read with `reading` ([`MigOffers::of`]), the MIG
+    /// strategy its GPU nodes are labelled with, and the pools `reading`'s `nodeModes` declare.
+    pub fn of_cluster(nodes: &[Node], reading: &Reading) -> Self {
+        let read: Vec<GpuNode> = nodes.iter().filter_map(|n| from_node(n, reading)).collect();
+        let mut offers = MigOffers::of(&read);
+        offers.label_strategies(nodes.iter().filter_map(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_MIG_STRATEGY))
+                .map(String::as_str)
+        }));
+        offers.declare(&reading.declared);
+        offers
+    }
 }
 
 /// The first `nodeModes` rule that declares a mode (a sharing mode or a MIG profile) and

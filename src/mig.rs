@@ -8,6 +8,21 @@ use std::sync::LazyLock;
 
 use serde::{Deserialize, Serialize};
 
+/// How the device plugin exposes MIG devices (NVIDIA's MIG strategy): the policy's
+/// `mig.strategy`, and what a pod may ask for by `gpu-share/mig-strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    /// Each profile its own resource, `nvidia.com/mig-<profile>`.
+    Mixed,
+    /// MIG devices advertised as `nvidia.com/gpu` (the GPU Operator's default).
+    Single,
+    /// The form of the nodes that offer the profile, or of the pools the policy declares, read
+    /// from the cluster at admission ([`crate::inventory::MigOffers`]).
+    #[default]
+    Auto,
+}
+
 /// One GPU instance profile of a MIG-capable GPU model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -35,19 +35,7 @@ pub enum PolicyError {
     Invalid(String),
 }
 
-/// How the device plugin exposes MIG devices on this cluster's MIG nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum MigStrategy {
-    /// Each profile its own resource, `nvidia.com/mig-<profile>`.
-    Mixed,
-    /// MIG devices advertised as `nvidia.com/gpu` (the GPU Operator's default).
-    Single,
-    /// The form of the nodes that offer the profile, read from the cluster at admission
-    /// ([`crate::inventory::MigOffers`]); mixed where no node offers it.
-    #[default]
-    Auto,
-}
+pub use crate::mig::MigStrategy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TolerationOperator {

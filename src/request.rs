@@ -23,6 +23,9 @@ pub const ANNOTATION: &str = "gpu-share";
 pub const ANNOTATION_MEMORY: &str = "gpu-share/memory";
 pub const ANNOTATION_CONTAINER: &str = "gpu-share/container";
 pub const ANNOTATION_COUNT: &str = "gpu-share/count";
+/// A MIG pod's own choice of NVIDIA's MIG strategy, `single` or `mixed`: the form it asks for its
+/// device in (`nvidia.com/gpu` or `nvidia.com/mig-<profile>`), whatever the policy says.
+pub const ANNOTATION_MIG_STRATEGY: &str = "gpu-share/mig-strategy";
 /// The normalized request the webhook writes and the extender reads.
 pub const ANNOTATION_REQUEST: &str = "gpu-share.io/request";
 /// On a pod in per-GPU form, the ConfigMap (in the pod's namespace) whose key [`DEVICES_KEY`]
@@ -284,6 +287,14 @@ pub enum RequestError {
     #[error("annotation gpu-share/container is empty")]
     EmptyContainer,
     #[error(
+        "annotation gpu-share/mig-strategy applies to mig-<profile> only (the form of its MIG device); {class} asks for no MIG device"
+    )]
+    MigStrategyNotApplicable { class: String },
+    #[error(
+        "annotation gpu-share/mig-strategy value {0:?} is not a MIG strategy: single (nvidia.com/gpu, the GPU Operator's default) or mixed (nvidia.com/mig-<profile>)"
+    )]
+    MigStrategy(String),
+    #[error(
         "annotation gpu-share.io/request value {value:?} is not a normalized gpu-share request: {why}"
     )]
     Normalized { value: String, why: String },
@@ -464,6 +475,8 @@ pub struct AnnotatedRequest {
     pub request: GpuRequest,
     /// The container named by `gpu-share/container`, if any.
     pub container: Option<String>,
+    /// The MIG strategy `gpu-share/mig-strategy` asks for, if any (single or mixed).
+    pub mig_strategy: Option<crate::mig::MigStrategy>,
 }
 
 /// Reads all `gpu-share` annotations. `Ok(None)` means the pod does not ask for a GPU.
@@ -514,7 +527,24 @@ pub fn from_annotations(
         Some(c) => Some(c.clone()),
         None => None,
     };
-    Ok(Some(AnnotatedRequest { request, container }))
+    let mig_strategy = match annotations.get(ANNOTATION_MIG_STRATEGY) {
+        None => None,
+        Some(_) if !matches!(request.class, GpuClass::Mig { .. }) => {
+            return Err(RequestError::MigStrategyNotApplicable {
+                class: request.class.to_string(),
+            });
+        }
+        Some(v) => Some(match v.as_str() {
+            "single" => crate::mig::MigStrategy::Single,
+            "mixed" => crate::mig::MigStrategy::Mixed,
+            _ => return Err(RequestError::MigStrategy(v.clone())),
+        }),
+    };
+    Ok(Some(AnnotatedRequest {
+        request,
+        container,
+        mig_strategy,
+    }))
 }
 
 #[cfg(test)]

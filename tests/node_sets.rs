@@ -29,9 +29,19 @@ const CLASSES: &[&str] = &[
 
 /// The pod as the webhook writes it in a cluster of `nodes`, with its warnings.
 fn planned(policy: &Policy, class: &str, offers: &MigOffers) -> (Pod, Vec<String>) {
+    planned_with(policy, json!({"gpu-share": class}), offers)
+        .unwrap_or_else(|d| panic!("{class}: {d}"))
+}
+
+/// The pod with `annotations` as the webhook writes it, with its warnings, or its refusal.
+fn planned_with(
+    policy: &Policy,
+    annotations: serde_json::Value,
+    offers: &MigOffers,
+) -> Result<(Pod, Vec<String>), String> {
     let obj = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default", "annotations": {"gpu-share": class}},
+        "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]}
     });
     let facts = gpu_share::admission::plan::Facts {
@@ -44,11 +54,20 @@ fn planned(policy: &Policy, class: &str, offers: &MigOffers) -> (Pod, Vec<String
     };
     let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
     let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
-        panic!("{class}: {decision:?}")
+        return Err(format!("{decision:?}"));
     };
     let mut doc = obj.clone();
     json_patch::patch(&mut doc, &m.patch).unwrap();
-    (serde_json::from_value(doc).unwrap(), m.warnings)
+    Ok((serde_json::from_value(doc).unwrap(), m.warnings))
+}
+
+fn gpu_limits(pod: &Pod) -> BTreeMap<String, String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
 }
 
 /// Where each class lands in a cluster of `nodes` under `policy`: class -> node names.
@@ -280,4 +299,65 @@ fn instance_types_tell_replicas_from_whole_gpus_without_gfd() {
     let demand = gpu_share::ledger::demand_of_pod(&pod).unwrap().unwrap();
     let why = packing::fit(&g, &Usage::empty(&g), &demand).unwrap_err();
     assert!(why.message().contains("time-slic"), "{}", why.message());
+}
+
+/// On the GPU Operator's defaults before any MIG node is up (a MIG pool scaled to zero, a MIG
+/// config not yet applied), every GPU node is still labelled with the single strategy: a MIG pod
+/// asks for nvidia.com/gpu, as the pool will offer it, and is told that this is a guess and how
+/// to choose. Its own `gpu-share/mig-strategy` wins, with nothing to warn of; a value that is no
+/// strategy, or one on a pod that asks for no MIG device, is refused in words.
+#[test]
+fn a_mig_pod_before_its_pool_is_up_takes_the_cluster_s_strategy_or_its_own() {
+    let policy = Policy::default_policy();
+    let plain: Vec<Node> = set(SETS[0])
+        .into_iter()
+        .filter(|n| !labels(n).contains_key("nvidia.com/gpu.slices.gi"))
+        .collect();
+    assert_eq!(plain.len(), 6);
+    let offers = MigOffers::of_cluster(&plain, &Reading::of(&policy));
+    let (pod, warnings) = planned(&policy, "mig-1g.10gb", &offers);
+    assert_eq!(gpu_limits(&pod)["nvidia.com/gpu"], "1");
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("nvidia.com/mig.strategy=single")
+            && warnings[0].contains("a guess")
+            && warnings[0].contains("gpu-share/mig-strategy"),
+        "{warnings:?}"
+    );
+    // Once the pool is up, the pod lands there.
+    let all = set(SETS[0]);
+    let up = MigOffers::of_cluster(&all, &Reading::of(&policy));
+    let (pod, warnings) = planned(&policy, "mig-1g.10gb", &up);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let reading = Reading::of(&policy);
+    let node = all
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some("op-a100-80gb-all-1g.10gb"))
+        .unwrap();
+    let g = inventory::read_node(node, &reading).unwrap();
+    let demand = gpu_share::ledger::demand_of_pod(&pod).unwrap().unwrap();
+    assert!(packing::fit(&g, &Usage::empty(&g), &demand).is_ok());
+
+    // The pod's own choice.
+    let (pod, warnings) = planned_with(
+        &policy,
+        json!({"gpu-share": "mig-1g.10gb", "gpu-share/mig-strategy": "mixed"}),
+        &offers,
+    )
+    .unwrap();
+    assert_eq!(gpu_limits(&pod)["nvidia.com/mig-1g.10gb"], "1");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for (annotations, says) in [
+        (
+            json!({"gpu-share": "mig-1g.10gb", "gpu-share/mig-strategy": "auto"}),
+            "is not a MIG strategy",
+        ),
+        (
+            json!({"gpu-share": "mps-25", "gpu-share/mig-strategy": "single"}),
+            "applies to mig-<profile> only",
+        ),
+    ] {
+        let refused = planned_with(&policy, annotations.clone(), &offers).unwrap_err();
+        assert!(refused.contains(says), "{annotations}: {refused}");
+    }
 }

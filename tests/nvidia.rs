@@ -653,7 +653,26 @@ fn declared_node_groups_are_reachable_even_scaled_to_zero() {
     ));
     let mps = planned_pod(&policy, "mps-50");
     assert!(selects(&mps, &mps_group) && !selects(&mps, &ts_group));
-    // Single-strategy MIG pods of the declared profile (and no other).
+    // MIG pods of the declared profile (and no other), under the default `mig.strategy: auto`
+    // with no node of the pool up: the declared pool says the single strategy's form, so the pod
+    // asks for nvidia.com/gpu, reaches the template, and says nothing is a guess.
+    assert_eq!(policy.mig.strategy, MigStrategy::Auto);
+    let no_nodes = inventory::MigOffers::of_cluster(&[], &Reading::of(&policy));
+    let (mig, warnings) = planned_with(&policy, "mig-1g.10gb", Some(&no_nodes));
+    assert!(selects(&mig, &mig_group), "{:?}", mig.spec);
+    assert_eq!(gpu_limits(&mig)["nvidia.com/gpu"], "1");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    // A profile nothing declares nor offers: a guess (mixed), said so, with the way to choose.
+    let (guessed, warnings) = planned_with(&policy, "mig-3g.40gb", Some(&no_nodes));
+    assert_eq!(gpu_limits(&guessed)["nvidia.com/mig-3g.40gb"], "1");
+    assert!(!gpu_limits(&guessed).contains_key("nvidia.com/gpu"));
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("a guess")
+            && warnings[0].contains("gpu-share/mig-strategy"),
+        "{warnings:?}"
+    );
+    // The same policy under the single strategy reaches the pool too.
     let mut single = policy.clone();
     single.mig.strategy = MigStrategy::Single;
     assert!(selects(&planned_pod(&single, "mig-1g.10gb"), &mig_group));

@@ -13,7 +13,7 @@ use json_patch::PatchOperation;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
-use crate::inventory::MigOffers;
+use crate::inventory::{FormBasis, MigOffers};
 use crate::mig::{MigModel, MigProfile, MigTable};
 use crate::policy::MigStrategy;
 use crate::policy::{NamespaceRule, Policy};
@@ -212,7 +212,8 @@ impl Intake {
             namespace_labels: selector_rules || mps_host_ipc,
             runtime_class: !policy.runtime_class_name.is_empty() && !pod_names_runtime_class,
             mig_offers: matches!(self.annotated.request.class, GpuClass::Mig { .. })
-                && policy.mig.strategy == MigStrategy::Auto,
+                && policy.mig.strategy == MigStrategy::Auto
+                && self.annotated.mig_strategy.is_none(),
             legacy_runtime_class: policy.per_gpu.takes(&self.annotated.request.class)
                 && matches!(self.annotated.request.class, GpuClass::Timeslice { .. })
                 && !policy.runtime_class_name.is_empty()
@@ -220,9 +221,12 @@ impl Intake {
         }
     }
 
-    /// The policy as this pod is written under it: under `mig.strategy: auto`, a MIG pod in the
-    /// form of the nodes that offer its profile (mixed where that is unknown), with a warning
-    /// when it leaves devices of the profile out of its reach or the nodes could not be read.
+    /// The policy as this pod is written under it: a MIG pod in the form its own
+    /// `gpu-share/mig-strategy` asks for; else, under `mig.strategy: auto`, in the form of the
+    /// nodes that offer its profile or the pools the policy declares
+    /// ([`crate::inventory::MigOffers::form`]), with a warning when it leaves devices or a
+    /// declared pool of the profile out of its reach, when the form is a guess, or when the
+    /// nodes could not be read.
     fn policy_for<'p>(
         &self,
         policy: &'p Policy,
@@ -231,32 +235,46 @@ impl Intake {
         let GpuClass::Mig { profile } = &self.annotated.request.class else {
             return (std::borrow::Cow::Borrowed(policy), None);
         };
+        if let Some(asked) = self.annotated.mig_strategy {
+            return (policy.with_mig_form(asked), None);
+        }
         if policy.mig.strategy != MigStrategy::Auto {
             return (std::borrow::Cow::Borrowed(policy), None);
         }
+        let choose = "set gpu-share/mig-strategy: single or mixed on the pod, or mig.strategy in the policy, to choose";
         let Some(offers) = facts.mig_offers else {
             return (
                 policy.with_mig_form(MigStrategy::Mixed),
                 Some(format!(
-                    "gpu-share: the nodes' MIG strategy could not be read, so mig-{profile} asks for {} (the mixed strategy's form); a node that offers it as nvidia.com/gpu (the single strategy) cannot take this pod",
+                    "gpu-share: the nodes' MIG strategy could not be read, so mig-{profile} asks for {} (the mixed strategy's form); a node that offers it as nvidia.com/gpu (the single strategy) cannot take this pod ({choose})",
                     crate::mig::resource_name(profile)
                 )),
             );
         };
         let form = offers.form(profile);
         let written = policy.with_mig_form(form.strategy);
-        let warning = (form.other_form_devices > 0).then(|| {
-            let (name, other) = match form.strategy {
-                MigStrategy::Single => ("single", "mixed"),
-                _ => ("mixed", "single"),
-            };
-            format!(
-                "gpu-share: nodes offer mig-{profile} in both MIG strategies' forms; this pod asks for {} as the {name} strategy's nodes offer it ({} devices), so the {} devices on {other}-strategy nodes cannot take it (set mig.strategy in the policy to choose)",
-                written.resource_for(&self.annotated.request).0,
+        let resource = written.resource_for(&self.annotated.request).0;
+        let (name, other) = match form.strategy {
+            MigStrategy::Single => ("single", "mixed"),
+            _ => ("mixed", "single"),
+        };
+        let warning = match form.basis {
+            FormBasis::Offered if form.other_form_devices > 0 => Some(format!(
+                "gpu-share: nodes offer mig-{profile} in both MIG strategies' forms; this pod asks for {resource} as the {name} strategy's nodes offer it ({} devices), so the {} devices on {other}-strategy nodes cannot take it ({choose})",
                 offers.devices(profile, form.strategy),
                 form.other_form_devices
-            )
-        });
+            )),
+            FormBasis::Offered if form.declared_pool_left_out => Some(format!(
+                "gpu-share: this pod asks for {resource} as the nodes that offer mig-{profile} now do (the mixed strategy), so the pool the policy's nodeModes declare of mig-{profile} (the single strategy's nvidia.com/gpu) cannot take it, nor grow for it ({choose})"
+            )),
+            FormBasis::Offered | FormBasis::Declared => None,
+            FormBasis::Labelled { nodes } => Some(format!(
+                "gpu-share: no node offers mig-{profile} yet and no nodeModes rule of the policy declares a pool of it, so this pod asks for {resource} as the {name} strategy that {nodes} GPU node(s) are labelled with (nvidia.com/mig.strategy={name}) would offer it: a guess ({choose})"
+            )),
+            FormBasis::Nothing => Some(format!(
+                "gpu-share: no node offers mig-{profile}, no GPU node is labelled with a MIG strategy and no nodeModes rule of the policy declares a pool of it, so this pod asks for {resource} (the mixed strategy's form): a guess ({choose})"
+            )),
+        };
         (written, warning)
     }
 

@@ -56,12 +56,17 @@ impl ClusterFacts {
         }
     }
 
-    /// In which form the cluster's MIG nodes offer each profile (cached): the nodes GPU Feature
-    /// Discovery labels with a MIG strategy, and GKE's partitioned ones, read with `reading`.
-    /// Errors are not cached.
+    /// In which form the cluster's MIG nodes offer each profile (the nodes' part cached): the
+    /// nodes GPU Feature Discovery labels with a MIG strategy, and GKE's partitioned ones, read
+    /// with `reading`, and the pools `reading`'s `nodeModes` declare. Errors are not cached.
     pub async fn mig_offers(&self, reading: &Reading) -> Result<Arc<MigOffers>, Arc<kube::Error>> {
         let api: Api<Node> = Api::all(self.client.clone());
-        self.mig_offers
+        let nodes_only = Reading {
+            declared: Vec::new(),
+            ..reading.clone()
+        };
+        let cached = self
+            .mig_offers
             .try_get_with((), async move {
                 let mut nodes = Vec::new();
                 for label in [
@@ -70,13 +75,15 @@ impl ClusterFacts {
                 ] {
                     nodes.extend(api.list(&ListParams::default().labels(label)).await?.items);
                 }
-                let read: Vec<_> = nodes
-                    .iter()
-                    .filter_map(|n| inventory::from_node(n, reading))
-                    .collect();
-                Ok(Arc::new(MigOffers::of(&read)))
+                Ok(Arc::new(MigOffers::of_cluster(&nodes, &nodes_only)))
             })
-            .await
+            .await?;
+        if reading.declared.is_empty() {
+            return Ok(cached);
+        }
+        let mut offers = (*cached).clone();
+        offers.declare(&reading.declared);
+        Ok(Arc::new(offers))
     }
 
     pub fn client(&self) -> &Client {

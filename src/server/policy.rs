@@ -131,9 +131,8 @@ pub(super) fn dev_mig_offers(
         return Ok(None);
     };
     let reading = store.current().reading.clone();
-    let nodes: Vec<_> = load_nodes(path)?
-        .iter()
-        .filter_map(|n| crate::inventory::from_node(n, &reading))
-        .collect();
-    Ok(Some(Arc::new(crate::inventory::MigOffers::of(&nodes))))
+    Ok(Some(Arc::new(crate::inventory::MigOffers::of_cluster(
+        &load_nodes(path)?,
+        &reading,
+    ))))
 }
