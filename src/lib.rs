@@ -30,6 +30,7 @@ pub mod server;
 pub mod shared;
 pub mod signal;
 pub mod simulate;
+pub mod skew;
 pub mod status;
 pub mod sync;
 pub mod telemetry;

@@ -7,6 +7,7 @@ pub mod dra;
 pub mod mock;
 pub mod quotas;
 pub mod reservations;
+pub mod skew;
 pub mod watch;
 
 use std::collections::BTreeMap;

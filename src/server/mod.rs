@@ -470,6 +470,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             shutdown_rx.clone(),
         );
     }
+    if let (Some(_), Some(c)) = (&extender, &cluster) {
+        crate::cluster::skew::spawn(c.client().clone());
+    }
     let reservation_image =
         crate::cluster::reservations::image(args.reservation_image.as_deref(), cluster.as_ref())
             .await;
