@@ -14,6 +14,25 @@ pub const EVENT_REASON: &str = "KubeSchedulerVersionSkew";
 /// The name of kube-scheduler's container in the shipped Deployment.
 const CONTAINER: &str = "kube-scheduler";
 
+/// Why the versions were not compared (or the event not recorded).
+#[derive(Debug, thiserror::Error)]
+pub enum NotChecked {
+    #[error("not in a pod (POD_NAME, POD_NAMESPACE unset)")]
+    NotInAPod,
+    #[error("reading pod {pod}: {source}")]
+    Pod { pod: String, source: kube::Error },
+    #[error("pod {0} has no container {CONTAINER}")]
+    NoScheduler(String),
+    #[error("{0}: its tag names no version")]
+    NoVersion(String),
+    #[error("reading the API server's version: {0}")]
+    Server(kube::Error),
+    #[error("the API server's version {0:?} is not understood")]
+    ServerVersion(String),
+    #[error("recording the event: {0}")]
+    Event(kube::Error),
+}
+
 /// Checks once, in the background; a pod it cannot read (outside a pod, or a name it cannot
 /// resolve) is logged at debug and left alone.
 pub fn spawn(client: Client) {
@@ -24,34 +43,35 @@ pub fn spawn(client: Client) {
     });
 }
 
-async fn check(client: &Client) -> Result<(), String> {
+async fn check(client: &Client) -> Result<(), NotChecked> {
     let (Ok(name), Ok(namespace)) = (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE"))
     else {
-        return Err("not in a pod (POD_NAME, POD_NAMESPACE unset)".into());
+        return Err(NotChecked::NotInAPod);
     };
     let pod = Api::<Pod>::namespaced(client.clone(), &namespace)
         .get(&name)
         .await
-        .map_err(|e| format!("reading pod {namespace}/{name}: {e}"))?;
+        .map_err(|source| NotChecked::Pod {
+            pod: format!("{namespace}/{name}"),
+            source,
+        })?;
     let Some(image) = pod.spec.as_ref().and_then(|s| {
         s.containers
             .iter()
             .find(|c| c.name == CONTAINER)
             .and_then(|c| c.image.clone())
     }) else {
-        return Err(format!(
-            "pod {namespace}/{name} has no container {CONTAINER}"
-        ));
+        return Err(NotChecked::NoScheduler(format!("{namespace}/{name}")));
     };
     let Some(scheduler) = crate::skew::image_version(&image) else {
-        return Err(format!("{image}: its tag names no version"));
+        return Err(NotChecked::NoVersion(image));
     };
     let info = client
         .apiserver_version()
         .await
-        .map_err(|e| format!("reading the API server's version: {e}"))?;
+        .map_err(NotChecked::Server)?;
     let Some(server) = crate::skew::parse(&info.git_version) else {
-        return Err(format!("the API server's version {:?}", info.git_version));
+        return Err(NotChecked::ServerVersion(info.git_version));
     };
     let Some(sentence) = crate::skew::verdict(scheduler, server, &image, &info.git_version) else {
         tracing::info!(%image, server = %info.git_version, "kube-scheduler's version is within the skew policy");
@@ -76,5 +96,5 @@ async fn check(client: &Client) -> Result<(), String> {
     recorder
         .publish(&event, &reference)
         .await
-        .map_err(|e| format!("recording the event: {e}"))
+        .map_err(NotChecked::Event)
 }
