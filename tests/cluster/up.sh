@@ -308,22 +308,30 @@ chmod 600 "$dir/tls/tls.key"
 
 # A container's args from the applied Deployment, with the mount paths and listen addresses of
 # this machine: the ones the Deployment runs with, no others.
+# The scheduler pod's /etc/gpu-share/tls is its own (the init container loopback-tls fills it):
+# here $dir/scheduler-tls.
 deployment_args() { # deployment container listen admin-listen
   "$kubectl" -n gpu-share get deployment "$1" -o json | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
-name, listen, admin, root = sys.argv[1:]
-c = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+name, listen, admin, root, deployment = sys.argv[1:]
+spec = d["spec"]["template"]["spec"]
+c = next(c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
 args = list(c["args"])
 def put(flag, value):
     if flag in args:
         args[args.index(flag) + 1] = value
     else:
         args.extend([flag, value])
-put("--listen", listen)
-put("--admin-listen", admin)
-print("\n".join(a.replace("/etc/gpu-share/", root + "/") for a in args))
-' "$2" "$3" "$4" "$dir"
+if listen:
+    put("--listen", listen)
+    put("--admin-listen", admin)
+def local(a):
+    if deployment == "gpu-share-scheduler":
+        a = a.replace("/etc/gpu-share/tls", root + "/scheduler-tls")
+    return a.replace("/etc/gpu-share/", root + "/")
+print("\n".join(local(a) for a in args))
+' "$2" "$3" "$4" "$dir" "$1"
 }
 mapfile -t webhook_args < <(deployment_args gpu-share-webhook webhook "127.0.0.1:$webhook_port" "127.0.0.1:$webhook_admin")
 mapfile -t extender_args < <(deployment_args gpu-share-scheduler extender "127.0.0.1:$extender_port" "127.0.0.1:$extender_admin")
@@ -333,6 +341,10 @@ say "gpu-share webhook on 127.0.0.1:$webhook_port"
 launch_env="KUBECONFIG=$dir/kubeconfigs/webhook" launcher webhook "$GPU_SHARE_BIN" "${webhook_args[@]}"
 
 # ---- the scheduler replicas: kube-scheduler with the shipped configuration, and its extender ----
+# The scheduler pod's init container first: the loopback's CA and certificate.
+mapfile -t loopback_args < <(deployment_args gpu-share-scheduler loopback-tls "" "")
+[[ ${loopback_args[0]:-} == certs ]] || fail "unexpected loopback-tls init container args"
+"$GPU_SHARE_BIN" "${loopback_args[@]}" >"$dir/logs/loopback-tls.log" 2>&1 || fail "loopback-tls: $(cat "$dir/logs/loopback-tls.log")"
 # The configuration changes: the kubeconfig, the extender's address and its CA file. Nothing else.
 scheduler_config() { # extender-port out
   "$kubectl" -n gpu-share get configmap -l app.kubernetes.io/component=scheduler -o json | python3 -c '
@@ -347,7 +359,7 @@ assert len(cfg["extenders"]) == 1
 cfg["extenders"][0]["urlPrefix"] = url
 cfg["extenders"][0]["tlsConfig"]["caFile"] = ca
 yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
-' "$dir/kubeconfigs/scheduler" "https://127.0.0.1:$1/scheduler" "$dir/tls/ca.crt" "$2"
+' "$dir/kubeconfigs/scheduler" "https://127.0.0.1:$1/scheduler" "$dir/scheduler-tls/ca.crt" "$2"
 }
 
 # One replica: kube-scheduler and extender (process names with suffix "" or "-2"). With two,
@@ -419,6 +431,7 @@ WEBHOOK_ADMIN=http://127.0.0.1:$webhook_admin
 EXTENDER=https://127.0.0.1:$extender_port
 EXTENDER_ADMIN=http://127.0.0.1:$extender_admin
 GPU_SHARE_CA=$dir/tls/ca.crt
+EXTENDER_CA=$dir/scheduler-tls/ca.crt
 GPU_SHARE_E2E_READYZ=http://127.0.0.1:$webhook_admin/readyz,http://127.0.0.1:$extender_admin/readyz
 SCHEDULER_REPLICAS=$replicas
 EOF
