@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTPS service (webhook and/or extender) and the admin listener.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a policy file and print the effective policy.
     CheckPolicy {
         /// The policy file (YAML).
@@ -166,16 +166,57 @@ impl CertsArgs {
     /// The serving certificate's SANs: the Service's DNS names, and loopback for the extender
     /// sidecar.
     pub fn sans(&self) -> Vec<String> {
-        let (s, n) = (&self.service, &self.namespace);
-        vec![
-            s.clone(),
-            format!("{s}.{n}"),
-            format!("{s}.{n}.svc"),
-            format!("{s}.{n}.svc.cluster.local"),
-            "localhost".into(),
-            "127.0.0.1".into(),
-        ]
+        service_sans(&self.service, &self.namespace)
     }
+}
+
+/// A Service's DNS names, and loopback: what a serving certificate of gpu-share's names.
+pub fn service_sans(service: &str, namespace: &str) -> Vec<String> {
+    let (s, n) = (service, namespace);
+    vec![
+        s.to_string(),
+        format!("{s}.{n}"),
+        format!("{s}.{n}.svc"),
+        format!("{s}.{n}.svc.cluster.local"),
+        "localhost".into(),
+        "127.0.0.1".into(),
+    ]
+}
+
+/// The webhook's own certificates, kept by itself (`serve --keep-certs`).
+#[derive(Debug, Clone, Args)]
+pub struct KeepCertsArgs {
+    /// Keep the webhook's certificates (the chart's default): a CA in Secret --ca-secret, the
+    /// serving certificate and the CAs to trust in Secret --tls-secret, and the caBundle of the
+    /// webhook configurations named --webhook-configuration, all renewed before they expire; the
+    /// serving certificate is written to --tls-cert and --tls-key, which this process serves.
+    #[arg(long, env = "GPU_SHARE_KEEP_CERTS")]
+    pub keep_certs: bool,
+    /// The namespace of the Secrets and of the webhook Service.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-share")]
+    pub certs_namespace: String,
+    /// The Secret that holds the serving certificate (tls.crt, tls.key) and the CAs (ca.crt).
+    #[arg(long, default_value = "gpu-share-tls")]
+    pub tls_secret: String,
+    /// The Secret that holds the CA (tls.crt, tls.key); no pod mounts it.
+    #[arg(long, default_value = "gpu-share-ca")]
+    pub ca_secret: String,
+    /// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration whose caBundle to set.
+    #[arg(long, default_value = "gpu-share")]
+    pub webhook_configuration: String,
+    /// The webhook Service, named by the serving certificate.
+    #[arg(long, default_value = "gpu-share")]
+    pub webhook_service: String,
+    /// The serving certificate's validity, seconds (renewed with a third left).
+    #[arg(long, default_value_t = 365 * 86_400, value_parser = clap::value_parser!(u64).range(60..=3650 * 86_400))]
+    pub cert_validity_seconds: u64,
+    /// The CA's validity, seconds (renewed with a third left, beside the old one).
+    #[arg(long, default_value_t = 3650 * 86_400, value_parser = clap::value_parser!(u64).range(60..=3650 * 86_400))]
+    pub ca_validity_seconds: u64,
+    /// How long a new CA bundle or serving certificate takes to reach the API server and every
+    /// replica, seconds: a new CA signs nothing before, and an old one leaves the bundle after.
+    #[arg(long, default_value_t = 300)]
+    pub cert_propagation_seconds: u64,
 }
 
 /// Which halves of the service run.
@@ -217,6 +258,8 @@ pub struct ServeArgs {
     /// CA bundle (PEM) for client certificates: when set, clients must present one (mTLS).
     #[arg(long, env = "GPU_SHARE_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub keep_certs: KeepCertsArgs,
     /// Policy file (YAML) [default: the embedded policies/default.yaml]; reloaded when it changes.
     #[arg(long, env = "GPU_SHARE_POLICY")]
     pub policy: Option<PathBuf>,

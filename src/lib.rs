@@ -83,6 +83,8 @@ pub enum Error {
         "no Kubernetes configuration found ({0}): set KUBECONFIG, run in a pod with a service account, or use --dev to run without a cluster"
     )]
     NoCluster(#[source] kube::Error),
+    #[error("--keep-certs: {0}")]
+    KeepCerts(#[from] crate::cluster::certs::KeepError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Serve(args) => match runtime(true) {
-            Ok(r) => served(r.block_on(gpu_share::server::run(args))),
+            Ok(r) => served(r.block_on(gpu_share::server::run(*args))),
             Err(code) => code,
         },
     }

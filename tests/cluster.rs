@@ -30,9 +30,14 @@
 //!    and the RBAC in manifests/ is enough (no 403 in any log), while a ClusterRole without
 //!    `pods/binding create` fails a named check;
 //! 10. under `enforcement.budgets: required`, a budgeted share goes only where its memory is held
-//!     (gpu-share's sentence in the event where nothing holds it), and the pod says what holds it.
+//!     (gpu-share's sentence in the event where nothing holds it), and the pod says what holds it;
+//! 11. the webhook keeps its own certificates (`--keep-certs`): the component's RBAC grants it
+//!     just that, by name, and three minutes of renewals (a CA's too) refuse no pod
+//!     (tests/cluster_points/keeper.rs).
 
 mod common;
+#[path = "cluster_points/keeper.rs"]
+mod keeper;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -1725,7 +1730,7 @@ fn nvidia_reports(
 }
 
 /// Asks the cluster's extender directly, as kube-scheduler does: over TLS with the CA and the
-/// server name of the shipped scheduler configuration. For what kube-scheduler's own resource
+/// server name of the shipped scheduler configuration (the scheduler pod's own loopback CA). For what kube-scheduler's own resource
 /// check hides: the extender's own answer about nodes that lack the pod's resource.
 fn ask_extender(c: &Cluster, verb: &str, args: &Value) -> Result<Value, String> {
     let port = c
@@ -1736,7 +1741,7 @@ fn ask_extender(c: &Cluster, verb: &str, args: &Value) -> Result<Value, String> 
     let host = "gpu-share.gpu-share.svc";
     let mut child = std::process::Command::new("curl")
         .args(["-sS", "--fail-with-body", "--max-time", "10"])
-        .args(["--cacert", c.var("GPU_SHARE_CA")])
+        .args(["--cacert", c.var("EXTENDER_CA")])
         .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
         .args([
             "-H",
@@ -2568,6 +2573,12 @@ async fn gpu_share_on_a_real_control_plane() {
         &mut failures,
         "10. a share's memory held where the policy requires it",
         budgets_held(&c),
+    )
+    .await;
+    point(
+        &mut failures,
+        "11. the webhook keeps its own certificates",
+        keeper::keeps_its_certificates(&c),
     )
     .await;
 

@@ -2,6 +2,7 @@
 //! cached with moka so the webhook costs the API server at most one read per TTL.
 
 pub mod binder;
+pub mod certs;
 pub mod dra;
 #[cfg(test)]
 pub mod mock;

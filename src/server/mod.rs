@@ -447,10 +447,15 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 
     let (store, policy_bytes) = load_policy_at_start(&args)?;
     ready.policy.store(true, Ordering::Release);
+    // `--keep-certs`: the webhook's own certificates in place (and their files written) first.
+    let keeper = keep_certs_at_start(&args).await?;
     // The `--dev` certificate's directory lives as long as the service.
     let (files, _dev_dir) = certificate_files(&args)?;
     let tls = Arc::new(tls::ReloadingTls::load(files, Duration::from_secs(1))?);
     ready.certificate.store(true, Ordering::Release);
+    if let Some((client, k)) = keeper {
+        crate::cluster::certs::spawn(client, k, shutdown_rx.clone());
+    }
     let extender = extender_state(&args, &store)?;
     let cluster = connect(&args, &extender, &store, &ready, &metrics, &shutdown_rx).await?;
     if let Some(path) = &args.policy {
@@ -514,6 +519,54 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         quotas,
     };
     serve(&args, state, tls, shutdown_rx).await
+}
+
+/// `--keep-certs`: the keeper's first pass (a CA, the serving certificate, the caBundles, and
+/// the serving files written), for up to two minutes; the client and keeper to run on with.
+async fn keep_certs_at_start(
+    args: &ServeArgs,
+) -> Result<Option<(kube::Client, crate::cluster::certs::Keeper)>> {
+    if !args.keep_certs.keep_certs || args.dev {
+        return Ok(None);
+    }
+    let cert = args
+        .tls_cert
+        .clone()
+        .ok_or(Error::MissingFlag { flag: "--tls-cert" })?;
+    let key = args
+        .tls_key
+        .clone()
+        .ok_or(Error::MissingFlag { flag: "--tls-key" })?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(Error::NoCluster)?;
+    let k = keeper_of(&args.keep_certs, cert, key);
+    crate::cluster::certs::first(&client, &k, Duration::from_secs(120)).await?;
+    tracing::info!(secret = %k.tls_secret, configuration = %k.webhook_configuration, "certificate keeper: the webhook's certificates are in place");
+    Ok(Some((client, k)))
+}
+
+/// The keeper `serve --keep-certs` runs, serving from `cert_file` and `key_file`.
+fn keeper_of(
+    args: &crate::cli::KeepCertsArgs,
+    cert_file: std::path::PathBuf,
+    key_file: std::path::PathBuf,
+) -> crate::cluster::certs::Keeper {
+    let secs = |s: u64| time::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX));
+    crate::cluster::certs::Keeper {
+        namespace: args.certs_namespace.clone(),
+        ca_secret: args.ca_secret.clone(),
+        tls_secret: args.tls_secret.clone(),
+        webhook_configuration: args.webhook_configuration.clone(),
+        settings: crate::certs::keeper::Settings {
+            sans: crate::cli::service_sans(&args.webhook_service, &args.certs_namespace),
+            serving_validity: secs(args.cert_validity_seconds),
+            ca_validity: secs(args.ca_validity_seconds),
+            propagation: secs(args.cert_propagation_seconds),
+        },
+        cert_file,
+        key_file,
+    }
 }
 
 /// Binds both listeners and serves until shutdown. On the first signal: report not ready at

@@ -270,7 +270,12 @@ impl Cluster {
 
     /// Waits until an admin listener's /readyz answers 200.
     pub async fn wait_ready(&self, admin_var: &str, limit: Duration) -> Result<(), String> {
-        let url = format!("{}/readyz", self.var(admin_var));
+        self.wait_ready_at(self.var(admin_var), limit).await
+    }
+
+    /// Waits for `/readyz` of the admin listener at `base` (`http://127.0.0.1:PORT`).
+    pub async fn wait_ready_at(&self, base: &str, limit: Duration) -> Result<(), String> {
+        let url = format!("{base}/readyz");
         wait_for(&format!("{url} ready"), limit, || {
             let url = url.clone();
             async move {

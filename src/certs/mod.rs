@@ -3,12 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod keeper;
+
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 
 /// PEM-encoded certificate (chain) and private key.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PemPair {
     pub cert_pem: String,
     pub key_pem: String,
