@@ -298,6 +298,13 @@ pub fn next_step(o: &Observed, s: &Settings) -> Result<Step, CertError> {
     Ok(Step::Wait { until })
 }
 
+/// How far before `now` a certificate's validity starts, for clocks a little behind: five
+/// minutes, or a tenth of a short validity (a certificate must not be born a third from its end).
+fn backdate(validity: Duration) -> Duration {
+    let tenth: Duration = validity / 10;
+    tenth.min(Duration::minutes(5))
+}
+
 /// A new CA, valid from `now` for `validity`, named with its start so that two CAs differ.
 pub fn new_ca(now: OffsetDateTime, validity: Duration) -> Result<PemPair, CertError> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -311,7 +318,7 @@ pub fn new_ca(now: OffsetDateTime, validity: Duration) -> Result<PemPair, CertEr
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    params.not_before = now - Duration::minutes(5);
+    params.not_before = now - backdate(validity);
     params.not_after = now + validity;
     let key = KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
@@ -336,7 +343,7 @@ pub fn issue(
         sans.first().map(String::as_str).unwrap_or("gpu-share"),
     );
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    params.not_before = now - Duration::minutes(5);
+    params.not_before = now - backdate(validity);
     params.not_after = now + validity;
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;

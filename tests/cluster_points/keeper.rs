@@ -149,11 +149,17 @@ pub async fn keeps_its_certificates(c: &Cluster) -> Check {
         .spawn()
         .map_err(|e| format!("start the keeper's webhook: {e}"))?;
     let _running = Running(child);
+    let log_tail = || {
+        let text = std::fs::read_to_string(c.dir.join("logs/keeper-test.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    };
     c.wait_ready_at(
         &format!("http://127.0.0.1:{admin}"),
         Duration::from_secs(120),
     )
-    .await?;
+    .await
+    .map_err(|e| format!("{e}; its log ends:\n{}", log_tail()))?;
 
     // Three minutes of pods, while the certificates turn over.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
