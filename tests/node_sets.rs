@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::nvidia::{SETS, labels, set};
+use common::nvidia::{SETS, gpu_limits, labels, plan_pod, set};
 use gpu_share::inventory::{self, MigOffers, Reading};
 use gpu_share::packing::{self, Usage};
 use gpu_share::policy::Policy;
@@ -39,35 +39,7 @@ fn planned_with(
     annotations: serde_json::Value,
     offers: &MigOffers,
 ) -> Result<(Pod, Vec<String>), String> {
-    let obj = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
-    });
-    let facts = gpu_share::admission::plan::Facts {
-        namespace: "default",
-        namespace_labels: None,
-        runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
-        request_uid: "u",
-        mig_offers: Some(offers),
-        legacy_runtime_class: gpu_share::admission::plan::RuntimeClassState::Unknown,
-    };
-    let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
-    let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
-        return Err(format!("{decision:?}"));
-    };
-    let mut doc = obj.clone();
-    json_patch::patch(&mut doc, &m.patch).unwrap();
-    Ok((serde_json::from_value(doc).unwrap(), m.warnings))
-}
-
-fn gpu_limits(pod: &Pod) -> BTreeMap<String, String> {
-    pod.spec.as_ref().unwrap().containers[0]
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
-        .unwrap_or_default()
+    plan_pod(policy, annotations, Some(offers))
 }
 
 /// Where each class lands in a cluster of `nodes` under `policy`: class -> node names.

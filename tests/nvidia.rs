@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::nvidia::{self, EXPECTED, labels, nodes as nvidia_nodes};
+use common::nvidia::{self, EXPECTED, gpu_limits, labels, nodes as nvidia_nodes};
 use gpu_share::extender::report::NodeReport;
 use gpu_share::inventory::{self, GpuNode, MigLayout, Reading};
 use gpu_share::packing::{self, Demand, GpuDemand, Reason, Usage};
@@ -285,35 +285,8 @@ fn planned_with(
     annotation: &str,
     offers: Option<&inventory::MigOffers>,
 ) -> (Pod, Vec<String>) {
-    let obj = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default", "annotations": {"gpu-share": annotation}},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
-    });
-    let facts = gpu_share::admission::plan::Facts {
-        namespace: "default",
-        namespace_labels: None,
-        runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
-        request_uid: "u",
-        mig_offers: offers,
-        legacy_runtime_class: gpu_share::admission::plan::RuntimeClassState::Unknown,
-    };
-    let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
-    let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
-        panic!("{decision:?}")
-    };
-    let mut doc = obj.clone();
-    json_patch::patch(&mut doc, &m.patch).unwrap();
-    (serde_json::from_value(doc).unwrap(), m.warnings)
-}
-
-fn gpu_limits(pod: &Pod) -> BTreeMap<String, String> {
-    pod.spec.as_ref().unwrap().containers[0]
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.as_ref())
-        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
-        .unwrap_or_default()
+    nvidia::plan_pod(policy, json!({"gpu-share": annotation}), offers)
+        .unwrap_or_else(|d| panic!("{d}"))
 }
 
 /// The GPU Operator's default MIG strategy is single, gpu-share's was mixed: with both defaults

@@ -529,14 +529,7 @@ async fn keep_certs_at_start(
     if !args.keep_certs.keep_certs || args.dev {
         return Ok(None);
     }
-    let cert = args
-        .tls_cert
-        .clone()
-        .ok_or(Error::MissingFlag { flag: "--tls-cert" })?;
-    let key = args
-        .tls_key
-        .clone()
-        .ok_or(Error::MissingFlag { flag: "--tls-key" })?;
+    let (cert, key) = start::cert_and_key(args)?;
     let client = kube::Client::try_default()
         .await
         .map_err(Error::NoCluster)?;

@@ -33,20 +33,26 @@ pub(super) fn load_policy_at_start(args: &ServeArgs) -> Result<(Arc<PolicyStore>
     Ok((Arc::new(PolicyStore::new(policy)), bytes))
 }
 
+/// The `--tls-cert` and `--tls-key` paths, both required.
+pub(super) fn cert_and_key(args: &ServeArgs) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let cert = args
+        .tls_cert
+        .clone()
+        .ok_or(Error::MissingFlag { flag: "--tls-cert" })?;
+    let key = args
+        .tls_key
+        .clone()
+        .ok_or(Error::MissingFlag { flag: "--tls-key" })?;
+    Ok((cert, key))
+}
+
 /// The certificate files: the flags' or, in `--dev` without `--tls-cert`, a self-signed pair for
 /// localhost written to a temporary directory (returned, so that it lives while it is used).
 pub(super) fn certificate_files(
     args: &ServeArgs,
 ) -> Result<(tls::TlsFiles, Option<tempfile::TempDir>)> {
     if !(args.dev && args.tls_cert.is_none()) {
-        let cert = args
-            .tls_cert
-            .clone()
-            .ok_or(Error::MissingFlag { flag: "--tls-cert" })?;
-        let key = args
-            .tls_key
-            .clone()
-            .ok_or(Error::MissingFlag { flag: "--tls-key" })?;
+        let (cert, key) = cert_and_key(args)?;
         let files = tls::TlsFiles {
             cert,
             key,

@@ -284,3 +284,45 @@ pub fn check_report(r: &NodeReport, n: &Node) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The pod with `annotations` as the webhook writes it in a cluster whose nodes offer MIG in the
+/// forms `offers` says (`None`: they could not be read), with its warnings; or its refusal.
+pub fn plan_pod(
+    policy: &gpu_share::policy::Policy,
+    annotations: serde_json::Value,
+    offers: Option<&gpu_share::inventory::MigOffers>,
+) -> Result<(k8s_openapi::api::core::v1::Pod, Vec<String>), String> {
+    let obj = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+    });
+    let facts = gpu_share::admission::plan::Facts {
+        namespace: "default",
+        namespace_labels: None,
+        runtime_class: gpu_share::admission::plan::RuntimeClassState::Exists,
+        request_uid: "u",
+        mig_offers: offers,
+        legacy_runtime_class: gpu_share::admission::plan::RuntimeClassState::Unknown,
+    };
+    let decision = gpu_share::admission::plan::plan(&obj, policy, &policy.mig_table(), &facts);
+    let gpu_share::admission::plan::Decision::Mutate(m) = decision else {
+        return Err(format!("{decision:?}"));
+    };
+    let mut doc = obj.clone();
+    json_patch::patch(&mut doc, &m.patch).map_err(|e| e.to_string())?;
+    Ok((
+        serde_json::from_value(doc).map_err(|e| e.to_string())?,
+        m.warnings,
+    ))
+}
+
+/// The GPU limits of the pod's first container, as text.
+pub fn gpu_limits(pod: &k8s_openapi::api::core::v1::Pod) -> BTreeMap<String, String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
