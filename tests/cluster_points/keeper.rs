@@ -142,7 +142,7 @@ pub async fn keeps_its_certificates(c: &Cluster) -> Check {
             "--ca-validity-seconds",
             "150",
         ])
-        .args(["--cert-propagation-seconds", "8"])
+        .args(["--cert-propagation-seconds", "20"])
         .env("KUBECONFIG", c.dir.join("kubeconfig"))
         .stdout(Stdio::null())
         .stderr(log)
