@@ -2,7 +2,7 @@
 """gpu-share's scheduler against kube-scheduler's default profile, at scale, on the control
 plane of tests/cluster/up.sh (real kube-apiserver, etcd and kube-scheduler).
 
-    python3 benches/cluster-scale.py [--nodes 5000] [--pods 20000] [--out docs/cluster-scale.md]
+    python3 benches/cluster-scale.py [--nodes 5000] [--pods 20000] [--out benches/results/cluster-scale.md]
 
 1. Starts the control plane with N GPU nodes of mixed kinds (8 GPUs each: time-slicing x4,
    MPS x4, MIG mixed A100 7x 1g.10gb per GPU, plain L40S) and gpu-share built in release.
@@ -391,7 +391,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--pods", type=int, default=20000)
-    ap.add_argument("--out", default=os.path.join(REPO, "docs", "cluster-scale.md"))
+    ap.add_argument("--out", default=os.path.join(REPO, "benches", "results", "cluster-scale.md"))
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--gpu-share-bin", help="a gpu-share binary to run (default: cargo build --release)")
     ap.add_argument("--profile", metavar="DIR", help="profile each half into DIR (see above)")

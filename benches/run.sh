@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-share over the wire, against a floor: every figure of the README's performance table.
+# gpu-share over the wire, against a floor: every figure of docs/performance.md's "Over the wire" table.
 #
 #   bash benches/run.sh                 # 3 runs, writes benches/results/wire.md and .json
 #   RUNS=5 PODS=150000 bash benches/run.sh

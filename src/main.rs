@@ -7,7 +7,7 @@ use gpu_share::cli::{Cli, Command};
 /// mimalloc, not the system allocator: the extender keeps a long-lived ledger (hundreds of
 /// thousands of small objects) while every request allocates and frees large temporary bodies
 /// on several threads; glibc's per-thread arenas hold the freed pages around the long-lived
-/// objects (README, Performance: the RSS at 150,000 pods).
+/// objects (docs/performance.md: the RSS at 150,000 pods).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -788,9 +788,9 @@ mod tests {
         }
     }
 
-    /// A file that leaves fields out takes the embedded default's values for them (the
-    /// README's `namespaces:` example is a whole file), says which, and warns about fields set
-    /// empty on purpose; the embedded default itself sets every field.
+    /// A file that leaves fields out takes the embedded default's values for them
+    /// (docs/configuration.md's `namespaces:` example is a whole file), says which, and warns
+    /// about fields set empty on purpose; the embedded default itself sets every field.
     #[test]
     fn left_out_fields_take_the_defaults_and_empty_ones_warn() {
         let d = Policy::load(DEFAULT_POLICY_YAML, "default.yaml").unwrap();

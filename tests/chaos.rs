@@ -5,7 +5,7 @@
 //! extender alone, kube-apiserver and etcd restarted, the extender's API connection slowed past
 //! its bind timeout and cut (tests/cluster/apiproxy.py), its watches expired, the webhook killed
 //! while pods are created, and a rolling upgrade of both scheduler replicas (SIGTERM, the
-//! follower first): the README's promise that no allocation is lost or doubled.
+//! follower first): docs/upgrade.md's promise that no allocation is lost or doubled.
 //!
 //! Invariants, from the API alone: no node or GPU over capacity, per class (checked every
 //! second, faults or not); nothing admitted unmutated; after each fault, once things settle,

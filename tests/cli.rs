@@ -75,7 +75,7 @@ fn check_policy_prints_the_effective_policy_or_the_line() {
         "{stderr}"
     );
 
-    // The README's namespaces example is a whole policy file: the rest comes from the defaults,
+    // docs/configuration.md's namespaces example is a whole policy file: the rest comes from the defaults,
     // and check-policy says which.
     let partial = dir.path().join("partial.yaml");
     std::fs::write(

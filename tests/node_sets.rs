@@ -10,22 +10,12 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::nvidia::{SETS, gpu_limits, labels, plan_pod, set};
+use common::nvidia::{CLASSES, LANDINGS, SETS, gpu_limits, labels, plan_pod, set};
 use gpu_share::inventory::{self, MigOffers, Reading};
 use gpu_share::packing::{self, Usage};
 use gpu_share::policy::Policy;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
-
-const CLASSES: &[&str] = &[
-    "exclusive-1",
-    "exclusive-2",
-    "timeslice-50",
-    "mps-25",
-    "mig-1g.5gb",
-    "mig-1g.10gb",
-    "mig-3g.40gb",
-];
 
 /// The pod as the webhook writes it in a cluster of `nodes`, with its warnings.
 fn planned(policy: &Policy, class: &str, offers: &MigOffers) -> (Pod, Vec<String>) {
@@ -68,86 +58,6 @@ fn landings(policy: &Policy, nodes: &[Node]) -> BTreeMap<&'static str, BTreeSet<
     }
     out
 }
-
-/// A class, and the nodes of a set it lands on.
-type Landing = (&'static str, &'static [&'static str]);
-
-/// Where each class lands, set by set: written from what each node is, not read from the code.
-/// On the GPU Operator's defaults every GPU node carries `nvidia.com/mig.strategy=single`, MIG or
-/// not, and whole-GPU pods land on every node whose GPUs are neither shared nor MIG devices
-/// (before, on none). Without GPU Feature Discovery (the device plugin chart's default) the
-/// instance type tells a time-sliced g6.12xlarge (16 nvidia.com/gpu on 4 L4s) from whole GPUs.
-const LANDINGS: &[(&str, &[Landing])] = &[
-    (
-        "tests/fixtures/nvidia/operator-defaults.yaml",
-        &[
-            (
-                "exclusive-1",
-                &["op-a100-80gb", "op-h100", "op-l4", "op-l40s"],
-            ),
-            ("exclusive-2", &["op-a100-80gb", "op-h100", "op-l40s"]),
-            ("timeslice-50", &["op-h100-ts4"]),
-            ("mps-25", &["op-h100-mps4"]),
-            ("mig-1g.5gb", &[]),
-            ("mig-1g.10gb", &["op-a100-80gb-all-1g.10gb"]),
-            ("mig-3g.40gb", &["op-h100-all-3g.40gb"]),
-        ],
-    ),
-    (
-        "tests/fixtures/nvidia/device-plugin-chart.yaml",
-        &[
-            (
-                "exclusive-1",
-                &[
-                    "dp-g6-xlarge",
-                    "dp-gfd-g6-xlarge",
-                    "dp-gfd-p5-48xlarge",
-                    "dp-p5-48xlarge",
-                ],
-            ),
-            ("exclusive-2", &["dp-gfd-p5-48xlarge", "dp-p5-48xlarge"]),
-            ("timeslice-50", &["dp-gfd-g6e-12xlarge-ts4"]),
-            ("mps-25", &["dp-gfd-p5-48xlarge-mps4"]),
-            ("mig-1g.5gb", &[]),
-            ("mig-1g.10gb", &[]),
-            ("mig-3g.40gb", &[]),
-        ],
-    ),
-    (
-        "tests/fixtures/nvidia/device-plugin-chart-mixed.yaml",
-        &[
-            (
-                "exclusive-1",
-                &["mixed-a100-80gb-7mig-1full", "mixed-h100", "mixed-l40s"],
-            ),
-            ("exclusive-2", &["mixed-h100", "mixed-l40s"]),
-            ("timeslice-50", &[]),
-            ("mps-25", &[]),
-            ("mig-1g.5gb", &["mixed-a100-40gb-all-1g.5gb"]),
-            (
-                "mig-1g.10gb",
-                &[
-                    "mixed-a100-80gb-7mig-1full",
-                    "mixed-a100-80gb-all-1g.10gb",
-                    "mixed-h100-3g-4x1g",
-                ],
-            ),
-            ("mig-3g.40gb", &["mixed-h100-3g-4x1g"]),
-        ],
-    ),
-    (
-        "tests/fixtures/nvidia/gke.yaml",
-        &[
-            ("exclusive-1", &["gke-a3-highgpu-8g", "gke-g2-standard-8"]),
-            ("exclusive-2", &["gke-a3-highgpu-8g"]),
-            ("timeslice-50", &["gke-g2-standard-24-ts4"]),
-            ("mps-25", &["gke-a3-highgpu-8g-mps2"]),
-            ("mig-1g.5gb", &["gke-a2-highgpu-1g-1g.5gb"]),
-            ("mig-1g.10gb", &[]),
-            ("mig-3g.40gb", &["gke-a2-ultragpu-8g-3g.40gb"]),
-        ],
-    ),
-];
 
 #[test]
 fn every_class_lands_where_each_set_s_nodes_can_hold_it() {

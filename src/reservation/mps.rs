@@ -10,7 +10,7 @@
 //! - **health**: `get_default_active_thread_percentage` every few seconds must answer the
 //!   default set. When it does not, the GPU's compute mode becomes `PROHIBITED` at once: a
 //!   client that no MPS server serves would run with the whole GPU, its limits unheld (an MPS
-//!   client whose daemon is gone runs without MPS, and nothing says so: docs/gpu-runs.md), so no
+//!   client whose daemon is gone runs without MPS, and nothing says so: benches/results/gpu-runs.md), so no
 //!   new context may start until the daemon is back. It is started again, a few times in a row;
 //!   when it cannot be, the GPU stays closed until the reservation goes.
 //! - **release**: `quit`, and the compute mode back to `DEFAULT`.

@@ -17,7 +17,7 @@
 #     does not make, as with cert-manager; its own would name only the Service's DNS name), the
 #     serving certificate from `gpu-share certs` for that Service and 127.0.0.1, the ports
 #     (webhook, health, metrics) free ones on loopback, the leader election Lease's namespace
-#     (a pod reads it from its ServiceAccount's mount), and what README.md's Quotas section
+#     (a pod reads it from its ServiceAccount's mount), and what docs/quotas.md
 #     tells a user to set (its block marked `<!-- example: kueue-configuration -->`, as written);
 #     the rest as shipped;
 #   - the Deployment runs 0 replicas (the local process stands in for its pod);
@@ -100,15 +100,15 @@ mutating=kueue-mutating-webhook-configuration
 [[ $mode == --first ]] && mutating=0-kueue-mutating-webhook-configuration
 
 python3 - "$k/rendered.yaml" "$k/applied.yaml" "$k/config.yaml" "https://127.0.0.1:$webhook_port" \
-  "$k/certs" "$health_port" "$metrics_port" "$mutating" "$repo/README.md" <<'EOF'
+  "$k/certs" "$health_port" "$metrics_port" "$mutating" "$repo/docs/quotas.md" <<'EOF'
 import base64, re, sys, yaml
-src, dst, config_out, base, certs, health, metrics, mutating, readme = sys.argv[1:]
+src, dst, config_out, base, certs, health, metrics, mutating, quotas = sys.argv[1:]
 
-def readme_block(name):
-    """The YAML block that follows `<!-- example: NAME -->` in the README."""
-    m = re.search(r"<!-- example: " + re.escape(name) + r" -->\n```yaml\n(.*?)\n```", open(readme).read(), re.S)
+def quotas_block(name):
+    """The YAML block that follows `<!-- example: NAME -->` in docs/quotas.md."""
+    m = re.search(r"<!-- example: " + re.escape(name) + r" -->\n```yaml\n(.*?)\n```", open(quotas).read(), re.S)
     if not m:
-        sys.exit(f"README.md has no yaml block marked <!-- example: {name} -->")
+        sys.exit(f"docs/quotas.md has no yaml block marked <!-- example: {name} -->")
     return yaml.safe_load(m.group(1))
 
 ca = base64.b64encode(open(f"{certs}/ca.crt", "rb").read()).decode()
@@ -135,9 +135,8 @@ for d in docs:
         cfg["metrics"]["bindAddress"] = f"127.0.0.1:{metrics}"
         # In a pod, the Lease's namespace is read from the ServiceAccount's mount.
         cfg["leaderElection"]["resourceNamespace"] = "kueue-system"
-        # What the README's Quotas section tells a user to set in Kueue's Configuration, as
-        # written there.
-        cfg.update(readme_block("kueue-configuration"))
+        # What docs/quotas.md tells a user to set in Kueue's Configuration, as written there.
+        cfg.update(quotas_block("kueue-configuration"))
         text = yaml.safe_dump(cfg, sort_keys=False)
         d["data"]["controller_manager_config.yaml"] = text
         open(config_out, "w").write(text)

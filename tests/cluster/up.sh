@@ -28,6 +28,9 @@
 # GPU_SHARE_KUBE=1.30 (the control plane of another supported minor, from tests/cluster/v1.30/
 # as build.sh builds it; unset: tests/cluster/go.mod's; docs/kubernetes-versions.md),
 # GPU_SHARE_CLUSTER_INSTALL=none (the control plane and nodes only: nothing of gpu-share),
+# GPU_SHARE_CLUSTER_INSTALL=helm (the Helm chart installed as the README's quick start does, with
+# only image.repository set: the webhook keeps its own certificates; the same changes as below
+# for the local processes, made on the installed objects),
 # GPU_SHARE_SCHEDULER_REPLICAS=2 (the scheduler Deployment's two replicas, as shipped: two
 # kube-schedulers electing a leader on the shipped Lease, each with its own extender, each pair
 # under a hostname of its own as a pod has, gpu-share-scheduler-1 and -2 (this needs
@@ -256,6 +259,33 @@ if [[ ${GPU_SHARE_CLUSTER_INSTALL:-shipped} == none ]]; then
   exit 0
 fi
 
+install="${GPU_SHARE_CLUSTER_INSTALL:-shipped}"
+[[ $install == shipped || $install == helm ]] || fail "GPU_SHARE_CLUSTER_INSTALL=$install: none, shipped or helm"
+if [[ $install == helm ]]; then
+# ---- the Helm chart, as a new user installs it -----------------------------------------------------
+"$kubectl" create namespace gpu-share >/dev/null
+"$kubectl" label namespace gpu-share pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/warn=restricted pod-security.kubernetes.io/audit=restricted >/dev/null
+say "helm install (the chart's defaults, image.repository alone set)"
+KUBECONFIG="$dir/kubeconfig" "$tools/helm" install gpu-share "$repo/charts/gpu-share" --namespace gpu-share \
+  --set image.repository=registry.example.com/platform/gpu-share >"$dir/logs/helm.out" 2>&1 ||
+  fail "helm install failed: $(cat "$dir/logs/helm.out")"
+# The changes, on the installed objects: the webhooks call the local process by URL (the webhook
+# sets their caBundle itself, as it does in a pod), and gpu-share's Deployments run no pods.
+"$kubectl" get mutatingwebhookconfiguration/gpu-share validatingwebhookconfiguration/gpu-share -o json |
+  python3 -c '
+import json, sys
+objs = json.load(sys.stdin)
+for d in objs["items"]:
+    for hook in d["webhooks"]:
+        cc = hook["clientConfig"]
+        assert "caBundle" not in cc, "the chart set a caBundle: the webhook keeps its own"
+        cc["url"] = sys.argv[1] + cc.pop("service")["path"]
+json.dump(objs, sys.stdout)
+' "https://127.0.0.1:$webhook_port" | "$kubectl" replace -f - >/dev/null || fail "the webhooks' URLs"
+"$kubectl" -n gpu-share scale deployment gpu-share-webhook gpu-share-scheduler --replicas 0 >/dev/null
+mkdir -p "$dir/tls"
+else
 # ---- the manifests, as shipped -------------------------------------------------------------------
 # The self-signed overlay reads its certificates from its own certs/ directory: render a copy.
 rm -rf "$dir/manifests"
@@ -288,6 +318,8 @@ EOF
 say "kubectl apply (the self-signed overlay, with the per-GPU component)"
 "$kubectl" apply -f "$dir/applied.yaml" >"$dir/logs/apply.out" 2>"$dir/logs/apply.err" ||
   fail "kubectl apply of the manifests failed: $(cat "$dir/logs/apply.err")"
+mkdir -p "$dir/tls"
+fi
 
 # ---- gpu-share's processes under their own ServiceAccounts -------------------------------------
 token_kubeconfig() { # serviceaccount file
@@ -298,12 +330,14 @@ token_kubeconfig() { # serviceaccount file
 token_kubeconfig gpu-share-webhook "$dir/kubeconfigs/webhook"
 token_kubeconfig gpu-share-scheduler "$dir/kubeconfigs/scheduler"
 
-# What the pods mount, as files: the Secret gpu-share-tls and the policy ConfigMap.
-mkdir -p "$dir/tls"
-for key in tls.crt tls.key ca.crt; do
-  "$kubectl" -n gpu-share get secret gpu-share-tls -o "jsonpath={.data.${key//./\\.}}" | base64 -d >"$dir/tls/$key"
-done
-chmod 600 "$dir/tls/tls.key"
+# What the pods mount, as files: the Secret gpu-share-tls (where the webhook does not keep its own
+# certificates: it writes its files itself) and the policy ConfigMap.
+if [[ $install == shipped ]]; then
+  for key in tls.crt tls.key ca.crt; do
+    "$kubectl" -n gpu-share get secret gpu-share-tls -o "jsonpath={.data.${key//./\\.}}" | base64 -d >"$dir/tls/$key"
+  done
+  chmod 600 "$dir/tls/tls.key"
+fi
 "$kubectl" -n gpu-share get configmap gpu-share-policy -o 'jsonpath={.data.policy\.yaml}' >"$dir/policy/policy.yaml"
 
 # A container's args from the applied Deployment, with the mount paths and listen addresses of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does a client see whether MPS serves it (CU_DEVICE_ATTRIBUTE_MPS_ENABLED)? No MPS env, the daemon up
 # (with and without a limit), the daemon gone, a pipe directory that never existed.
-#   bash tests/gpu/mps-attr.sh      (docs/gpu-runs.md has the results)
+#   bash tests/gpu/mps-attr.sh      (benches/results/gpu-runs.md has the results)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/mps-attr.txt") 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-share's checks on a real GPU (docs/gpu-runs.md has the results). On a machine with one
+# gpu-share's checks on a real GPU (benches/results/gpu-runs.md has the results). On a machine with one
 # NVIDIA GPU, its driver, python3 with PyTorch and nvidia-ml-py, run in the repo root with a built
 # binary beside this script (tests/gpu/gpu-share, or tests/gpu/gpu-share.gz; git ignores both):
 #   cp target/release/gpu-share tests/gpu/ && bash tests/gpu/run.sh

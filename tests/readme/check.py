@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Runs every shell command of README.md and CONTRIBUTING.md as written, the way a new user would.
+"""Runs every shell command of README.md, the docs/ pages a user installs from, and CONTRIBUTING.md
+as written, the way a new user would.
 
 Usage: tests/readme/check.py            (from anywhere; CI runs it in .ci/run)
 
-Each ```sh block of either file carries a marker on the line before it, which says where its
-commands run; a block without one fails the check, so no command goes unchecked. The files are
-checked in that order, README.md first, against the same control planes; every message names the
-file and the line:
+Each ```sh block of these files (DOCS) carries a marker on the line before it, which says where
+its commands run; a block without one fails the check, so no command goes unchecked, and a page
+of docs/ with a ```sh block that DOCS does not list fails it too. The files are checked in the
+order of DOCS, README.md first (the install), docs/upgrade.md last but one (the uninstall),
+against the same control planes; every message names the file and the line:
 
   <!-- check: local -->          on this machine, no cluster
   <!-- check: dev ARGS -->       with `gpu-share serve --dev ARGS` running (the block starts it)
@@ -45,7 +47,11 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = ("README.md", "CONTRIBUTING.md")
+# The order matters: the README installs, the pages after it change what it installed, and
+# docs/upgrade.md uninstalls.
+DOCS = ("README.md", "docs/admission.md", "docs/install.md", "docs/dra.md", "docs/per-gpu.md", "docs/platforms.md",
+        "docs/extender.md",
+        "docs/configuration.md", "docs/simulate.md", "docs/upgrade.md", "CONTRIBUTING.md")
 MUTATING = {"apply", "create", "run", "patch", "delete", "taint", "label", "annotate"}
 CA_PLACEHOLDER = "<caBundle printed by gpu-share certs>"
 
@@ -169,6 +175,12 @@ def main():
     for doc in DOCS:
         text = open(os.path.join(REPO, doc)).read()
         found += [(doc, line, marker, cmds) for line, marker, cmds in blocks(text)]
+    unlisted = [f"docs/{f}" for f in sorted(os.listdir(os.path.join(REPO, "docs")))
+                if f.endswith(".md") and f"docs/{f}" not in DOCS
+                and blocks(open(os.path.join(REPO, "docs", f)).read())]
+    if unlisted:
+        print(f"readme check: ```sh blocks in pages the check does not run: {', '.join(unlisted)}", file=sys.stderr)
+        return 1
     unmarked = [f"{doc}:{line}" for doc, line, marker, _ in found if marker is None]
     if unmarked:
         print(f"readme check: ```sh blocks without a check marker at {', '.join(unmarked)}", file=sys.stderr)

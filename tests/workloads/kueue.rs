@@ -1,6 +1,6 @@
 //! Kueue counts GPUs in fractions: its ClusterQueue covers `gpu-share.io/gpu-milli`, and Kueue's
 //! own controller and webhooks (tests/cluster/kueue.sh: its manifests from its Go module, its
-//! binary, under its ServiceAccount) admit gpu-share pods and Jobs by it. The README's examples,
+//! binary, under its ServiceAccount) admit gpu-share pods and Jobs by it. docs/quotas.md's examples,
 //! as written: the Configuration fragment (kueue.sh merges it) and the queues (applied here).
 //!
 //! Both orders of the two mutating webhook configurations (the API server calls them in the
@@ -22,19 +22,18 @@ const NODE: &str = "kueue-a100-ts4x3";
 const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 const MILLI: &str = "gpu-share.io/gpu-milli";
 
-/// The README's YAML block marked `<!-- example: NAME -->`, as written.
-fn readme_block(name: &str) -> Result<String, String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+/// docs/quotas.md's YAML block marked `<!-- example: NAME -->`, as written.
+fn quotas_block(name: &str) -> Result<String, String> {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/quotas.md"))
         .map_err(|e| e.to_string())?;
     let marker = format!("<!-- example: {name} -->\n```yaml\n");
-    let start = readme
-        .find(&marker)
-        .ok_or_else(|| format!("README.md has no yaml block marked <!-- example: {name} -->"))?
-        + marker.len();
-    let len = readme[start..]
+    let start = page.find(&marker).ok_or_else(|| {
+        format!("docs/quotas.md has no yaml block marked <!-- example: {name} -->")
+    })? + marker.len();
+    let len = page[start..]
         .find("\n```")
-        .ok_or_else(|| format!("the README's block {name} does not end"))?;
-    Ok(readme[start..start + len].to_string())
+        .ok_or_else(|| format!("docs/quotas.md's block {name} does not end"))?;
+    Ok(page[start..start + len].to_string())
 }
 
 /// tests/cluster/kueue.sh with `arg` (`--first`, `--remove` or none).
@@ -126,7 +125,7 @@ fn held_because(w: &Value) -> String {
 
 /// What the ClusterQueue `gpus` counts of the quantity (`None`: nothing yet).
 fn queue_uses(c: &Cluster) -> Result<Option<String>, String> {
-    // Before the README's queues are applied (the first clear), there is none.
+    // Before docs/quotas.md's queues are applied (the first clear), there is none.
     let out = kubectl(
         c,
         &[
@@ -210,7 +209,7 @@ async fn scenario(c: &Cluster, first: &str) -> Check {
     kubectl(
         c,
         &["apply", "-f", "-"],
-        Some(&readme_block("kueue-queues")?),
+        Some(&quotas_block("kueue-queues")?),
     )?;
 
     // Pod integration: eight admitted, the ninth held by the queue (whichever Kueue left out:
