@@ -52,7 +52,7 @@ pub fn verdict(
     server_version: &str,
 ) -> Option<String> {
     let fix = format!(
-        "set kube-scheduler's image to the cluster's version, registry.k8s.io/kube-scheduler:v{server}.x (Helm sets it from the cluster itself; with kustomize: cd manifests/base && kustomize edit set image registry.k8s.io/kube-scheduler:v{server}.<patch>)"
+        "set kube-scheduler's image to the cluster's version, registry.k8s.io/kube-scheduler:v{server}.x (Helm sets it from the cluster itself; with kustomize, in your overlay: images: [{{name: registry.k8s.io/kube-scheduler, newTag: v{server}.<patch>}}], docs/install.md)"
     );
     if scheduler.major != server.major || scheduler.minor > server.minor {
         Some(format!(
@@ -106,7 +106,7 @@ mod tests {
             newer.contains("registry.k8s.io/kube-scheduler:v1.33.x"),
             "{newer}"
         );
-        assert!(newer.contains("kustomize edit set image"), "{newer}");
+        assert!(newer.contains("newTag: v1.33.<patch>"), "{newer}");
         assert_eq!(verdict(m(1, 33), m(1, 33), image, "v1.33.5"), None);
         assert_eq!(verdict(m(1, 32), m(1, 33), image, "v1.33.5"), None);
         let old = verdict(m(1, 30), m(1, 33), image, "v1.33.5").unwrap();

@@ -12,7 +12,8 @@
 //! nodes alone are registered, and a pod of each class that lands on some node of the set
 //! (`LANDINGS`, which tests/node_sets.rs holds to the webhook's affinity and the extender's
 //! fit) is admitted by the webhook and bound by kube-scheduler through the extender, onto one of
-//! those nodes.
+//! those nodes. Last, an extender beside a kube-scheduler newer than the API server names it, and
+//! the tag to set, in a Warning event on its pod.
 //!
 //! Run: `cargo test --test install -- --ignored` (CI runs it; `.ci/run`).
 
@@ -255,6 +256,76 @@ async fn first_pods(c: &Cluster, file: &str, landings: &[(&str, &[&str])], i: us
     )
 }
 
+/// A kube-scheduler newer than the API server is named, with the tag to set, in a Warning event
+/// `KubeSchedulerVersionSkew` on the scheduler's pod: an extender started as the sidecar of a pod
+/// of the installed Deployment's template whose kube-scheduler is v1.99.0.
+async fn skew_named(c: &Cluster) -> Check {
+    const SKEWED: &str = "gpu-share-scheduler-skewed";
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), NS);
+    let template = deployments
+        .get("gpu-share-scheduler")
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| s.template.spec)
+        .ok_or("the scheduler Deployment has no pod template")?;
+    let mut spec = serde_json::to_value(&template).map_err(|e| e.to_string())?;
+    for container in spec["containers"].as_array_mut().into_iter().flatten() {
+        if container["name"] == "kube-scheduler" {
+            container["image"] = json!("registry.k8s.io/kube-scheduler:v1.99.0");
+        }
+    }
+    // Never scheduled: the pod is there to be read.
+    spec["nodeName"] = json!("no-such-node");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": SKEWED, "namespace": NS},
+        "spec": spec,
+    }))
+    .map_err(|e| e.to_string())?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    let _ = pods.delete(SKEWED, &Default::default()).await;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| format!("create pod {SKEWED}: {e}"))?;
+    c.stop("extender");
+    c.start_process_with("extender", &[("POD_NAME", SKEWED), ("POD_NAMESPACE", NS)]);
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.client.clone(), NS);
+    let message = wait_for(
+        "a KubeSchedulerVersionSkew event on the skewed scheduler pod",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&kube::api::ListParams::default().fields(&format!(
+                        "involvedObject.name={SKEWED},reason=KubeSchedulerVersionSkew"
+                    )))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(list.items.into_iter().find_map(|e| {
+                    (e.type_.as_deref() == Some("Warning"))
+                        .then_some(e.message)
+                        .flatten()
+                }))
+            }
+        },
+    )
+    .await;
+    c.stop("extender");
+    c.start_process("extender");
+    let _ = pods.delete(SKEWED, &Default::default()).await;
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(120))
+        .await?;
+    let message = message?;
+    ensure(
+        message.contains("v1.99.0") && message.contains("newer than the cluster's API server"),
+        format!("the event says what is wrong and what to set: {message}"),
+    )?;
+    eprintln!("install: the skewed scheduler's event: {message}");
+    Ok(())
+}
+
 #[tokio::test]
 #[ignore = "needs Go and a few minutes: cargo test --test install -- --ignored (CI runs it)"]
 async fn helm_install_with_only_the_image_set_binds_a_first_pod_of_each_class_on_every_set() {
@@ -284,5 +355,11 @@ async fn helm_install_with_only_the_image_set_binds_a_first_pod_of_each_class_on
         )
         .await;
     }
+    point(
+        &mut failures,
+        "a kube-scheduler newer than the API server, named in an event",
+        skew_named(&c),
+    )
+    .await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

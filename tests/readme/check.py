@@ -30,9 +30,9 @@ answer and the namespace exists; one whose comment says `needs cert-manager` (no
 with `--dry-run=server`: the API server admits it without persisting it, through every admission
 step, against cert-manager's CRDs (from its Go module), installed there.
 
-The commands run in a copy of the repository (only the files git knows; its `target/` is
-target/readme-check, kept between runs) beside a link to ../shared, so nothing they write lands in
-the checkout. `kubectl` is the control
+The commands run in a copy of the repository (only the files git knows; its `target/` is the
+checkout's, so that a command that builds compiles the crate alone) beside a link to ../shared,
+so nothing they write lands in the checkout. `kubectl` is the control
 plane's own (v1.37), `helm` tools/build.sh's and `gpu-share` the release build, all first on PATH.
 """
 import os
@@ -193,11 +193,13 @@ def main():
         if f and os.path.isfile(os.path.join(REPO, f)):
             os.makedirs(os.path.dirname(os.path.join(checkout, f)), exist_ok=True)
             shutil.copy2(os.path.join(REPO, f), os.path.join(checkout, f))
-    # The copy builds into a target directory of its own, kept between runs (the checkout's would
-    # be overwritten with binaries built from the copy, which has no git revision).
-    own_target = os.path.join(REPO, "target", "readme-check")
-    os.makedirs(own_target, exist_ok=True)
-    os.symlink(own_target, os.path.join(checkout, "target"))
+    # The copy builds into the checkout's target directory: the dependencies compiled there are
+    # the copy's too (only the crate itself is compiled again, from the copy's path), where a
+    # target of its own would compile every dependency again, twice (a release build and a
+    # test build), and cold in CI. The binaries the copy's commands build replace the
+    # checkout's in target/ (the same sources; their revision reads "unknown", the copy having
+    # no .git) until the checkout's next build.
+    os.symlink(os.path.join(REPO, "target"), os.path.join(checkout, "target"))
     shared = os.path.join(os.path.dirname(REPO), "shared")
     if os.path.isdir(shared):
         os.symlink(shared, os.path.join(work, "work", "shared"))
