@@ -23,6 +23,9 @@ RUN case "${TARGETARCH:-$(dpkg --print-architecture)}" in \
       apt-get update -qq && apt-get install -y -qq --no-install-recommends $cross >/dev/null \
       && rustup target add "$triple"; \
     fi
+# The Cargo profile: release, as published (.ci/image builds the arm64 image it cannot run with
+# the lighter cross-check, Cargo.toml).
+ARG CARGO_PROFILE=release
 ENV CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc \
     CC_x86_64_unknown_linux_gnu=x86_64-linux-gnu-gcc \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
@@ -37,7 +40,7 @@ RUN mkdir src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
  && for f in decision load floor; do echo 'fn main() {}' > benches/$f.rs; done \
- && cargo build --release --locked --target "$(cat /target)" --bin gpu-share \
+ && cargo build --profile "$CARGO_PROFILE" --locked --target "$(cat /target)" --bin gpu-share \
  && rm -rf src
 
 # The crate itself. policies/default.yaml is embedded in the binary (include_str!). touch makes the
@@ -50,8 +53,8 @@ COPY policies ./policies
 ARG GIT_REVISION=unknown
 ENV GPU_SHARE_GIT_REVISION=${GIT_REVISION}
 RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked --target "$(cat /target)" --bin gpu-share \
- && cp "target/$(cat /target)/release/gpu-share" /gpu-share \
+ && cargo build --profile "$CARGO_PROFILE" --locked --target "$(cat /target)" --bin gpu-share \
+ && cp "target/$(cat /target)/$CARGO_PROFILE/gpu-share" /gpu-share \
  && if [ "$(cat /target)" = "$(rustc -vV | sed -n 's/^host: //p')" ]; then /gpu-share --version; fi
 
 # ---- runtime --------------------------------------------------------------------------------
