@@ -66,25 +66,26 @@ async fn installed(c: &Cluster) -> Check {
     let ca = String::from_utf8_lossy(&ca).into_owned();
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(c.client.clone());
-    let mut bundles: Vec<(String, Option<Vec<u8>>)> = Vec::new();
-    for h in mutating
+    let mutating_hooks = mutating
         .get("gpu-share")
         .await
         .map_err(|e| e.to_string())?
         .webhooks
         .unwrap_or_default()
-    {
-        bundles.push((h.name, h.client_config.ca_bundle.map(|b| b.0)));
-    }
-    for h in validating
+        .into_iter()
+        .map(|h| (h.name, h.client_config.ca_bundle));
+    let validating_hooks = validating
         .get("gpu-share")
         .await
         .map_err(|e| e.to_string())?
         .webhooks
         .unwrap_or_default()
-    {
-        bundles.push((h.name, h.client_config.ca_bundle.map(|b| b.0)));
-    }
+        .into_iter()
+        .map(|h| (h.name, h.client_config.ca_bundle));
+    let bundles: Vec<(String, Option<Vec<u8>>)> = mutating_hooks
+        .chain(validating_hooks)
+        .map(|(name, bundle)| (name, bundle.map(|b| b.0)))
+        .collect();
     ensure(bundles.len() == 4, format!("4 webhooks, got {bundles:?}"))?;
     for (name, bundle) in &bundles {
         let pem = bundle
