@@ -1,4 +1,5 @@
-//! PURE: the CDI device an MPS reservation writes for its GPU, `gpu-share.io/mps=<UUID>`.
+//! PURE: the CDI devices a reservation writes for its GPU: `gpu-share.io/mps=<UUID>` for an MPS
+//! reservation, `gpu-share.io/gpu=<UUID>` for a time-sliced one.
 //!
 //! A share in per-GPU form names it (alone) in `NVIDIA_VISIBLE_DEVICES`, and the `nvidia` runtime
 //! in CDI or auto mode injects it: the GPU as NVIDIA's own CDI spec on the node describes it
@@ -17,17 +18,31 @@
 //!
 //! A name that no spec resolves fails the container's creation ("unresolvable CDI devices"):
 //! a share never starts without its daemon's device.
+//!
+//! The time-sliced device, `gpu-share.io/gpu=<UUID>` ([`gpu_spec`]), is the same copy of NVIDIA's
+//! edits for the GPU with nothing added: no daemon, no pipe. A share that names it gets the GPU
+//! as NVIDIA's spec describes it, NVIDIA's hooks included: the toolkit's
+//! `apply-cuda-memory-limits`, which NVIDIA's spec attaches to each GPU's device (with the GPU's
+//! UUID), where the toolkit writes it. A name of gpu-share's kind, one per GPU whatever NVIDIA's
+//! tooling on the node called it (by index in `nvidia-ctk cdi generate`'s spec, by UUID under a
+//! vendor of its own in the device plugin's).
 
 use serde_json::{Value, json};
 
-use super::model::MPS_CDI_KIND;
+use super::model::{GPU_CDI_KIND, MPS_CDI_KIND};
 
 /// The oldest `cdiVersion` the device is written in: mounts with options (0.4.0) and device
 /// names of any form (0.5.0); every toolkit from v1.17 reads it.
 pub const MIN_CDI_VERSION: &str = "0.5.0";
 
-/// The keys of `containerEdits` that add up (NVIDIA's spec-wide edits, then the device's).
-const LISTS: [&str; 5] = ["env", "deviceNodes", "mounts", "hooks", "additionalGIDs"];
+/// The keys of `containerEdits` that add up (NVIDIA's spec-wide edits, then the device's), spelled
+/// as the CDI spec spells them: the toolkit (from v1.19) writes `additionalGids` for a device
+/// node not open to all (`/dev/dri/renderD128`, group `render`), and the container needs the
+/// group to open it.
+const LISTS: [&str; 5] = ["env", "deviceNodes", "mounts", "hooks", "additionalGids"];
+
+/// The kinds of gpu-share's own devices, never read back as NVIDIA's.
+const OWN_KINDS: [&str; 2] = [MPS_CDI_KIND, GPU_CDI_KIND];
 
 /// Why no device could be written, in words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,16 +58,22 @@ pub enum CdiError {
     },
 }
 
-/// The file the device is written to in the node's CDI directory: one per GPU, so that a later
-/// reservation of the GPU replaces it (two files defining one device make it unresolvable).
+/// The file the MPS device is written to in the node's CDI directory: one per GPU, so that a
+/// later reservation of the GPU replaces it (two files defining one device make it unresolvable).
 pub fn file_name(uuid: &str) -> String {
     format!("gpu-share.io-mps-{uuid}.json")
 }
 
+/// The file the time-sliced device is written to, beside the MPS one ([`file_name`]): one per
+/// GPU too, and never the MPS device's file (a GPU's reservation may change form).
+pub fn gpu_file_name(uuid: &str) -> String {
+    format!("gpu-share.io-gpu-{uuid}.json")
+}
+
 /// NVIDIA's edits for the GPU with `uuid` (device node `/dev/nvidia<minor>`), from the specs
 /// read on the node (`(file, spec)`): the first device named by the UUID, or whose device nodes
-/// hold the GPU's, in a spec of an NVIDIA kind; its spec-wide edits first. Also the spec's
-/// `cdiVersion`.
+/// hold the GPU's, in a spec of an NVIDIA kind (gpu-share's own devices are copies, never read
+/// back); its spec-wide edits first. Also the spec's `cdiVersion`.
 pub fn gpu_edits(
     specs: &[(String, Value)],
     uuid: &str,
@@ -62,7 +83,7 @@ pub fn gpu_edits(
     for (_, spec) in specs {
         let kind = spec["kind"].as_str().unwrap_or_default();
         let vendor = kind.split('/').next().unwrap_or_default();
-        if kind == MPS_CDI_KIND || !vendor.split('.').any(|p| p == "nvidia") {
+        if OWN_KINDS.contains(&kind) || !vendor.split('.').any(|p| p == "nvidia") {
             continue;
         }
         let devices = spec["devices"].as_array().into_iter().flatten();
@@ -127,6 +148,19 @@ pub fn mps_spec(version: &str, edits: &Value, uuid: &str, pipe: &str, shm: &str)
     json!({
         "cdiVersion": version,
         "kind": MPS_CDI_KIND,
+        "devices": [{"name": uuid, "containerEdits": all}],
+    })
+}
+
+/// The spec of device `gpu-share.io/gpu=<uuid>`: NVIDIA's `edits` for the GPU ([`gpu_edits`]), as
+/// they are. `version` is the one [`gpu_edits`] gives (NVIDIA's spec's, at least
+/// [`MIN_CDI_VERSION`]): the edits need no newer one than the spec they come from.
+pub fn gpu_spec(version: &str, edits: &Value, uuid: &str) -> Value {
+    let mut all = json!({});
+    merge(&mut all, edits);
+    json!({
+        "cdiVersion": version,
+        "kind": GPU_CDI_KIND,
         "devices": [{"name": uuid, "containerEdits": all}],
     })
 }
@@ -231,7 +265,20 @@ mod tests {
         other["kind"] = json!("example.com/gpu");
         let mut own = nvidia_spec();
         own["kind"] = json!(MPS_CDI_KIND);
-        assert!(gpu_edits(&[("o".into(), other), ("g".into(), own)], UUID, Some(1)).is_err());
+        let mut own_gpu = nvidia_spec();
+        own_gpu["kind"] = json!(GPU_CDI_KIND);
+        assert!(
+            gpu_edits(
+                &[
+                    ("o".into(), other),
+                    ("g".into(), own),
+                    ("t".into(), own_gpu)
+                ],
+                UUID,
+                Some(1)
+            )
+            .is_err()
+        );
         assert!(
             gpu_edits(&[], UUID, None)
                 .unwrap_err()
@@ -270,5 +317,76 @@ mod tests {
             file_name(UUID),
             "gpu-share.io-mps-GPU-5b3c7e0a-1f2d-4c8b-9e6a-0d1c2b3a4f5e.json"
         );
+    }
+
+    #[test]
+    fn gpu_shares_own_devices_are_never_read_back_as_nvidias() {
+        // gpu-share's devices come first in the node's directory listing; NVIDIA's after.
+        let mut ours = json!({
+            "cdiVersion": "0.5.0",
+            "devices": [{"name": UUID, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia9"}]}}],
+        });
+        let mut specs = Vec::new();
+        for kind in [MPS_CDI_KIND, GPU_CDI_KIND] {
+            ours["kind"] = json!(kind);
+            specs.push((format!("{kind}.json"), ours.clone()));
+        }
+        specs.push(("nvidia.yaml".to_string(), nvidia_spec()));
+        let (_, edits) = gpu_edits(&specs, UUID, Some(1)).unwrap();
+        assert!(
+            edits["deviceNodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["path"] != "/dev/nvidia9"),
+            "{edits}"
+        );
+    }
+
+    #[test]
+    fn the_time_sliced_device_is_nvidias_edits_and_nothing_else() {
+        let specs = vec![("n".to_string(), nvidia_spec())];
+        let (version, edits) = gpu_edits(&specs, UUID, Some(1)).unwrap();
+        let spec = gpu_spec(&version, &edits, UUID);
+        assert_eq!(spec["cdiVersion"], "0.5.0");
+        assert_eq!(spec["kind"], "gpu-share.io/gpu");
+        assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["devices"][0]["name"], UUID);
+        let e = &spec["devices"][0]["containerEdits"];
+        assert_eq!(e, &edits);
+        // The toolkit's hook is carried over; nothing of MPS is added.
+        assert_eq!(e["hooks"][0]["args"][1], "apply-cuda-memory-limits");
+        assert!(
+            !e.to_string().contains("CUDA_MPS") && !e.to_string().contains("/dev/shm"),
+            "{e}"
+        );
+        assert_eq!(
+            gpu_file_name(UUID),
+            "gpu-share.io-gpu-GPU-5b3c7e0a-1f2d-4c8b-9e6a-0d1c2b3a4f5e.json"
+        );
+        assert_ne!(gpu_file_name(UUID), file_name(UUID));
+    }
+
+    #[test]
+    fn additional_groups_are_carried_as_the_cdi_spec_spells_them() {
+        let mut spec = nvidia_spec();
+        spec["cdiVersion"] = json!("0.7.0");
+        spec["devices"][1]["containerEdits"]["deviceNodes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": "/dev/dri/renderD129", "fileMode": 432, "gid": 992}));
+        spec["devices"][1]["containerEdits"]["additionalGids"] = json!([992]);
+        let (version, edits) = gpu_edits(&[("n".into(), spec)], UUID, Some(1)).unwrap();
+        assert_eq!(version, "0.7.0");
+        assert_eq!(edits["additionalGids"], json!([992]));
+        for spec in [
+            gpu_spec(&version, &edits, UUID),
+            mps_spec(&version, &edits, UUID, "/p", "/s"),
+        ] {
+            assert_eq!(
+                spec["devices"][0]["containerEdits"]["additionalGids"],
+                json!([992])
+            );
+        }
     }
 }

@@ -29,6 +29,10 @@ pub const ANNOTATION_MPS: &str = "gpu-share.io/reserve-mps";
 /// names the GPU with its MPS daemon's pipe and shared memory (a share's devices ConfigMap
 /// holds this name where it would hold the UUID).
 pub const MPS_CDI_KIND: &str = "gpu-share.io/mps";
+/// The CDI kind of the device a reservation writes for its GPU in the time-sliced per-GPU form:
+/// `gpu-share.io/gpu=<UUID>` names the GPU as NVIDIA's own CDI spec on the node describes it,
+/// NVIDIA's hooks included, and nothing of gpu-share's.
+pub const GPU_CDI_KIND: &str = "gpu-share.io/gpu";
 /// The key of an MPS share's devices ConfigMap that holds its pinned device-memory limit, read
 /// by its container as the variable of the same name (`0=<MiB>M`).
 pub const MPS_PINNED_KEY: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
