@@ -10,6 +10,11 @@ if [[ $# -ne 1 ]]; then
 fi
 dir="$1"
 shopt -s nullglob
+# Real nodes first (tests/node/down.sh): their pods, containerd and kubelet, links and cgroups.
+if [[ -e $dir/real-nodes ]]; then
+  "$(dirname "$0")/../node/down.sh" "$dir"
+  rm -f "$dir/real-nodes"
+fi
 pids=()
 stop() { # pid-file: SIGTERM to the process it names, if it still runs
   local pid

@@ -88,6 +88,25 @@ case $replicas in
   *) fail "GPU_SHARE_SCHEDULER_REPLICAS=$replicas: 1 or 2" ;;
 esac
 
+# ---- real nodes (GPU_SHARE_CLUSTER_REAL_NODES) ----------------------------------------------------
+# Pods on a real node reach the API server as pods do, through the `kubernetes` Service: its
+# ClusterIP, which kube-proxy forwards to the address the API server advertises. That address is
+# the machine's own on a link of its own (gs-api0, a bridge without ports: this kernel has no dummy
+# links), reachable from the nodes' pod bridges.
+real_nodes="${GPU_SHARE_CLUSTER_REAL_NODES:-}"
+host_ip=10.250.0.1
+if [[ -n $real_nodes ]]; then
+  [[ $(id -u) == 0 ]] || fail "GPU_SHARE_CLUSTER_REAL_NODES: real nodes need root"
+  if ip link show gs-api0 >/dev/null 2>&1; then
+    fail "link gs-api0 exists: another cluster with real nodes runs on this machine (one at a time), or one was not brought down (tests/cluster/down.sh DIR)"
+  fi
+  touch "$dir/real-nodes" # down.sh: tests/node/down.sh removes the link and the nodes
+  ip link add gs-api0 type bridge
+  ip addr add "$host_ip/32" dev gs-api0
+  ip link set gs-api0 up
+  sysctl -qw net.ipv4.ip_forward=1
+fi
+
 # ---- free ports on loopback --------------------------------------------------------------------
 # The control plane's and gpu-share's ports; then the second scheduler replica's kube-scheduler,
 # extender and admin ports, and each extender's API proxy with its control port (two replicas).
@@ -114,7 +133,7 @@ issue() { # name subject san-or-empty extendedKeyUsage
     -days 2 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
 }
 issue apiserver "/CN=kube-apiserver" \
-  "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
+  "IP:127.0.0.1,IP:$host_ip,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
 issue admin "/O=system:masters/CN=gpu-share-test-admin" "" clientAuth
 # kube-controller-manager's identity, as kubeadm gives it: the user system:kube-controller-manager,
 # bound by the built-in ClusterRoleBinding of the same name.
@@ -168,9 +187,21 @@ wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_port/health"
 
 # ---- kube-apiserver ------------------------------------------------------------------------------
 say "kube-apiserver on 127.0.0.1:$api_port"
+# With real nodes it also listens on the machine's own address and advertises it: the
+# `kubernetes` Service's endpoint, kept by the API server's lease reconciler.
+if [[ -n $real_nodes ]]; then
+  # The API server's client certificate for kubelets (logs, exec), as kubeadm's
+  # apiserver-kubelet-client.
+  issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "" clientAuth
+  api_address=(--bind-address 0.0.0.0 --advertise-address "$host_ip" --kubelet-preferred-address-types InternalIP
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key"
+    --kubelet-certificate-authority "$pki/ca.crt")
+else
+  api_address=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --endpoint-reconciler-type none)
+fi
 launch_env="" launcher kube-apiserver "$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+  "${api_address[@]}" --secure-port "$api_port" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
   --authorization-mode Node,RBAC \
@@ -178,7 +209,6 @@ launch_env="" launcher kube-apiserver "$bin/kube-apiserver" \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range 10.96.0.0/16 \
-  --endpoint-reconciler-type none \
   --profiling=false --v 1
 
 admin_kubeconfig() { # file user-stanza-lines...
@@ -224,10 +254,10 @@ launch_env="" launcher kube-controller-manager "$bin/kube-controller-manager" \
   --leader-elect=true --profiling=false --v 1
 
 # ---- KWOK: the kubelets --------------------------------------------------------------------------
-# Every node is KWOK's. Node and pod addresses are made-up labels (nothing connects to them).
+# Every node is KWOK's but the real ones (labelled gpu-share.io/real-node). Node and pod addresses are made-up labels (nothing connects to them).
 say "kwok (tests/cluster/kwok.yaml)"
 launch_env="" launcher kwok "$tools/kwok" --kubeconfig "$dir/kubeconfig" --config "$here/kwok.yaml" \
-  --manage-all-nodes=true --node-lease-duration-seconds 40 \
+  --manage-nodes-with-label-selector '!gpu-share.io/real-node' --node-lease-duration-seconds 40 \
   --node-ip 127.0.0.1 --cidr 127.128.0.0/12
 
 register_nodes() {
@@ -250,11 +280,55 @@ ETCD=http://127.0.0.1:$etcd_port
 EOF
 }
 
+# The real nodes of GPU_SHARE_CLUSTER_REAL_NODES (tests/node/up.sh), once DIR/env is written, and
+# kube-proxy, one for the machine (the nodes share its network), as system:kube-proxy.
+start_real_nodes() {
+  [[ -n $real_nodes ]] || return 0
+  issue kube-proxy "/CN=system:kube-proxy" "" clientAuth
+  admin_kubeconfig "$dir/kubeconfigs/kube-proxy" \
+    "client-certificate: $pki/kube-proxy.crt" "client-key: $pki/kube-proxy.key"
+  local first="${real_nodes%% *}" health metrics
+  read -r health metrics < <(python3 "$here/ports.py" 2)
+  cat >"$dir/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$dir/kubeconfigs/kube-proxy"}
+mode: iptables
+hostnameOverride: "$first"
+clusterCIDR: 10.88.0.0/16
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:$health
+metricsBindAddress: 127.0.0.1:$metrics
+conntrack: {maxPerCore: 0}
+oomScoreAdj: 0
+EOF
+  local node_bin
+  node_bin="$("$repo/tests/node/build.sh")"
+  say "kube-proxy (iptables) for the real nodes"
+  launch_env="" launcher kube-proxy "$node_bin/kube-proxy" --config "$dir/kube-proxy.yaml" --v 1
+  # The runtime class NVIDIA's GPU Operator creates for its runtime handler.
+  "$kubectl" apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: nvidia}
+handler: nvidia
+EOF
+  local images
+  images="$(GPU_SHARE_BIN="$GPU_SHARE_BIN" "$repo/tests/node/images.sh" "$dir")" || fail "tests/node/images.sh"
+  local index=1 node
+  for node in $real_nodes; do
+    GPU_SHARE_NODE_HOST_IP=$host_ip GPU_SHARE_NODE_IMAGES="$images" \
+      "$repo/tests/node/up.sh" "$dir" "$node" "$index" || fail "real node $node did not start"
+    index=$((index + 1))
+  done
+}
+
 # GPU_SHARE_CLUSTER_INSTALL=none: the control plane and the nodes only, for installing gpu-share
 # by hand (the README's commands: tests/readme/check.py). Nothing of gpu-share is applied or run.
 if [[ ${GPU_SHARE_CLUSTER_INSTALL:-shipped} == none ]]; then
   register_nodes
   control_plane_env >"$dir/env"
+  start_real_nodes
   say "ready (control plane only): export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
   exit 0
 fi
@@ -423,6 +497,8 @@ scheduler_replica() { # suffix scheduler-port extender-port extender-admin proxy
   [[ ${args[0]:-} == serve ]] || fail "unexpected Deployment args"
   local pod_env=""
   [[ $replicas == 2 ]] && pod_env=" POD_NAME=${name} POD_NAMESPACE=gpu-share"
+  # Real nodes run the reservation pods: gpu-share's image of this build (tests/node/images.sh).
+  [[ -n $real_nodes ]] && pod_env+=" GPU_SHARE_RESERVATION_IMAGE=gpu-share.test/gpu-share:dev"
   launch_env="KUBECONFIG=$kubeconfig$pod_env" launcher "extender$suffix" "${host[@]}" "$GPU_SHARE_BIN" "${args[@]}"
   scheduler_config "$eport" "$dir/scheduler-config$suffix.yaml"
   launch_env="" launcher "kube-scheduler$suffix" "${host[@]}" "$bin/kube-scheduler" \
@@ -479,4 +555,5 @@ APIPROXY_CONTROL_2=http://127.0.0.1:$proxy_control_2
 EOF
   fi
 } >"$dir/env"
+start_real_nodes
 say "ready: export KUBECONFIG=$dir/kubeconfig KUBECTL=$kubectl"
