@@ -60,7 +60,8 @@ fn standin_gpus(node: &str) -> BTreeMap<String, (u64, Vec<String>)> {
 struct Probe {
     env: BTreeMap<String, String>,
     devices: Vec<String>,
-    mounts: Vec<String>,
+    /// Mount point and file system type, as /proc/self/mounts lists them.
+    mounts: Vec<(String, String)>,
 }
 
 impl Probe {
@@ -91,8 +92,9 @@ impl Probe {
                     }
                 }
                 "mounts" => {
-                    if let Some(m) = line.split_whitespace().nth(1) {
-                        p.mounts.push(m.to_string());
+                    let mut fields = line.split_whitespace().skip(1);
+                    if let (Some(point), Some(fs)) = (fields.next(), fields.next()) {
+                        p.mounts.push((point.to_string(), fs.to_string()));
                     }
                 }
                 _ => {}
@@ -191,13 +193,15 @@ fn literal_env(p: &Pod) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Turns the policy's per-GPU time-slicing on (hot-reloaded), reservations released 5 s after
-/// their last share.
+/// Turns the policy's per-GPU form on for `timeslice` and `mps` (hot-reloaded; MPS clients run
+/// as user 1000), reservations released 5 s after their last share.
 fn per_gpu_policy(c: &Cluster) -> Check {
     let path = c.dir.join("policy/policy.yaml");
     let mut text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     for (from, to) in [
         ("  timeslice: false\n", "  timeslice: true\n"),
+        ("  mps: false\n", "  mps: true\n"),
+        ("  # runAsUser: 1000\n", "  runAsUser: 1000\n"),
         ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
     ] {
         ensure(
@@ -576,7 +580,22 @@ async fn deleting_frees_the_gpu(c: &Cluster) -> Check {
             report.gpus()
         ),
     )?;
-    Ok(())
+    // The GPU is left free for the MPS points.
+    pods.delete("second-exclusive", &DeleteParams::default().grace_period(0))
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for("second-exclusive gone", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            Ok(pods
+                .get_opt("second-exclusive")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        }
+    })
+    .await
 }
 
 #[tokio::test]

@@ -32,8 +32,9 @@ step, against cert-manager's CRDs (from its Go module), installed there.
 
 The commands run in a copy of the repository (only the files git knows; its `target/` is the
 checkout's, so that a command that builds compiles the crate alone) beside a link to ../shared,
-so nothing they write lands in the checkout. `kubectl` is the control
-plane's own (v1.37), `helm` tools/build.sh's and `gpu-share` the release build, all first on PATH.
+so nothing they write lands in the checkout. `kubectl` is the control plane's own (v1.37), `helm`
+tools/build.sh's and `gpu-share` an optimized build (Cargo's profile `ci`, the simulator stage's,
+so CI compiles it once), all first on PATH.
 """
 import os
 import re
@@ -51,7 +52,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # docs/upgrade.md uninstalls.
 DOCS = ("README.md", "docs/admission.md", "docs/install.md", "docs/dra.md", "docs/per-gpu.md", "docs/platforms.md",
         "docs/extender.md",
-        "docs/configuration.md", "docs/simulate.md", "docs/upgrade.md", "CONTRIBUTING.md")
+        "docs/configuration.md", "docs/simulate.md", "docs/upgrade.md", "docs/real-nodes.md",
+        "CONTRIBUTING.md")
 MUTATING = {"apply", "create", "run", "patch", "delete", "taint", "label", "annotate"}
 CA_PLACEHOLDER = "<caBundle printed by gpu-share certs>"
 
@@ -127,7 +129,7 @@ def dry_run(cmd):
 class Cluster:
     def __init__(self, work, name, install):
         self.dir = os.path.join(work, name)
-        env = dict(os.environ, GPU_SHARE_BIN=os.path.join(REPO, "target/release/gpu-share"))
+        env = dict(os.environ, GPU_SHARE_BIN=os.path.join(REPO, "target/ci/gpu-share"))
         if not install:
             env["GPU_SHARE_CLUSTER_INSTALL"] = "none"
         print(f"readme check: starting the {name} control plane", flush=True)
@@ -209,12 +211,12 @@ def main():
     servers = []
     ran, dry, skipped, failures = 0, 0, [], []
     try:
-        sh(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO)
+        sh(["cargo", "build", "--profile", "ci", "--locked", "--quiet", "--bin", "gpu-share"], cwd=REPO)
         control_plane = sh(["bash", os.path.join(REPO, "tests/cluster/build.sh")]).stdout.strip()
         bindir = os.path.join(work, "bin")
         os.makedirs(bindir)
         os.symlink(os.path.join(control_plane, "kubectl"), os.path.join(bindir, "kubectl"))
-        os.symlink(os.path.join(REPO, "target/release/gpu-share"), os.path.join(bindir, "gpu-share"))
+        os.symlink(os.path.join(REPO, "target/ci/gpu-share"), os.path.join(bindir, "gpu-share"))
         tools = sh(["bash", os.path.join(REPO, "tools/build.sh")]).stdout.strip()
         os.symlink(os.path.join(tools, "helm"), os.path.join(bindir, "helm"))
         base_env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"])

@@ -35,6 +35,11 @@ const (
 
 	// libraryDir is where the driver libraries are in the container (a Debian/Ubuntu host's).
 	libraryDir = "/usr/lib/x86_64-linux-gnu"
+	// binaryDir is where the driver binaries are in the container (a Debian/Ubuntu host's).
+	binaryDir = "/usr/bin"
+	// MPSControl is the MPS control program, a driver binary the nvidia-ctk form mounts from
+	// Standin.BinDir.
+	MPSControl = "nvidia-cuda-mps-control"
 	// MarkerPrefix names the env a GPU's device sets: GPU_SHARE_STANDIN_GPU_<minor>=<UUID>.
 	MarkerPrefix = "GPU_SHARE_STANDIN_GPU_"
 	// MIGMarkerPrefix names the env a MIG device sets:
@@ -45,7 +50,8 @@ const (
 )
 
 // libraryMountOptions are the options NVIDIA's CDI specs give driver library mounts
-// (nvidia-container-toolkit's internal/discover/mounts-to-container-path.go).
+// (nvidia-container-toolkit's internal/discover/mounts-to-container-path.go), and driver binary
+// mounts too.
 var libraryMountOptions = []string{"ro", "nosuid", "nodev", "rbind", "rprivate"}
 
 // CDISpec is a CDI spec (the fields the stand-in writes).
@@ -134,6 +140,21 @@ func (s *Standin) commonEdits() CDIEdits {
 	return e
 }
 
+// binaryMounts are the stand-in driver binaries in Standin.BinDir, mounted spec-wide where
+// nvidia-ctk's generated spec mounts the driver's (nvidia-cuda-mps-control,
+// nvidia-cuda-mps-server, nvidia-smi, ... in /usr/bin): only the MPS control, which gpu-share's
+// reservation agent runs. None without a BinDir.
+func (s *Standin) binaryMounts() []CDIMount {
+	if s.BinDir == "" {
+		return nil
+	}
+	return []CDIMount{{
+		HostPath:      filepath.Join(s.BinDir, MPSControl),
+		ContainerPath: filepath.Join(binaryDir, MPSControl),
+		Options:       libraryMountOptions,
+	}}
+}
+
 // cdiDevices are the GPUs (those not in MIG mode) then the MIG devices, as nvcdi's
 // getDeviceSpecGeneratorsForAllDevices visits them whatever the MIG strategy.
 func cdiDevices(c *Config) []*Device {
@@ -179,6 +200,7 @@ func BuildCDISpec(c *Config, form string) (*CDISpec, error) {
 			all = mergeEdits(all, e)
 		}
 		spec.Devices = append(spec.Devices, CDIDevice{Name: "all", ContainerEdits: all})
+		spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, s.binaryMounts()...)
 	default:
 		return nil, fmt.Errorf("unknown CDI spec form %q (want %s or %s)", form, FormDevicePlugin, FormNvidiaCTK)
 	}

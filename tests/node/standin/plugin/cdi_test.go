@@ -206,3 +206,91 @@ func TestMigCapMinors(t *testing.T) {
 	gi3, _ := MigCapMinors(1, 0, 0)
 	wantEqual(t, "minors", []int{gi, ci, gi2, ci2, gi3}, []int{3, 4, 12, 20, 138})
 }
+
+// TestCDISpecNvidiaCTKFormMountsTheMPSControl: with standin.binDir, the nvidia-ctk form mounts
+// the stand-in MPS control program spec-wide where NVIDIA's spec mounts the driver's, and the
+// runtime's CDI package injects it; without it, or in the device plugin's form, no binary.
+func TestCDISpecNvidiaCTKFormMountsTheMPSControl(t *testing.T) {
+	dir := t.TempDir()
+	body := cdiConfig(dir, "cdi-cri", "uuid")
+	withBin := strings.Replace(body, `"standin": {`, `"standin": {"binDir": "`+dir+`/bin", `, 1)
+	if withBin == body {
+		t.Fatal("the config has no standin section to add binDir to")
+	}
+	c := mustConfig(t, withBin)
+	wantEqual(t, "binDir", c.Standin.BinDir, dir+"/bin")
+	control := CDIMount{
+		HostPath:      dir + "/bin/nvidia-cuda-mps-control",
+		ContainerPath: "/usr/bin/nvidia-cuda-mps-control",
+		Options:       []string{"ro", "nosuid", "nodev", "rbind", "rprivate"},
+	}
+	binaries := func(s *CDISpec) []CDIMount {
+		var out []CDIMount
+		for _, m := range s.ContainerEdits.Mounts {
+			if strings.HasPrefix(m.ContainerPath, "/usr/bin/") {
+				out = append(out, m)
+			}
+		}
+		for _, d := range s.Devices {
+			for _, m := range d.ContainerEdits.Mounts {
+				t.Fatalf("device %s mounts %+v: binaries are spec-wide", d.Name, m)
+			}
+		}
+		return out
+	}
+	spec, err := BuildCDISpec(c, FormNvidiaCTK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEqual(t, "nvidia-ctk form, binDir set", binaries(spec), []CDIMount{control})
+	// The library mounts and the NVML log stay as they were.
+	wantEqual(t, "spec-wide mounts", len(spec.ContainerEdits.Mounts), 4)
+	spec, err = BuildCDISpec(c, FormDevicePlugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEqual(t, "device-plugin form", binaries(spec), []CDIMount(nil))
+	spec, err = BuildCDISpec(mustConfig(t, body), FormNvidiaCTK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEqual(t, "nvidia-ctk form, no binDir", binaries(spec), []CDIMount(nil))
+
+	// Written as YAML and read by the runtime's CDI package, any of the spec's devices brings
+	// the program.
+	t.Run("injected", func(t *testing.T) {
+		injectMPSControl(t, c, dir)
+	})
+}
+
+func injectMPSControl(t *testing.T, c *Config, dir string) {
+	if _, err := MakeDeviceNodes(c, ""); errors.Is(err, syscall.EPERM) {
+		t.Skipf("mknod not permitted here: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	cdiDir := filepath.Join(dir, "cdi")
+	if err := WriteCDISpec(c, FormNvidiaCTK, filepath.Join(cdiDir, SpecFileName(FormNvidiaCTK))); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		t.Fatalf("CDI errors: %v", errs)
+	}
+	for _, device := range []string{"nvidia.com/gpu=" + u1, "nvidia.com/gpu=0:0", "nvidia.com/gpu=all"} {
+		injected := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+		if _, err := cache.InjectDevices(injected, device); err != nil {
+			t.Fatalf("inject %s: %v", device, err)
+		}
+		var got []string
+		for _, m := range injected.Mounts {
+			if m.Destination == "/usr/bin/nvidia-cuda-mps-control" {
+				got = append(got, m.Source, strings.Join(m.Options, ","))
+			}
+		}
+		wantEqual(t, device+": the control's mount", got, []string{dir + "/bin/nvidia-cuda-mps-control", "ro,nosuid,nodev,rbind,rprivate"})
+	}
+}

@@ -144,7 +144,11 @@ type Standin struct {
 	LibDir string `json:"libDir"`
 	// NVMLLogDir, when set, is mounted into containers with the GPUs at NVMLLogContainerPath
 	// and named there by GPU_SHARE_STANDIN_NVML_LOG.
-	NVMLLogDir    string `json:"nvmlLogDir,omitempty"`
+	NVMLLogDir string `json:"nvmlLogDir,omitempty"`
+	// BinDir, when set, holds the stand-in driver binaries (nvidia-cuda-mps-control, built
+	// from cmd/nvidia-cuda-mps-control), which the nvidia-ctk form's spec mounts where NVIDIA's
+	// mounts the driver's.
+	BinDir        string `json:"binDir,omitempty"`
 	DriverVersion string `json:"driverVersion"`
 	GPUs          []GPU  `json:"gpus"`
 }
