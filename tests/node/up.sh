@@ -227,24 +227,30 @@ done
 # taints, and the device plugin's configuration (NVIDIA's own, plus the stand-in GPUs). Stand-in
 # device nodes (char 1:3, as /dev/null) under DIR/nodes/NAME/standin/dev; the CDI spec
 # `nvidia-ctk cdi generate` would write, in the node's /var/run/cdi; the stand-in
-# libnvidia-ml.so.1 that spec mounts into containers; the device plugin on kubelet's socket.
+# libnvidia-ml.so.1 and nvidia-cuda-mps-control that spec mounts into containers; the device
+# plugin on kubelet's socket.
 config="$here/nodes/$name.json"
 [[ -f $config ]] || fail "no node configuration $config"
 standin="$dir/standin"
 if [[ ! -x $standin/gpu-plugin ]]; then
-  mkdir -p "$standin"
+  mkdir -p "$standin/bin"
   (cd "$here/standin" && go build -trimpath -o "$standin/gpu-plugin.tmp" ./cmd/gpu-plugin) || fail "go build gpu-plugin"
+  # The driver's MPS control, which NVIDIA's spec mounts into containers: static, as the
+  # reservation's image has no shell and no libraries of the driver's.
+  (cd "$here/standin" && CGO_ENABLED=0 go build -trimpath -o "$standin/bin/nvidia-cuda-mps-control" \
+    ./cmd/nvidia-cuda-mps-control) || fail "go build nvidia-cuda-mps-control"
   mv "$standin/gpu-plugin.tmp" "$standin/gpu-plugin"
 fi
 driver="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["plugin"]["standin"]["driverVersion"])' "$config")"
 [[ -e $standin/lib-$driver/libnvidia-ml.so.1 ]] || "$here/standin/nvml/build.sh" "$standin/lib-$driver" "$driver" >/dev/null ||
   fail "the stand-in libnvidia-ml.so.$driver did not build"
 mkdir -p "$n/standin/dev" "$n/standin/nvml"
-python3 - "$config" "$n" "$standin/lib-$driver" <<'PY'
+python3 - "$config" "$n" "$standin/lib-$driver" "$standin/bin" <<'PY'
 import json, sys
-config, n, lib = sys.argv[1:]
+config, n, lib, bins = sys.argv[1:]
 plugin = json.load(open(config))["plugin"]
-plugin["standin"].update(deviceDir=f"{n}/standin/dev", libDir=lib, nvmlLogDir=f"{n}/standin/nvml")
+plugin["standin"].update(deviceDir=f"{n}/standin/dev", libDir=lib, nvmlLogDir=f"{n}/standin/nvml",
+                         binDir=bins)
 json.dump(plugin, open(f"{n}/gpu-plugin.json", "w"), indent=1)
 PY
 in_node "$standin/gpu-plugin" devices --config "$n/gpu-plugin.json" || fail "gpu-plugin devices"

@@ -141,7 +141,7 @@ func (s *Standin) commonEdits() CDIEdits {
 }
 
 // binaryMounts are the stand-in driver binaries in Standin.BinDir, mounted spec-wide where
-// nvidia-ctk's generated spec mounts the driver's (nvidia-cuda-mps-control,
+// NVIDIA's generated specs (nvidia-ctk's and the device plugin's) mount the driver's (nvidia-cuda-mps-control,
 // nvidia-cuda-mps-server, nvidia-smi, ... in /usr/bin): only the MPS control, which gpu-share's
 // reservation agent runs. None without a BinDir.
 func (s *Standin) binaryMounts() []CDIMount {
@@ -200,10 +200,12 @@ func BuildCDISpec(c *Config, form string) (*CDISpec, error) {
 			all = mergeEdits(all, e)
 		}
 		spec.Devices = append(spec.Devices, CDIDevice{Name: "all", ContainerEdits: all})
-		spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, s.binaryMounts()...)
 	default:
 		return nil, fmt.Errorf("unknown CDI spec form %q (want %s or %s)", form, FormDevicePlugin, FormNvidiaCTK)
 	}
+	// Both forms come from nvcdi's driver discovery, which mounts the driver's binaries
+	// (nvidia-cuda-mps-control among them) beside its libraries.
+	spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, s.binaryMounts()...)
 	return spec, nil
 }
 

@@ -207,10 +207,10 @@ func TestMigCapMinors(t *testing.T) {
 	wantEqual(t, "minors", []int{gi, ci, gi2, ci2, gi3}, []int{3, 4, 12, 20, 138})
 }
 
-// TestCDISpecNvidiaCTKFormMountsTheMPSControl: with standin.binDir, the nvidia-ctk form mounts
-// the stand-in MPS control program spec-wide where NVIDIA's spec mounts the driver's, and the
-// runtime's CDI package injects it; without it, or in the device plugin's form, no binary.
-func TestCDISpecNvidiaCTKFormMountsTheMPSControl(t *testing.T) {
+// TestCDISpecFormsMountTheMPSControl: with standin.binDir, both forms mount the stand-in MPS
+// control program spec-wide where NVIDIA's specs mount the driver's, and the runtime's CDI
+// package injects it; without it, no binary.
+func TestCDISpecFormsMountTheMPSControl(t *testing.T) {
 	dir := t.TempDir()
 	body := cdiConfig(dir, "cdi-cri", "uuid")
 	withBin := strings.Replace(body, `"standin": {`, `"standin": {"binDir": "`+dir+`/bin", `, 1)
@@ -249,7 +249,7 @@ func TestCDISpecNvidiaCTKFormMountsTheMPSControl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantEqual(t, "device-plugin form", binaries(spec), []CDIMount(nil))
+	wantEqual(t, "device-plugin form, binDir set", binaries(spec), []CDIMount{control})
 	spec, err = BuildCDISpec(mustConfig(t, body), FormNvidiaCTK)
 	if err != nil {
 		t.Fatal(err)
