@@ -31,6 +31,10 @@
 # GPU_SHARE_CLUSTER_INSTALL=helm (the Helm chart installed as the README's quick start does, with
 # only image.repository set: the webhook keeps its own certificates; the same changes as below
 # for the local processes, made on the installed objects),
+# GPU_SHARE_CLUSTER_REAL_NODES="real-per-gpu real-mig" (real nodes beside KWOK's, each a kubelet
+# with containerd, runc and NVIDIA's runtime, configured by tests/node/nodes/NAME.json, with the
+# stand-in GPU stack of tests/node/standin; kube-proxy for their pods; root: tests/node/up.sh and
+# docs/real-nodes.md),
 # GPU_SHARE_SCHEDULER_REPLICAS=2 (the scheduler Deployment's two replicas, as shipped: two
 # kube-schedulers electing a leader on the shipped Lease, each with its own extender, each pair
 # under a hostname of its own as a pod has, gpu-share-scheduler-1 and -2 (this needs
@@ -254,7 +258,8 @@ launch_env="" launcher kube-controller-manager "$bin/kube-controller-manager" \
   --leader-elect=true --profiling=false --v 1
 
 # ---- KWOK: the kubelets --------------------------------------------------------------------------
-# Every node is KWOK's but the real ones (labelled gpu-share.io/real-node). Node and pod addresses are made-up labels (nothing connects to them).
+# Every node is KWOK's but the real ones (labelled gpu-share.io/real-node). Node and pod addresses
+# are made-up labels (nothing connects to them).
 say "kwok (tests/cluster/kwok.yaml)"
 launch_env="" launcher kwok "$tools/kwok" --kubeconfig "$dir/kubeconfig" --config "$here/kwok.yaml" \
   --manage-nodes-with-label-selector '!gpu-share.io/real-node' --node-lease-duration-seconds 40 \
