@@ -1,0 +1,260 @@
+//! The per-GPU form under kubelet: a share starts after its reservation, on the GPU its
+//! ConfigMap names (2); a share whose key is missing never starts (4); a deleted share frees its
+//! GPU (6).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+use super::*;
+
+/// The reservation pods on the per-GPU node: (name, GPU UUID it published, when its container
+/// started).
+async fn reservations(c: &Cluster) -> Result<Vec<(String, String, String)>, String> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), RESERVATIONS);
+    let list = pods
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(PER_GPU))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let uuid = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("gpu-share.io/gpu-uuid").cloned())
+                .unwrap_or_default();
+            let started = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
+                .and_then(|s| s.running?.started_at)
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            (p.metadata.name.unwrap_or_default(), uuid, started)
+        })
+        .collect())
+}
+
+/// 2. The per-GPU share started only after its reservation pod ran, and sees the GPU its
+///    ConfigMap names, which is the GPU the device plugin allocated to the reservation.
+pub async fn share_follows_its_reservation(c: &Cluster) -> Check {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    let share = pods
+        .get("first-timeslice-50")
+        .await
+        .map_err(|e| e.to_string())?;
+    let report = probe(c, NS, "first-timeslice-50").await?;
+    let configmap = share
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == "NVIDIA_VISIBLE_DEVICES")
+        .and_then(|e| e.value_from.as_ref()?.config_map_key_ref.clone())
+        .ok_or("the share's NVIDIA_VISIBLE_DEVICES is not read from a ConfigMap")?;
+    ensure(
+        configmap.optional != Some(true),
+        "the share's ConfigMap key is optional",
+    )?;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), NS);
+    let named = cms
+        .get(&configmap.name)
+        .await
+        .map_err(|e| e.to_string())?
+        .data
+        .and_then(|d| d.get(&configmap.key).cloned())
+        .ok_or("the share's ConfigMap holds no GPU")?;
+    let seen = report.gpus();
+    ensure(
+        seen == [named.clone()],
+        format!("the share sees GPUs {seen:?}; its ConfigMap names {named}"),
+    )?;
+    let held = reservations(c).await?;
+    let (name, uuid, started) = held
+        .iter()
+        .find(|(_, uuid, _)| *uuid == named)
+        .ok_or(format!(
+            "no reservation on {PER_GPU} published {named}: {held:?}"
+        ))?;
+    ensure(!uuid.is_empty(), "the reservation published no UUID")?;
+    let share_started = share
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
+        .and_then(|s| s.running?.started_at)
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    ensure(
+        !started.is_empty() && share_started >= *started,
+        format!(
+            "the share started at {share_started}, its reservation {name} at {started}: before it"
+        ),
+    )?;
+    eprintln!("real nodes: the share sees {named}, held by {name} (started {started})");
+    Ok(())
+}
+
+/// 4. A share whose ConfigMap key is missing is not started: kubelet reports
+///    `CreateContainerConfigError` and the container never runs. The pod references the key as
+///    gpu-share writes it (non-optional), in a ConfigMap gpu-share has not filled.
+pub async fn missing_key_never_starts(c: &Cluster) -> Check {
+    // Only gpu-share writes a devices ConfigMap, except in a namespace opted out of the shipped
+    // policies: the unfilled one is made there.
+    let ns = "real-nodes-unfilled";
+    c.namespace(ns, json!({"gpu-share.io/visible-devices": "allowed"}))
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "gpu-share-devices-unfilled"}, "data": {}
+    }))
+    .map_err(|e| e.to_string())?;
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .map_err(|e| e.to_string())?;
+    let share = Api::<Pod>::namespaced(c.client.clone(), NS)
+        .get("first-timeslice-50")
+        .await
+        .map_err(|e| e.to_string())?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let mut env: Value = serde_json::to_value(
+        share.spec.as_ref().unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap_or_default(),
+    )
+    .map_err(|e| e.to_string())?;
+    for e in env.as_array_mut().into_iter().flatten() {
+        if let Some(r) = e.pointer_mut("/valueFrom/configMapKeyRef") {
+            r["name"] = json!("gpu-share-devices-unfilled");
+        }
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "unfilled"},
+        "spec": {
+            "nodeName": PER_GPU, "runtimeClassName": "nvidia",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": PROBE, "imagePullPolicy": "Never", "env": env}],
+        },
+    }))
+    .map_err(|e| e.to_string())?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| e.to_string())?;
+    let why = wait_for(
+        "kubelet's reason for not starting the share",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("unfilled").await.map_err(|e| e.to_string())?;
+                let status = p.status.unwrap_or_default();
+                ensure(
+                    status.phase.as_deref() != Some("Running"),
+                    "the share with no GPU runs",
+                )?;
+                Ok(status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .find_map(|s| s.state.as_ref()?.waiting.clone())
+                    .filter(|w| w.reason.as_deref() != Some("ContainerCreating")))
+            }
+        },
+    )
+    .await?;
+    ensure(
+        why.reason.as_deref() == Some("CreateContainerConfigError"),
+        format!("kubelet: {:?} ({:?})", why.reason, why.message),
+    )?;
+    // A while later it still never ran.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = pods.get("unfilled").await.map_err(|e| e.to_string())?;
+    let status = p.status.unwrap_or_default();
+    let ran =
+        status.container_statuses.iter().flatten().any(|s| {
+            s.restart_count > 0 || s.state.as_ref().is_some_and(|st| st.waiting.is_none())
+        });
+    ensure(!ran, "the share with no GPU started at some point")?;
+    eprintln!("real nodes: kubelet: {:?}", why.message);
+    pods.delete("unfilled", &DeleteParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// 6. Deleting the share frees its GPU: its reservation is released (the policy's 5 s after the
+///    last share), and the device plugin's GPU is free again for a whole-GPU pod.
+pub async fn deleting_frees_the_gpu(c: &Cluster) -> Check {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    let before = wait_for(
+        "the share's reservation, its GPU published",
+        Duration::from_secs(60),
+        || async move {
+            let held = reservations(c).await?;
+            Ok((!held.is_empty() && held.iter().all(|(_, u, _)| !u.is_empty())).then_some(held))
+        },
+    )
+    .await?;
+    pods.delete("first-timeslice-50", &DeleteParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for(
+        "the share's reservation released",
+        Duration::from_secs(90),
+        || async move {
+            let held = reservations(c).await?;
+            Ok(held.is_empty().then_some(()))
+        },
+    )
+    .await?;
+    // The GPU is the device plugin's again: a second whole-GPU pod fits beside the first.
+    pods.create(
+        &PostParams::default(),
+        &first_pod("exclusive-1", "second-exclusive")?,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let report = probe(c, NS, "second-exclusive").await?;
+    let first = probe(c, NS, "first-exclusive-1").await?;
+    ensure(
+        report.gpus().len() == 1 && report.gpus() != first.gpus(),
+        format!(
+            "the second whole GPU {:?} is not the GPU the share's reservation held (the first exclusive pod has {:?})",
+            report.gpus(),
+            first.gpus()
+        ),
+    )?;
+    let freed = before.iter().map(|(_, u, _)| u.clone()).collect::<Vec<_>>();
+    ensure(
+        freed == report.gpus(),
+        format!(
+            "the freed GPU {freed:?} is not the one the new pod got ({:?})",
+            report.gpus()
+        ),
+    )?;
+    // The GPU is left free for the MPS points.
+    pods.delete("second-exclusive", &DeleteParams::default().grace_period(0))
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for("second-exclusive gone", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            Ok(pods
+                .get_opt("second-exclusive")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+                .then_some(()))
+        }
+    })
+    .await
+}
