@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu-share against FGD on every workload variant: the nine shared traces and the generated ones.
 
-    cargo build --release && python3 benches/variants.py              # seeds 42..51
+    python3 benches/variants.py                  # seeds 42..51; gpu-share on PATH, else target/release
     python3 benches/variants.py --seeds 1..10 --out benches/results/variants-seeds1-10
 
 For each variant, `gpu-share simulate` replays the gpu-share and fgd policies (tune 1.3) and this
@@ -22,6 +22,7 @@ The generated variants are drawn from the default trace with --variant-seed 2023
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,7 +96,10 @@ def budget_lines(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "gpu-share"))
+    # The gpu-share on PATH (`cargo install --path .`, or the README check's build), else the
+    # checkout's release build.
+    ap.add_argument("--binary", default=shutil.which("gpu-share")
+                    or os.path.join(ROOT, "target", "release", "gpu-share"))
     ap.add_argument("--seeds", default="42..51")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results", "variants"))
