@@ -231,6 +231,42 @@ async fn per_gpu_policy(c: &Cluster) -> Check {
     .await
 }
 
+/// When a pod's first container started ("" before it runs), RFC 3339 in whole seconds.
+fn started_at(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
+        .and_then(|s| s.running?.started_at)
+        .map(|t| t.0.to_string())
+        .unwrap_or_default()
+}
+
+/// The live reservation pods on the per-GPU node: (pod, the GPU UUID it published, or "", when
+/// its container started, or "").
+async fn reservations(c: &Cluster) -> Result<Vec<(Pod, String, String)>, String> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), RESERVATIONS);
+    let list = pods
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(PER_GPU))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let uuid = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("gpu-share.io/gpu-uuid").cloned())
+                .unwrap_or_default();
+            let started = started_at(&p);
+            (p, uuid, started)
+        })
+        .collect())
+}
+
 /// 1. The first pod of each class the nodes offer runs, with the env, devices and runtime class
 ///    gpu-share wrote: `mig-1g.10gb` on the MIG node (a MIG device of its GPU), `exclusive-1`
 ///    and `timeslice-50` on the per-GPU node (a whole GPU each, the time-sliced one through its

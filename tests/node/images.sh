@@ -28,22 +28,20 @@ fi
 
 probe=gpu-share.test/probe:1
 # Always built afresh (seconds): it follows probe.sh.
-if true; then
-  root="$work/probe-root"
-  rm -rf "$root"
-  mkdir -p "$root/bin"
-  cp /usr/bin/busybox "$root/bin/busybox"
-  for cmd in sh env ls cat sleep stat grep sed readlink mount head tr; do
-    ln -s busybox "$root/bin/$cmd"
-  done
-  cp "$here/probe/probe.sh" "$root/bin/probe"
-  chmod 755 "$root/bin/probe"
-  c=$(buildah from scratch)
-  buildah copy "$c" "$root" / >/dev/null
-  buildah config --entrypoint '["/bin/probe"]' --user 65532:65532 "$c"
-  buildah commit --quiet "$c" "$probe" >/dev/null
-  buildah rm "$c" >/dev/null
-fi
+root="$work/probe-root"
+rm -rf "$root"
+mkdir -p "$root/bin"
+cp /usr/bin/busybox "$root/bin/busybox"
+for cmd in sh env ls cat sleep stat grep sed readlink mount head tr; do
+  ln -s busybox "$root/bin/$cmd"
+done
+cp "$here/probe/probe.sh" "$root/bin/probe"
+chmod 755 "$root/bin/probe"
+c=$(buildah from scratch)
+buildah copy "$c" "$root" / >/dev/null
+buildah config --entrypoint '["/bin/probe"]' --user 65532:65532 "$c"
+buildah commit --quiet "$c" "$probe" >/dev/null
+buildah rm "$c" >/dev/null
 
 # gpu-share.test/gpu-share:dev: the image's own base (the Dockerfile's runtime stage, as .ci/image
 # provides it locally) with this build's gpu-share ($GPU_SHARE_BIN, debug info stripped), for the

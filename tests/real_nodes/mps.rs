@@ -27,46 +27,15 @@ fn mps_pod(name: &str) -> Result<Pod, String> {
     .map_err(|e| e.to_string())
 }
 
-/// The MPS reservation on the per-GPU node: (pod, UUID, container started at).
+/// The MPS reservation on the per-GPU node whose daemon's pipe is published: (pod, UUID,
+/// container started at).
 async fn mps_reservation(c: &Cluster) -> Result<Option<(Pod, String, String)>, String> {
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), RESERVATIONS);
-    let list = pods
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(list.items.into_iter().find_map(|p| {
+    Ok(reservations(c).await?.into_iter().find(|(p, _, started)| {
         let a = p.metadata.annotations.clone().unwrap_or_default();
-        if p.metadata.deletion_timestamp.is_some()
-            || a.get("gpu-share.io/reserve-mps").map(String::as_str) != Some("true")
-            || !a.contains_key("gpu-share.io/mps-pipe")
-        {
-            return None;
-        }
-        let uuid = a.get("gpu-share.io/gpu-uuid")?.clone();
-        let started = p
-            .status
-            .as_ref()?
-            .container_statuses
-            .as_ref()?
-            .first()?
-            .state
-            .clone()?
-            .running?
-            .started_at?
-            .0
-            .to_string();
-        Some((p, uuid, started))
+        a.get("gpu-share.io/reserve-mps").map(String::as_str) == Some("true")
+            && a.contains_key("gpu-share.io/mps-pipe")
+            && !started.is_empty()
     }))
-}
-
-/// When a pod's first container started.
-fn started_at(p: &Pod) -> String {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
-        .and_then(|s| s.running?.started_at)
-        .map(|t| t.0.to_string())
-        .unwrap_or_default()
 }
 
 /// What an MPS share must have been started with, read from inside it: its GPU, the CDI

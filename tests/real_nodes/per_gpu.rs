@@ -10,47 +10,16 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// The reservation pods on the per-GPU node: (name, GPU UUID it published, when its container
-/// started).
-async fn reservations(c: &Cluster) -> Result<Vec<(String, String, String)>, String> {
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), RESERVATIONS);
-    let list = pods
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(PER_GPU))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let uuid = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("gpu-share.io/gpu-uuid").cloned())
-                .unwrap_or_default();
-            let started = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
-                .and_then(|s| s.running?.started_at)
-                .map(|t| t.0.to_string())
-                .unwrap_or_default();
-            (p.metadata.name.unwrap_or_default(), uuid, started)
-        })
-        .collect())
-}
-
 /// 2. The per-GPU share started only after its reservation pod ran, and sees the GPU its
 ///    ConfigMap names, which is the GPU the device plugin allocated to the reservation.
 pub async fn share_follows_its_reservation(c: &Cluster) -> Check {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    let report = probe(c, NS, "first-timeslice-50").await?;
+    // Read once it runs, for its start time.
     let share = pods
         .get("first-timeslice-50")
         .await
         .map_err(|e| e.to_string())?;
-    let report = probe(c, NS, "first-timeslice-50").await?;
     let configmap = share
         .spec
         .iter()
@@ -77,20 +46,17 @@ pub async fn share_follows_its_reservation(c: &Cluster) -> Check {
         format!("the share sees GPUs {seen:?}; its ConfigMap names {named}"),
     )?;
     let held = reservations(c).await?;
-    let (name, uuid, started) = held
-        .iter()
-        .find(|(_, uuid, _)| *uuid == named)
-        .ok_or(format!(
-            "no reservation on {PER_GPU} published {named}: {held:?}"
-        ))?;
-    ensure(!uuid.is_empty(), "the reservation published no UUID")?;
-    let share_started = share
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
-        .and_then(|s| s.running?.started_at)
-        .map(|t| t.0.to_string())
-        .unwrap_or_default();
+    let (reservation, _, started) =
+        held.iter()
+            .find(|(_, uuid, _)| *uuid == named)
+            .ok_or(format!(
+                "no reservation on {PER_GPU} published {named}: {:?}",
+                held.iter()
+                    .map(|(p, u, _)| (&p.metadata.name, u))
+                    .collect::<Vec<_>>()
+            ))?;
+    let name = reservation.metadata.name.clone().unwrap_or_default();
+    let share_started = started_at(&share);
     ensure(
         !started.is_empty() && share_started >= *started,
         format!(
