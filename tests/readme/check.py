@@ -200,12 +200,17 @@ def main():
     # target of its own would compile every dependency again, twice (a release build and a
     # test build), and cold in CI. The binaries the copy's commands build replace the
     # checkout's in target/ (the same sources; their revision reads "unknown", the copy having
-    # no .git) until the checkout's next build.
+    # no .git): they are removed at the end (below), and the checkout's next build links its own.
     os.symlink(os.path.join(REPO, "target"), os.path.join(checkout, "target"))
     shared = os.path.join(os.path.dirname(REPO), "shared")
     if os.path.isdir(shared):
         os.symlink(shared, os.path.join(work, "work", "shared"))
 
+    # The binaries the copy's builds may replace in the shared target/ (the copy's crate is another
+    # package to cargo, so the checkout's next build would not put its own back): removed after
+    # the check when replaced, so that the checkout's next build links them again.
+    binaries = [os.path.join(REPO, "target", d, "gpu-share") for d in ("debug", "ci", "release")]
+    stamps = {b: os.stat(b).st_mtime_ns for b in binaries if os.path.exists(b)}
     before = sh(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO).stdout
     fresh = installed = bare_helm = None
     servers = []
@@ -314,6 +319,9 @@ def main():
             if c:
                 c.down()
         shutil.rmtree(work, ignore_errors=True)
+        for b in binaries:
+            if os.path.exists(b) and os.stat(b).st_mtime_ns != stamps.get(b):
+                os.remove(b)
     for s in skipped:
         print(f"readme check: {s}")
     print(f"readme check: {ran} commands run ({dry} with --dry-run=server), {len(skipped)} skipped with a reason, "
