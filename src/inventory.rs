@@ -81,6 +81,7 @@ impl Reading {
             mig: policy.mig_table(),
             enforcement: crate::enforcement::EnforcementReading {
                 memory_limit_hook: policy.enforcement.memory_limit_hook,
+                timeslice_cdi: policy.per_gpu.timeslice_cdi,
             },
         }
     }

@@ -32,8 +32,15 @@ pub const ANNOTATION_REQUEST: &str = "gpu-share.io/request";
 /// its container reads `NVIDIA_VISIBLE_DEVICES` from; written by the webhook, filled by
 /// gpu-share once the pod's GPU is held.
 pub const ANNOTATION_DEVICES: &str = "gpu-share.io/devices-configmap";
-/// The key of that ConfigMap: the UUID of the pod's GPU.
+/// The key of that ConfigMap: the UUID of the pod's GPU (or, for an MPS share, its GPU's MPS
+/// CDI device `gpu-share.io/mps=<UUID>`).
 pub const DEVICES_KEY: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The key a time-sliced share reads instead where the policy's `perGpu.timesliceCdi` is on:
+/// its GPU's CDI device `gpu-share.io/gpu=<UUID>`, which only a reservation that wrote the
+/// device fills (a share whose GPU has none never starts). A key of its own, so that a share
+/// admitted for the bare UUID (the legacy runtime) and one admitted for the CDI device each
+/// get only what its runtime reads.
+pub const CDI_DEVICE_KEY: &str = "CDI_DEVICE";
 /// The resource a pod in per-GPU form asks for (one unit): no node advertises it, so it is not
 /// a device. It is what makes kube-scheduler send the pod to the extender (a `managedResources`
 /// entry with `ignoredByScheduler: true`, so kube-scheduler's own fit check skips it), and kubelet

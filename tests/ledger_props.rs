@@ -92,7 +92,11 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
                 memory_mib: m,
             }
         }),
-        (0u32..4).prop_map(|gpu| GpuDemand::Reserve { gpu, mps: false }),
+        (0u32..4, proptest::bool::ANY).prop_map(|(gpu, cdi_device)| GpuDemand::Reserve {
+            gpu,
+            mps: false,
+            cdi_device
+        }),
     ];
     prop_oneof![
         6 => (0u8..30, 0u8..2, demand).prop_map(|(pod, node, demand)| Op::Bind { pod, node, demand }),
@@ -198,9 +202,14 @@ const PER_GPU_OBJECTS: Api = Api {
 /// the pod gpu-share creates. `gpus`: the bind annotation.
 fn per_gpu_pod(uid: &str, node: &str, gpu: &GpuDemand, gpus: Option<String>) -> Pod {
     let mut p = match gpu {
-        GpuDemand::Reserve { gpu, mps } => {
+        GpuDemand::Reserve {
+            gpu,
+            mps,
+            cdi_device,
+        } => {
             let t = gpu_share::reservation::Template {
                 image: "gpu-share:test".into(),
+                cdi_device: *cdi_device,
                 ..Default::default()
             };
             gpu_share::reservation::pod(node, *gpu, *mps, &t)

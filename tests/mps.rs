@@ -1,7 +1,7 @@
 //! `gpu-share reserve --mps`: the GPU's MPS control daemon, managed against a stand-in
 //! `nvidia-cuda-mps-control` that records the commands it receives
-//! (`tests/fixtures/mps/nvidia-cuda-mps-control`), NVML's compute mode through the agent's test
-//! seam, and a stand-in Kubernetes API that records what the agent writes on its pod. Start,
+//! (`tests/fixtures/mps/nvidia-cuda-mps-control`), NVML's compute mode through the stand-in
+//! `libnvidia-ml.so.1` (tests/node/standin/nvml), and a stand-in Kubernetes API that records what the agent writes on its pod. Start,
 //! defaults, the pipe published only once they are set, a health failure (the GPU closed to new
 //! contexts at once, the pipe withdrawn and why said, the daemon started again), `quit` on
 //! release, and a daemon that will not come back failing the reservation in words, the GPU
@@ -74,11 +74,7 @@ impl Run {
         std::fs::read_to_string(self.dir.path().join("mps.log")).unwrap_or_default()
     }
     fn modes(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("modes.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.trim_start_matches(UUID).trim().to_string())
-            .collect()
+        common::nvml::modes(&self.dir.path().join("nvml"), UUID)
     }
     fn pipe(&self) -> PathBuf {
         self.dir.path().join("mps").join(UUID).join("pipe")
@@ -135,8 +131,15 @@ fn start_with(server: &str, specs: &str) -> Run {
         "{}/tests/fixtures/mps/nvidia-cuda-mps-control",
         env!("CARGO_MANIFEST_DIR")
     );
-    let child = Command::new(common::BIN)
-        .args(["reserve", "--mps", "--mps-health-seconds", "1"])
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["reserve", "--mps", "--mps-health-seconds", "1"]);
+    common::nvml::give(
+        &mut cmd,
+        &dir.path().join("dev"),
+        &dir.path().join("nvml"),
+        common::nvml::Gpus::Visible(&[(0, UUID)]),
+    );
+    let child = cmd
         .args(["--mps-pinned-memory-mib", "40960", "--mps-restarts", "2"])
         .arg("--mps-control")
         .arg(&control)
@@ -148,16 +151,10 @@ fn start_with(server: &str, specs: &str) -> Run {
         .arg(dir.path().join("cdi"))
         .arg("--cdi-specs")
         .arg(specs)
-        .env("GPU_SHARE_RESERVE_FAKE_MINOR", "0")
         .env("KUBECONFIG", kubeconfig(dir.path(), server))
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env("POD_NAME", "gpu-share-n1-gpu-0")
         .env("POD_NAMESPACE", "gpu-share-reservations")
-        .env("GPU_SHARE_RESERVE_FAKE_NVML", UUID)
-        .env(
-            "GPU_SHARE_RESERVE_FAKE_COMPUTE_MODE_LOG",
-            dir.path().join("modes.log"),
-        )
         .env("MPS_STANDIN_LOG", dir.path().join("mps.log"))
         .env("RUST_LOG", "info")
         .spawn()

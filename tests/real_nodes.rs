@@ -10,8 +10,9 @@
 //!
 //! Every container is `gpu-share.test/probe:1` (tests/node/probe): it prints its environment,
 //! its device nodes and its mounts, so each point reads what the container was given from
-//! inside it. No KWOK node is registered. The points run in the order 1, 2, 4, 5, 6, 3, 7: the
-//! MPS points need the GPU the time-sliced share leaves (docs/real-nodes.md).
+//! inside it. No KWOK node is registered. The points run in the order 1, 2, 4, 5, 6, 8, 3, 7:
+//! the time-sliced share through its GPU's CDI device (8) and the MPS points need the GPU the
+//! first time-sliced share leaves (docs/real-nodes.md).
 //!
 //! Run: `cargo test --test real_nodes -- --ignored` (root; CI runs it; `.ci/run`).
 
@@ -201,17 +202,27 @@ fn literal_env(p: &Pod) -> BTreeMap<String, String> {
 /// Turns the policy's per-GPU form on for `timeslice` and `mps` (hot-reloaded; MPS clients run
 /// as user 1000), reservations released 5 s after their last share.
 async fn per_gpu_policy(c: &Cluster) -> Check {
+    edit_policy(
+        c,
+        &[
+            ("  timeslice: false\n", "  timeslice: true\n"),
+            ("  mps: false\n", "  mps: true\n"),
+            ("  # runAsUser: 1000\n", "  runAsUser: 1000\n"),
+            ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
+        ],
+    )
+    .await
+}
+
+/// Edits the cluster's policy file (each `from` to its `to`, once) and waits until both the
+/// webhook and the extender have read it again.
+async fn edit_policy(c: &Cluster, edits: &[(&str, &str)]) -> Check {
     let reloads =
         |c: &Cluster| ["webhook", "extender"].map(|p| c.log(p).matches("policy reloaded").count());
     let before = reloads(c);
     let path = c.dir.join("policy/policy.yaml");
     let mut text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
-    for (from, to) in [
-        ("  timeslice: false\n", "  timeslice: true\n"),
-        ("  mps: false\n", "  mps: true\n"),
-        ("  # runAsUser: 1000\n", "  runAsUser: 1000\n"),
-        ("  releaseAfterSeconds: 30\n", "  releaseAfterSeconds: 5\n"),
-    ] {
+    for (from, to) in edits {
         ensure(
             text.contains(from) || text.contains(to),
             format!("the policy file has no {from:?}"),
@@ -219,7 +230,6 @@ async fn per_gpu_policy(c: &Cluster) -> Check {
         text = text.replacen(from, to, 1);
     }
     std::fs::write(&path, text).map_err(|e| e.to_string())?;
-    // Both the webhook and the extender have read it again.
     wait_for(
         "the policy reloaded by the webhook and the extender",
         Duration::from_secs(60),
@@ -445,6 +455,12 @@ async fn gpu_shares_pods_run_under_a_real_kubelet() {
         &mut failures,
         "6. deleting a share frees its GPU",
         per_gpu::deleting_frees_the_gpu(&c),
+    )
+    .await;
+    point(
+        &mut failures,
+        "8. a time-sliced share takes its GPU's CDI device (perGpu.timesliceCdi)",
+        per_gpu::timeslice_through_cdi_device(&c),
     )
     .await;
     point(

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use serde_json::{Value, json};
 
 use super::patch::PatchBuilder;
-pub use crate::request::{ANNOTATION_DEVICES, DEVICES_KEY};
+pub use crate::request::{ANNOTATION_DEVICES, CDI_DEVICE_KEY, DEVICES_KEY};
 /// The key (and variable) of an MPS share's pinned device-memory limit, filled at bind.
 pub use crate::reservation::model::MPS_PINNED_KEY;
 
@@ -85,17 +85,19 @@ pub fn is_configmap_name(name: &str) -> bool {
     })
 }
 
-/// The one env entry that names the ConfigMap's key.
-fn from_configmap(name: &str) -> Value {
+/// The one env entry that names the ConfigMap's key: [`DEVICES_KEY`], or [`CDI_DEVICE_KEY`] for
+/// a time-sliced share that takes its GPU's CDI device.
+fn from_configmap(name: &str, key: &str) -> Value {
     json!({
         "name": VISIBLE_DEVICES,
-        "valueFrom": {"configMapKeyRef": {"name": name, "key": DEVICES_KEY, "optional": false}}
+        "valueFrom": {"configMapKeyRef": {"name": name, "key": key, "optional": false}}
     })
 }
 
-/// Whether `e` is exactly what [`patch`] writes into the target container.
+/// Whether `e` is exactly what [`patch`] writes into the target container (either key: the
+/// policy may have changed since the first pass).
 fn is_ours_target(e: &EnvVar, configmap: &str) -> bool {
-    reads_key(e, configmap, DEVICES_KEY)
+    reads_key(e, configmap, DEVICES_KEY) || reads_key(e, configmap, CDI_DEVICE_KEY)
 }
 
 /// Whether `e` reads key `key` of ConfigMap `configmap`, not optionally, and nothing else.
@@ -152,8 +154,8 @@ pub fn set_by_user(spec: &PodSpec, target: usize, configmap: Option<&str>) -> Op
     None
 }
 
-/// The per-GPU form's patch: the target container reads `NVIDIA_VISIBLE_DEVICES` (and, for an
-/// MPS share, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) from the ConfigMap's keys and gets
+/// The per-GPU form's patch: the target container reads `NVIDIA_VISIBLE_DEVICES` from the
+/// ConfigMap's key `key` (and, for an MPS share, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) and gets
 /// `NVIDIA_DRIVER_CAPABILITIES` unless it sets its own; every other container, init containers
 /// included, sees no GPU; the annotation names the ConfigMap.
 pub(super) fn patch(
@@ -161,6 +163,7 @@ pub(super) fn patch(
     spec: &PodSpec,
     target: usize,
     configmap: &str,
+    key: &str,
     mps: bool,
     annotations: &BTreeMap<String, String>,
 ) {
@@ -182,7 +185,7 @@ pub(super) fn patch(
         let mut add = vec![];
         if !has(c, VISIBLE_DEVICES) {
             add.push(if is_target {
-                from_configmap(configmap)
+                from_configmap(configmap, key)
             } else {
                 json!({"name": VISIBLE_DEVICES, "value": NO_DEVICES})
             });
@@ -474,6 +477,65 @@ mod tests {
         assert!(!needs(&exclusive, &p).legacy_runtime_class);
         assert!(!needs(&pod("timeslice-30", own), &p).legacy_runtime_class);
         assert!(!needs(&share, &Policy::default_policy()).legacy_runtime_class);
+    }
+
+    /// With the policy's `perGpu.timesliceCdi`, a time-sliced pod in per-GPU form takes its GPU's
+    /// CDI device: its container reads the ConfigMap's key `CDI_DEVICE`, and it runs under the
+    /// policy's class (which resolves CDI names) even where `nvidia-legacy` exists; the class is
+    /// not looked up. An MPS pod is as before. A second pass changes nothing, under either
+    /// setting.
+    #[test]
+    fn with_timeslice_cdi_a_time_sliced_share_reads_its_gpus_cdi_device_under_the_policys_class() {
+        let p = Policy::load("perGpu:\n  timeslice: true\n  mps: true\n  timesliceCdi: true\nmps:\n  runAsUser: 1000\n", "p.yaml")
+            .unwrap()
+            .policy;
+        let with_legacy = Facts {
+            legacy_runtime_class: RuntimeClassState::Exists,
+            ..facts("u")
+        };
+        let patched = |policy: &Policy, obj: &Value| match plan(
+            obj,
+            policy,
+            &policy.mig_table(),
+            &with_legacy,
+        ) {
+            Decision::Mutate(m) => {
+                let mut doc = obj.clone();
+                json_patch::patch(&mut doc, &m.patch).unwrap();
+                doc
+            }
+            other => panic!("{other:?}"),
+        };
+        let share = pod("timeslice-30", two_containers());
+        let doc = patched(&p, &share);
+        assert_eq!(doc["spec"]["runtimeClassName"], "nvidia");
+        let target = "/spec/containers/0/env";
+        let visible = env(&doc, target, VISIBLE_DEVICES).unwrap();
+        assert_eq!(
+            visible["valueFrom"]["configMapKeyRef"]["key"],
+            CDI_DEVICE_KEY
+        );
+        assert_eq!(visible["valueFrom"]["configMapKeyRef"]["optional"], false);
+        assert_eq!(doc["spec"]["containers"][1]["env"][0]["value"], NO_DEVICES);
+        // The extender reads the form from the env, as kubelet resolves it.
+        let typed: k8s_openapi::api::core::v1::PodSpec =
+            serde_json::from_value(doc["spec"].clone()).unwrap();
+        let d = crate::ledger::devices_configmap(&typed).unwrap();
+        assert!(d.cdi_device && d.configmap.starts_with(CONFIGMAP_PREFIX));
+        assert!(!crate::admission::plan::needs(&share, &p).legacy_runtime_class);
+        // A second pass, under either setting, changes nothing of it.
+        for policy in [&p, &per_gpu_policy()] {
+            assert_eq!(run(policy, &doc, "u").unwrap(), doc);
+        }
+        // An MPS share still reads its MPS device from NVIDIA_VISIBLE_DEVICES's key.
+        let doc = patched(&p, &pod("mps-25", two_containers()));
+        let visible = env(&doc, target, VISIBLE_DEVICES).unwrap();
+        assert_eq!(visible["valueFrom"]["configMapKeyRef"]["key"], DEVICES_KEY);
+        // Without the setting, the bare UUID under the legacy class.
+        let doc = patched(&per_gpu_policy(), &share);
+        assert_eq!(doc["spec"]["runtimeClassName"], LEGACY_RUNTIME_CLASS);
+        let visible = env(&doc, target, VISIBLE_DEVICES).unwrap();
+        assert_eq!(visible["valueFrom"]["configMapKeyRef"]["key"], DEVICES_KEY);
     }
 
     /// A gpu-share pod never sets NVIDIA_VISIBLE_DEVICES itself, in either form, and a pod in

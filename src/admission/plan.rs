@@ -216,6 +216,7 @@ impl Intake {
                 && self.annotated.mig_strategy.is_none(),
             legacy_runtime_class: policy.per_gpu.takes(&self.annotated.request.class)
                 && matches!(self.annotated.request.class, GpuClass::Timeslice { .. })
+                && !policy.per_gpu.timeslice_cdi
                 && !policy.runtime_class_name.is_empty()
                 && !pod_names_runtime_class,
         }

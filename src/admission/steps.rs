@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::mig::{MigModel, MigProfile};
 use crate::policy::{Policy, TolerationOperator};
-use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
+use crate::request::{ANNOTATION_REQUEST, CDI_DEVICE_KEY, DEVICES_KEY, GpuClass, GpuRequest};
 
 use super::affinity::{
     affinity_for, declared_alternatives, gfd_single_alternative, gke_alternative, require_affinity,
@@ -67,10 +67,13 @@ pub(super) fn patch(
     legacy_runtime_class: RuntimeClassState,
 ) -> (Vec<PatchOperation>, Vec<String>) {
     // A time-sliced pod in per-GPU form runs under `nvidia-legacy` where the GPU Operator made it
-    // (CDI on); an MPS one names a CDI device, which the policy's runtime (CDI or auto mode)
-    // resolves.
+    // (CDI on), unless the policy gives it its GPU's CDI device; an MPS one names a CDI device,
+    // which the policy's runtime (CDI or auto mode) resolves.
+    let timeslice = matches!(t.request.class, GpuClass::Timeslice { .. });
+    let cdi_device = timeslice && policy.per_gpu.timeslice_cdi;
     let legacy = t.devices_configmap.is_some()
-        && matches!(t.request.class, GpuClass::Timeslice { .. })
+        && timeslice
+        && !cdi_device
         && legacy_runtime_class == RuntimeClassState::Exists;
     let (runtime_class_name, runtime_class) = if legacy {
         (
@@ -107,7 +110,12 @@ pub(super) fn patch(
     if let Some(cm) = &t.devices_configmap {
         // Step 7b: the per-GPU form's devices (`devices.rs`).
         let mps = matches!(t.request.class, GpuClass::Mps { .. });
-        super::devices::patch(&mut b, t.spec, t.index, cm, mps, t.annotations);
+        let key = if cdi_device {
+            CDI_DEVICE_KEY
+        } else {
+            DEVICES_KEY
+        };
+        super::devices::patch(&mut b, t.spec, t.index, cm, key, mps, t.annotations);
     }
     if !t.request_annotated {
         // Step 8: the normalized request annotation (the parent exists: it holds the

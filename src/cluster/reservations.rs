@@ -265,13 +265,12 @@ impl Seen {
     }
 
     /// The reservation of GPU `gpu` on `node` that is ready (its GPU's UUID published, and its
-    /// MPS daemon's pipe where it runs one): its name, the UUID, and whether it runs a daemon.
-    pub fn ready(&self, node: &str, gpu: u32) -> Option<(String, String, bool)> {
+    /// MPS daemon's pipe where it runs one).
+    pub fn ready(&self, node: &str, gpu: u32) -> Option<ReservationPod> {
         let on_node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-        self.pods_where(on_node).into_iter().find_map(|r| {
-            let uuid = r.state.uuid()?.to_string();
-            (r.gpu == gpu).then_some((r.name, uuid, r.mps))
-        })
+        self.pods_where(on_node)
+            .into_iter()
+            .find(|r| r.gpu == gpu && r.state.uuid().is_some())
     }
 
     fn pods_where(&self, keep: impl Fn(&Pod) -> bool) -> Vec<ReservationPod> {

@@ -214,6 +214,7 @@ impl DraNode {
             enforcement: crate::enforcement::Enforcement {
                 driver: self.driver_version.clone(),
                 memory_limits: crate::enforcement::MemoryLimits::DraDriver,
+                timeslice_cdi: false,
             },
         }
     }

@@ -10,8 +10,11 @@ use super::model::{
 pub fn memory_hold(node: NodeFacts<'_>, share: Share) -> Hold {
     let driver = node.enforcement.driver.as_deref();
     // A time-sliced share in per-GPU form gets its GPU under the legacy runtime, which runs no
-    // CDI hook; an MPS one through its GPU's CDI device, NVIDIA's edits with the hook.
-    let legacy = matches!(share, Share::Timeslice { .. }) && node.sharing == NodeSharing::PerGpu;
+    // CDI hook, unless the policy gives it its GPU's CDI device; an MPS one always through its
+    // GPU's CDI device, NVIDIA's edits with the hook.
+    let legacy = matches!(share, Share::Timeslice { .. })
+        && node.sharing == NodeSharing::PerGpu
+        && !node.enforcement.timeslice_cdi;
     let driver_limit = |budget: Option<u64>| -> Result<Holder, (Gap, String)> {
         if node.all_mig {
             return Err((
@@ -69,6 +72,11 @@ pub fn summary(node: NodeFacts<'_>) -> String {
     let driver = e.driver.as_deref().unwrap_or("unknown");
     let limits = match e.memory_limits {
         _ if node.all_mig => format!("no driver limits (MIG devices; driver {driver})"),
+        MemoryLimits::Applied if node.sharing == NodeSharing::PerGpu && e.timeslice_cdi => {
+            format!(
+                "driver limits (driver {driver}; time-sliced shares through their GPU's CDI device)"
+            )
+        }
         MemoryLimits::Applied if node.sharing == NodeSharing::PerGpu => format!(
             "driver limits for mps shares (driver {driver}; time-sliced shares: not through the per-GPU form)"
         ),

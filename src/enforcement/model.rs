@@ -51,7 +51,8 @@ pub enum MemoryLimits {
     DeclaredOff,
     /// The driver and the toolkit would, but a time-sliced share in per-GPU form reaches its GPU
     /// through `NVIDIA_VISIBLE_DEVICES` under the legacy runtime, which runs no CDI hook (said
-    /// per share, never read from a node).
+    /// per share, never read from a node), unless the policy's `perGpu.timesliceCdi` gives it
+    /// its GPU's CDI device.
     NotThroughPerGpuForm,
     /// GKE's own GPU stack, whose device plugin and runtime run no Container Toolkit hook.
     GkeStack,
@@ -82,7 +83,7 @@ impl MemoryLimits {
                 "driver {driver}, but GKE's own GPU stack runs no Container Toolkit hook to apply the driver's memory limits"
             )),
             MemoryLimits::NotThroughPerGpuForm => Some(format!(
-                "driver {driver} has per-container memory limits, but a time-sliced share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook"
+                "driver {driver} has per-container memory limits, but a time-sliced share in per-GPU form gets its GPU through the legacy runtime, which runs no CDI hook (the policy's perGpu.timesliceCdi gives it a CDI device with NVIDIA's hooks)"
             )),
             MemoryLimits::DraDriver => Some(format!(
                 "driver {driver}, but NVIDIA's DRA driver gives this node's GPUs, and a claim that takes a share of a GPU (its ConsumableShares) gets no per-container memory limit"
@@ -100,6 +101,11 @@ pub struct Enforcement {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     pub memory_limits: MemoryLimits,
+    /// A time-sliced share in per-GPU form gets its GPU through the CDI device its reservation
+    /// writes (`gpu-share.io/gpu=<UUID>`, NVIDIA's edits with the toolkit's hooks), not a bare
+    /// UUID under the legacy runtime (the policy's `perGpu.timesliceCdi`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timeslice_cdi: bool,
 }
 
 /// What holds a share's memory on a node.

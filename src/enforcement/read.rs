@@ -15,6 +15,9 @@ const LABEL_DRIVER_MAJOR_OLD: &str = "nvidia.com/cuda.driver.major";
 pub struct EnforcementReading {
     /// `enforcement.memoryLimitHook`: the toolkits apply the driver's memory limits.
     pub memory_limit_hook: bool,
+    /// `perGpu.timesliceCdi`: a time-sliced share in per-GPU form gets its GPU through the CDI
+    /// device its reservation writes, NVIDIA's hooks included.
+    pub timeslice_cdi: bool,
 }
 
 /// The major of a driver version (`615.25.01`, `615`); `None` if it is not one.
@@ -68,5 +71,6 @@ pub fn read(
     Enforcement {
         driver,
         memory_limits,
+        timeslice_cdi: policy.timeslice_cdi,
     }
 }

@@ -12,6 +12,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 fn hook(on: bool) -> EnforcementReading {
     EnforcementReading {
         memory_limit_hook: on,
+        timeslice_cdi: false,
     }
 }
 
@@ -137,10 +138,12 @@ fn what_holds_a_share_by_class_and_node() {
     let applied = Enforcement {
         driver: Some("615.25.01".into()),
         memory_limits: MemoryLimits::Applied,
+        timeslice_cdi: false,
     };
     let old = Enforcement {
         driver: Some("580.95.05".into()),
         memory_limits: MemoryLimits::DriverTooOld,
+        timeslice_cdi: false,
     };
     let ts4 = NodeSharing::TimeSlicing;
     let mps4 = NodeSharing::Mps { replicas: 4 };
@@ -199,6 +202,31 @@ fn what_holds_a_share_by_class_and_node() {
     assert_eq!(g, Gap::NoDriverLimits);
     assert!(why.contains("legacy runtime"), "{why}");
     assert!(summary(per_gpu_new).contains("time-sliced shares: not through the per-GPU form"));
+    // With perGpu.timesliceCdi, a time-sliced share gets its GPU's CDI device, NVIDIA's hooks
+    // with it: the driver's limit holds it (on a node whose driver and toolkit apply it).
+    let through_cdi = Enforcement {
+        timeslice_cdi: true,
+        ..applied.clone()
+    };
+    let per_gpu_cdi = node(NodeSharing::PerGpu, &through_cdi);
+    assert_eq!(
+        memory_hold(per_gpu_cdi, ts(Some(1024))),
+        Hold::Held(Holder::DriverLimit)
+    );
+    assert_eq!(gap(memory_hold(per_gpu_cdi, ts(None))).0, Gap::NoBudget);
+    let old_cdi = Enforcement {
+        timeslice_cdi: true,
+        ..old.clone()
+    };
+    assert_eq!(
+        gap(memory_hold(
+            node(NodeSharing::PerGpu, &old_cdi),
+            ts(Some(1024))
+        ))
+        .0,
+        Gap::NoDriverLimits
+    );
+    assert!(summary(per_gpu_cdi).contains("time-sliced shares through their GPU's CDI device"));
     assert!(
         summary(per_gpu).ends_with("mps: gpu-share's daemon per GPU (each client's own limits)")
     );
@@ -233,6 +261,7 @@ fn the_summary_says_what_holds_memory_in_words() {
     let old = Enforcement {
         driver: Some("580.95.05".into()),
         memory_limits: MemoryLimits::DriverTooOld,
+        timeslice_cdi: false,
     };
     assert_eq!(
         summary(node(NodeSharing::Mps { replicas: 4 }, &old)),
@@ -241,6 +270,7 @@ fn the_summary_says_what_holds_memory_in_words() {
     let applied = Enforcement {
         driver: Some("615.25.01".into()),
         memory_limits: MemoryLimits::Applied,
+        timeslice_cdi: false,
     };
     assert_eq!(
         summary(node(NodeSharing::TimeSlicing, &applied)),

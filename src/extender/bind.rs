@@ -181,11 +181,22 @@ async fn bind(
     if let (Some(c), Some((gpu, mps))) = (cluster, reserve) {
         let mut template = (*state.reservations).clone();
         template.runtime_class = policy.policy.runtime_class_name.clone();
+        // A time-sliced reservation writes its GPU's CDI device where the policy says so, or where
+        // the share takes it (admitted while the policy said so).
+        let takes = matches!(&pod.demand, Ok(Some(d)) if d.takes_cdi_device());
+        template.cdi_device = !mps && (policy.policy.per_gpu.timeslice_cdi || takes);
         // Held for the reservation from before the create leaves: should this bind fail after
         // it, the reservation's pod exists, and its GPU must not look free until the watch
         // shows it.
         let scorer = ext.scorer(policy.policy.packing.policy.into());
-        let on_its_way = match super::on_its_way::hold(ext, &scorer, &args.node, gpu, mps) {
+        let on_its_way = match super::on_its_way::hold(
+            ext,
+            &scorer,
+            &args.node,
+            gpu,
+            mps,
+            template.cdi_device,
+        ) {
             Ok(h) => h,
             Err(reason) => {
                 binding.abort();
@@ -291,33 +302,28 @@ fn fill_if_held(client: &kube::Client, ext: &ExtenderState, uid: &str) {
     let Some(h) = ext.ledger().holding(uid) else {
         return;
     };
-    let (Some(configmap), [(gpu, _)]) = (h.demand.devices, h.placement.gpus.as_slice()) else {
+    let (Some(devices), [(gpu, _)]) = (h.demand.devices, h.placement.gpus.as_slice()) else {
         return;
     };
-    let Some((reservation, uuid, daemon)) = ext.reservations.ready(&h.node, *gpu) else {
+    let Some(reservation) = ext.reservations.ready(&h.node, *gpu) else {
+        return;
+    };
+    let Some(uuid) = reservation.state.uuid().map(str::to_string) else {
         return;
     };
     let gpu_memory = ext
         .ledger()
         .with_node(&h.node, |nl| nl.node.gpu_memory_mib)
         .flatten();
-    // What does not match (a share of the other class, an MPS share with no limit to give) is
-    // the controller's to handle, in words.
-    let to = match crate::reservation::plan::ShareKind::of(&h.demand.gpu, gpu_memory) {
-        crate::reservation::plan::ShareKind::Timeslice if !daemon => {
-            crate::reservation::view::Pointing {
-                uuid,
-                mps_pinned_mib: None,
-            }
-        }
-        crate::reservation::plan::ShareKind::Mps {
-            pinned_mib: Some(mib),
-        } if daemon => crate::reservation::view::Pointing {
-            uuid,
-            mps_pinned_mib: Some(mib),
-        },
-        _ => return,
+    // What does not match (a share of the other class, an MPS share with no limit to give, a
+    // share that takes a CDI device its reservation did not write) is the controller's to
+    // handle, in words.
+    let kind = crate::reservation::plan::ShareKind::of(&h.demand.gpu, &devices, gpu_memory);
+    let Ok(through) = kind.through(&reservation.at(std::time::SystemTime::now())) else {
+        return;
     };
+    let to = crate::reservation::view::Pointing { uuid, through };
+    let (configmap, reservation) = (devices.configmap, reservation.name);
     let owner = crate::reservation::view::Owner {
         namespace: h.pod.namespace,
         name: h.pod.name,

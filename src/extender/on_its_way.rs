@@ -31,7 +31,8 @@ pub struct OnItsWay<'a> {
     gpu: u32,
 }
 
-/// Holds GPU `gpu` of `node` for its reservation (running the GPU's MPS daemon when `mps`),
+/// Holds GPU `gpu` of `node` for its reservation (running the GPU's MPS daemon when `mps`,
+/// writing its CDI device when `cdi_device`),
 /// checked as the reservation itself is: an error when the GPU is given whole or holds shares
 /// of the other class, and then nothing is to be created.
 pub fn hold<'a>(
@@ -40,6 +41,7 @@ pub fn hold<'a>(
     node: &str,
     gpu: u32,
     mps: bool,
+    cdi_device: bool,
 ) -> Result<OnItsWay<'a>, Reason> {
     let uid = stand_in_uid(node, gpu, SERIAL.fetch_add(1, Ordering::Relaxed));
     let mut binding = ext.begin_bind(&uid, node, true);
@@ -51,7 +53,11 @@ pub fn hold<'a>(
             name: crate::reservation::name(node, gpu),
             priority: 0,
         },
-        Demand::gpu(GpuDemand::Reserve { gpu, mps }),
+        Demand::gpu(GpuDemand::Reserve {
+            gpu,
+            mps,
+            cdi_device,
+        }),
     )?;
     Ok(OnItsWay {
         binding,
@@ -143,7 +149,11 @@ mod tests {
                 priority: 0,
             },
             node: "n1".into(),
-            demand: Demand::gpu(GpuDemand::Reserve { gpu, mps: false }),
+            demand: Demand::gpu(GpuDemand::Reserve {
+                gpu,
+                mps: false,
+                cdi_device: false,
+            }),
             gpus: None,
         }
     }
@@ -155,7 +165,7 @@ mod tests {
     fn a_reservation_on_its_way_holds_its_gpu_until_its_pod_is_recorded() {
         let ext = state(Duration::from_secs(60));
         let scorer = Scorer::new(PackingPolicy::Binpack);
-        let h = hold(&ext, &scorer, "n1", 1, false).unwrap();
+        let h = hold(&ext, &scorer, "n1", 1, false, false).unwrap();
         h.settle(&Err(CreateError::Unanswered));
         assert_eq!(take_whole(&ext, "w0").unwrap(), [0], "GPU 1 is held");
         assert_eq!(
@@ -191,11 +201,11 @@ mod tests {
     fn a_refused_create_frees_the_gpu_and_a_lost_one_lapses() {
         let ext = state(Duration::from_millis(300));
         let scorer = Scorer::new(PackingPolicy::Binpack);
-        hold(&ext, &scorer, "n1", 0, false)
+        hold(&ext, &scorer, "n1", 0, false, false)
             .unwrap()
             .settle(&Err(CreateError::NoImage));
         assert!(ext.ledger().uids().is_empty(), "released");
-        hold(&ext, &scorer, "n1", 0, false)
+        hold(&ext, &scorer, "n1", 0, false, false)
             .unwrap()
             .settle(&Err(CreateError::Unanswered));
         assert_eq!(ext.ledger().uids().len(), 1, "held");
@@ -211,12 +221,12 @@ mod tests {
     fn an_existing_reservation_keeps_the_stand_in_only_until_recorded() {
         let ext = state(Duration::from_secs(60));
         let scorer = Scorer::new(PackingPolicy::Binpack);
-        hold(&ext, &scorer, "n1", 1, false)
+        hold(&ext, &scorer, "n1", 1, false, false)
             .unwrap()
             .settle(&Ok(None));
         assert_eq!(ext.ledger().uids().len(), 1, "kept: not recorded yet");
         ext.record(&reservation("r-uid", 1));
-        hold(&ext, &scorer, "n1", 1, false)
+        hold(&ext, &scorer, "n1", 1, false, false)
             .unwrap()
             .settle(&Ok(None));
         assert_eq!(ext.ledger().uids(), ["r-uid"], "released: recorded");
@@ -229,7 +239,7 @@ mod tests {
         let scorer = Scorer::new(PackingPolicy::Binpack);
         take_whole(&ext, "w0").unwrap();
         take_whole(&ext, "w1").unwrap();
-        assert!(hold(&ext, &scorer, "n1", 1, false).is_err());
+        assert!(hold(&ext, &scorer, "n1", 1, false, false).is_err());
         assert_eq!(ext.ledger().uids(), ["w0", "w1"]);
     }
 }

@@ -238,10 +238,11 @@ fn gather(
     }
     ledger.for_each_node(|nl| {
         for h in nl.holdings.values() {
-            let Some(configmap) = &h.demand.devices else {
+            let Some(devices) = &h.demand.devices else {
                 continue;
             };
-            let kind = ShareKind::of(&h.demand.gpu, nl.node.gpu_memory_mib);
+            let kind = ShareKind::of(&h.demand.gpu, devices, nl.node.gpu_memory_mib);
+            let configmap = &devices.configmap;
             for (i, _) in &h.placement.gpus {
                 let g = entry(&mut gpus, &nl.node.name, *i);
                 g.mps |= kind.is_mps();
@@ -369,11 +370,27 @@ async fn execute(ctx: &Ctx, gpu: &plan::Gpu, all: &[plan::Gpu], action: Action) 
             let policy = ctx.policy.current();
             let mut template = (*ctx.template).clone();
             template.runtime_class = policy.policy.runtime_class_name.clone();
+            // Writing its GPU's CDI device where the policy says so, or where a share takes it.
+            let takes = gpu
+                .shares
+                .iter()
+                .any(|s| s.kind == ShareKind::Timeslice { cdi_device: true });
+            template.cdi_device = !mps && (policy.policy.per_gpu.timeslice_cdi || takes);
             // Held from before the create leaves, and only while a share is still there: its
             // shares may have left since this tick began, and the GPU gone whole to a pod.
             let scorer = ctx.ext.scorer(policy.policy.packing.policy.into());
             let on_its_way = has_shares(ctx.ext.ledger(), &node, index)
-                .then(|| super::on_its_way::hold(&ctx.ext, &scorer, &node, index, mps).ok())
+                .then(|| {
+                    super::on_its_way::hold(
+                        &ctx.ext,
+                        &scorer,
+                        &node,
+                        index,
+                        mps,
+                        template.cdi_device,
+                    )
+                    .ok()
+                })
                 .flatten();
             let Some(on_its_way) = on_its_way else {
                 tracing::info!(
@@ -507,7 +524,10 @@ mod tests {
             },
             node: "n1".into(),
             demand: Demand {
-                devices: Some(format!("gpu-share-devices-{uid}")),
+                devices: Some(crate::packing::Devices {
+                    configmap: format!("gpu-share-devices-{uid}"),
+                    cdi_device: false,
+                }),
                 enforcement: crate::enforcement::Requirement::Off,
                 driver_limit_mib: None,
                 ..Demand::gpu(GpuDemand::Timeslice {
@@ -526,6 +546,7 @@ mod tests {
             node: "n1".into(),
             gpu,
             mps: false,
+            cdi_device: false,
             state,
             created: Some(SystemTime::now()),
         }
@@ -551,7 +572,7 @@ mod tests {
             name: name.into(),
             owner_uid: uid.into(),
             uuid: "GPU-0".into(),
-            mps_pinned_mib: None,
+            through: crate::reservation::view::Through::Uuid,
         };
         filled.insert("a".into(), f("a", "gpu-share-devices-a"));
         filled.insert("b".into(), f("b", "some-other-configmap"));

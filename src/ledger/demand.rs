@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use crate::inventory::{self, MIG_RESOURCE_PREFIX};
-use crate::packing::{Demand, GpuDemand, Placement};
+use crate::packing::{Demand, Devices, GpuDemand, Placement};
 use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
@@ -99,17 +99,26 @@ pub fn driver_limit_mib(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<u6
     })
 }
 
-/// The ConfigMap a pod's container reads `NVIDIA_VISIBLE_DEVICES` from (the per-GPU form): read
-/// from the env kubelet resolves, not from the annotation that mirrors it, which anyone who can
-/// edit the pod can change.
-pub fn devices_configmap(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<String> {
+/// The ConfigMap, and its key, a pod's container reads `NVIDIA_VISIBLE_DEVICES` from (the
+/// per-GPU form): read from the env kubelet resolves, not from the annotation that mirrors it,
+/// which anyone who can edit the pod can change.
+pub fn devices_configmap(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<Devices> {
+    use crate::request::{CDI_DEVICE_KEY, DEVICES_KEY};
     spec.containers
         .iter()
         .flat_map(|c| c.env.iter().flatten())
-        .filter(|e| e.name == crate::request::DEVICES_KEY)
+        .filter(|e| e.name == DEVICES_KEY)
         .find_map(|e| {
             let r = e.value_from.as_ref()?.config_map_key_ref.as_ref()?;
-            (r.key == crate::request::DEVICES_KEY && !r.name.is_empty()).then(|| r.name.clone())
+            let cdi_device = match r.key.as_str() {
+                DEVICES_KEY => false,
+                CDI_DEVICE_KEY => true,
+                _ => return None,
+            };
+            (!r.name.is_empty()).then(|| Devices {
+                configmap: r.name.clone(),
+                cdi_device,
+            })
         })
 }
 
@@ -503,7 +512,7 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
     }
     // A reservation (gpu-share's own, in its namespace) holds its GPU for shares, not whole.
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    if let Some((gpu, mps)) =
+    if let Some(reserved) =
         crate::reservation::model::reserved_gpu(namespace, pod.metadata.annotations.as_ref())
     {
         return Ok(Some(ObservedPod {
@@ -511,7 +520,7 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
             node,
             demand: Demand {
                 cpu_milli: pod.spec.as_ref().map_or(0, pod_cpu_milli),
-                ..Demand::gpu(GpuDemand::Reserve { gpu, mps })
+                ..Demand::gpu(reserved)
             },
             gpus: None,
         }));

@@ -456,7 +456,14 @@ mod tests {
         p["metadata"]["uid"] = "r1".into();
         p["status"] = serde_json::json!({"phase": "Running"});
         let o = observed_holding(&pod(p.clone())).unwrap().unwrap();
-        assert_eq!(o.demand.gpu, GpuDemand::Reserve { gpu: 2, mps: false });
+        assert_eq!(
+            o.demand.gpu,
+            GpuDemand::Reserve {
+                gpu: 2,
+                mps: false,
+                cdi_device: false
+            }
+        );
         assert_eq!((o.node.as_str(), o.gpus.clone()), ("n1", None));
         let mut n = GpuNode::whole("n1", "NVIDIA-A100-SXM4-80GB", 4, 81920);
         n.sharing = crate::inventory::Sharing::PerGpu;

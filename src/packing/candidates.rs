@@ -56,9 +56,14 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
             shared: true,
             ..base
         },
-        GpuDemand::Reserve { gpu, mps } => Placement {
+        GpuDemand::Reserve {
+            gpu,
+            mps,
+            cdi_device,
+        } => Placement {
             reserve: Some(*gpu),
             mps: *mps,
+            cdi_device: *cdi_device,
             ..base
         },
         GpuDemand::Units { count, .. } => Placement {
@@ -163,6 +168,9 @@ pub fn for_each_candidate(
     // not being held whole (per GPU); and whether, where no GPU has room, the share is modelled on
     // the least-loaded GPU anyway. A bind never gets there ([`fit`](super::fit) refuses first): only
     // a pod recorded from the API does, which runs on some GPU whatever the model says.
+    // A share that takes its GPU's CDI device goes only where no reservation without it holds
+    // the GPU.
+    let cdi_device = demand.takes_cdi_device();
     let mut one_gpu_each = |milli: u32, rule: ShareRule, base: Placement| {
         let memory = base.gpu_memory_mib;
         let gpu_memory = node.gpu_memory_mib.unwrap_or(u64::MAX);
@@ -177,7 +185,9 @@ pub fn for_each_candidate(
                 usage.gpu_milli[i],
                 usage.gpu_memory.get(i).copied().unwrap_or(0),
                 usage.is_free(i),
-                usage.is_shareable(i) && usage.class_ok(i, rule.mps),
+                usage.is_shareable(i)
+                    && usage.class_ok(i, rule.mps)
+                    && (!rule.per_gpu || !cdi_device || usage.serves_cdi_device(i)),
             )
         };
         for (i, m) in usage.gpu_milli.iter().enumerate() {

@@ -24,8 +24,13 @@ pub enum GpuDemand {
     Units { resource: String, count: u32 },
     /// gpu-share's reservation of GPU `gpu` of a node it shares per GPU: the pod that holds the
     /// GPU through the device plugin (one `nvidia.com/gpu`) so that shares can use it; `mps`:
-    /// it runs the GPU's MPS daemon, for MPS shares only.
-    Reserve { gpu: u32, mps: bool },
+    /// it runs the GPU's MPS daemon, for MPS shares only; `cdi_device`: a time-sliced one that
+    /// writes the GPU's CDI device (only such a reservation serves a share that takes it).
+    Reserve {
+        gpu: u32,
+        mps: bool,
+        cdi_device: bool,
+    },
 }
 
 impl GpuDemand {
@@ -112,8 +117,17 @@ impl std::fmt::Display for GpuDemand {
             GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
             GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
             GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
-            GpuDemand::Reserve { gpu, mps: false } => write!(f, "reservation of GPU {gpu}"),
-            GpuDemand::Reserve { gpu, mps: true } => {
+            GpuDemand::Reserve {
+                gpu,
+                mps: false,
+                cdi_device: false,
+            } => write!(f, "reservation of GPU {gpu}"),
+            GpuDemand::Reserve {
+                gpu,
+                mps: false,
+                cdi_device: true,
+            } => write!(f, "reservation of GPU {gpu} with its CDI device"),
+            GpuDemand::Reserve { gpu, mps: true, .. } => {
                 write!(f, "reservation of GPU {gpu} with its MPS daemon")
             }
         }
@@ -131,6 +145,20 @@ pub fn per_gpu_mps_memory(
     memory_mib.or_else(|| gpu_memory_mib.map(|m| m * u64::from(milli) / u64::from(GPU_MILLI)))
 }
 
+/// Where a share in per-GPU form reads its GPU from: the ConfigMap, and the key its container's
+/// `NVIDIA_VISIBLE_DEVICES` reads (which says what the container takes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Devices {
+    /// In the pod's namespace.
+    pub configmap: String,
+    /// The key is [`crate::request::CDI_DEVICE_KEY`]: a time-sliced share takes its GPU's CDI
+    /// device (`gpu-share.io/gpu=<UUID>`, the policy's `perGpu.timesliceCdi`), not its UUID
+    /// under the legacy runtime. (An MPS share always takes its GPU's MPS device, in
+    /// [`crate::request::DEVICES_KEY`].)
+    pub cdi_device: bool,
+}
+
 /// A pod's full demand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -145,10 +173,10 @@ pub struct Demand {
     /// for demands not read from a pod (the simulator's).
     pub resources: Vec<String>,
     /// A share in per-GPU form: the pod asks the device plugin for nothing, and its container
-    /// reads `NVIDIA_VISIBLE_DEVICES` from this ConfigMap, which gpu-share fills with the UUID
-    /// of the GPU it holds for it (a node shared per GPU only). Demands not read from a pod (the
+    /// reads `NVIDIA_VISIBLE_DEVICES` from a ConfigMap, which gpu-share fills with the GPU it
+    /// holds for it (a node shared per GPU only). Demands not read from a pod (the
     /// simulator's) have none and fit either kind of node.
-    pub devices: Option<String>,
+    pub devices: Option<Devices>,
     /// Whether the node must hold the share's memory to its budget (the policy's
     /// `enforcement.budgets`, set by the extender at filter and bind; `Off` for pods recorded
     /// from the API, which run wherever they are, and for the simulator's demands).
@@ -177,5 +205,11 @@ impl Demand {
     /// A share in per-GPU form ([`Demand::devices`]).
     pub fn pointed(&self) -> bool {
         self.devices.is_some()
+    }
+
+    /// A share that takes its GPU's CDI device ([`Devices::cdi_device`]): only a GPU whose
+    /// reservation writes it, or a free one (whose new reservation will), serves it.
+    pub fn takes_cdi_device(&self) -> bool {
+        self.devices.as_ref().is_some_and(|d| d.cdi_device)
     }
 }

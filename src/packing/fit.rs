@@ -37,6 +37,10 @@ pub enum Reason {
     /// A GPU has room for the share's thousandths, but none of those has room for its memory
     /// (the per-GPU model, enforced on nodes gpu-share shares per GPU).
     NoGpuWithMemory,
+    /// A GPU has room for a time-sliced share that takes its GPU's CDI device
+    /// (`perGpu.timesliceCdi`), but every such GPU is held by a reservation that writes none
+    /// (created before the policy's setting was on): it frees once that GPU's shares leave.
+    NoGpuWithCdiDevice,
     /// A GPU has room for the share, but every such GPU serves the other sharing class (MPS
     /// shares and time-sliced shares never share a GPU; nodes gpu-share shares per GPU).
     GpusOfOtherClass,
@@ -124,6 +128,9 @@ impl Reason {
             Reason::NoGpuWithMemory => {
                 "no GPU with a free enough share has enough free memory for the request".into()
             }
+            Reason::NoGpuWithCdiDevice => {
+                "every GPU with room is held by a reservation that writes no CDI device, which this share takes (perGpu.timesliceCdi)".into()
+            }
             Reason::GpusOfOtherClass => {
                 "every GPU with room serves the other sharing class (MPS shares and time-sliced shares never share a GPU)".into()
             }
@@ -181,6 +188,7 @@ impl Reason {
             Reason::NoFreeGpus,
             Reason::NoGpuWithRoom,
             Reason::NoGpuWithMemory,
+            Reason::NoGpuWithCdiDevice,
             Reason::GpusOfOtherClass,
             Reason::ResourceAbsent,
             Reason::NotEnoughUnits,
@@ -215,6 +223,7 @@ impl Reason {
                 | Reason::NoFreeGpus
                 | Reason::NoGpuWithRoom
                 | Reason::NoGpuWithMemory
+                | Reason::NoGpuWithCdiDevice
                 | Reason::GpusOfOtherClass
                 | Reason::NotEnoughUnits
                 | Reason::Cpu
@@ -245,6 +254,7 @@ impl Reason {
             Reason::NoFreeGpus => "no_free_gpus",
             Reason::NoGpuWithRoom => "no_gpu_with_room",
             Reason::NoGpuWithMemory => "no_gpu_with_memory",
+            Reason::NoGpuWithCdiDevice => "no_gpu_with_cdi_device",
             Reason::GpusOfOtherClass => "gpus_of_other_class",
             Reason::ResourceAbsent => "resource_absent",
             Reason::NotEnoughUnits => "not_enough_units",
@@ -347,6 +357,17 @@ pub fn fit(node: &GpuNode, usage: &Usage, demand: &Demand) -> Result<(), Reason>
         return Err(Reason::Memory);
     }
     fit_gpu(node, usage, &demand.gpu)?;
+    // A share that takes its GPU's CDI device needs a GPU with room whose reservation writes it
+    // (or none yet).
+    if let (GpuDemand::Timeslice { milli, memory_mib }, true, Sharing::PerGpu) =
+        (&demand.gpu, demand.takes_cdi_device(), node.sharing)
+        && !(0..usage.gpu_milli.len()).any(|i| {
+            usage.serves_cdi_device(i)
+                && usage.takes_share(i, false, *milli, *memory_mib, node.gpu_memory_mib)
+        })
+    {
+        return Err(Reason::NoGpuWithCdiDevice);
+    }
     // Last, once the node is of the share's kind and has room: whether it holds the share's
     // memory, where the policy requires it (shares only: `timeslice` and `mps`).
     let share = matches!(
@@ -634,7 +655,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             }
             Ok(())
         }
-        GpuDemand::Reserve { gpu, mps } => {
+        GpuDemand::Reserve { gpu, mps, .. } => {
             if node.sharing != Sharing::PerGpu {
                 Err(mismatch(node, "per-GPU sharing"))
             } else if *gpu >= node.gpus {

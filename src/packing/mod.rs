@@ -171,6 +171,7 @@ mod tests {
             n.enforcement = Enforcement {
                 driver: Some("615.25.01".into()),
                 memory_limits: limits,
+                timeslice_cdi: false,
             };
             n
         };
@@ -580,7 +581,13 @@ mod tests {
         let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
         n.sharing = Sharing::PerGpu;
         let mut u = Usage::empty(&n);
-        let reserve = |gpu| Demand::gpu(GpuDemand::Reserve { gpu, mps: false });
+        let reserve = |gpu| {
+            Demand::gpu(GpuDemand::Reserve {
+                gpu,
+                mps: false,
+                cdi_device: false,
+            })
+        };
         add(&n, &mut u, &reserve(0)).unwrap();
         assert_eq!(
             (u.reserved.clone(), u.gpu_milli.clone()),
@@ -620,6 +627,67 @@ mod tests {
                 .message(),
             "node does not share GPUs; pod asks per-GPU sharing"
         );
+    }
+
+    /// A time-sliced share that takes its GPU's CDI device (`perGpu.timesliceCdi`) goes only to a
+    /// GPU whose reservation writes the device, or to a free one (whose new reservation will);
+    /// never beside a reservation that writes none, which a share of the bare UUID still takes.
+    /// Where only such GPUs have room, the node says so in words.
+    #[test]
+    fn a_share_that_takes_its_gpus_cdi_device_never_goes_beside_a_reservation_without_it() {
+        let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = Sharing::PerGpu;
+        let mut u = Usage::empty(&n);
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let placed = |u: &mut Usage, d: &Demand| {
+            let (p, _) = place(&scorer, &n, u, d, &mut FragMemo::default()).unwrap();
+            apply(u, &p);
+            p
+        };
+        let reserve = |gpu, cdi_device| {
+            Demand::gpu(GpuDemand::Reserve {
+                gpu,
+                mps: false,
+                cdi_device,
+            })
+        };
+        let share = |p: u32, cdi_device: bool| Demand {
+            devices: Some(Devices {
+                configmap: "gpu-share-devices-x".into(),
+                cdi_device,
+            }),
+            ..ts(p)
+        };
+        // GPU 0 held by a reservation without the device, a share of the bare UUID on it.
+        let without = placed(&mut u, &reserve(0, false));
+        add(&n, &mut u, &share(20, false)).unwrap();
+        assert_eq!(u.without_device, vec![1, 0]);
+        // The device's share goes to the free GPU, never beside them; a UUID share packs onto
+        // the held GPU as before.
+        let p = placed(&mut u, &share(20, true));
+        assert_eq!(p.gpus, [(1, 200)]);
+        assert_eq!(placed(&mut u, &share(20, false)).gpus, [(0, 200)]);
+        // GPU 1 reserved with the device: the next device share packs beside the first.
+        add(&n, &mut u, &reserve(1, true)).unwrap();
+        assert_eq!(u.without_device, vec![1, 0]);
+        assert_eq!(placed(&mut u, &share(70, true)).gpus, [(1, 700)]);
+        // Room only on GPU 0: the device's share does not fit, in words; the UUID's does.
+        assert_eq!(
+            fit(&n, &u, &share(30, true)),
+            Err(Reason::NoGpuWithCdiDevice)
+        );
+        assert!(Reason::NoGpuWithCdiDevice.resolvable());
+        assert!(
+            Reason::NoGpuWithCdiDevice
+                .message()
+                .contains("writes no CDI device")
+        );
+        assert_eq!(fit(&n, &u, &share(30, false)), Ok(()));
+        assert!(candidates(&n, &u, &share(30, true)).is_empty());
+        // Once GPU 0's reservation without the device goes, its GPU serves the device again.
+        unapply(&mut u, &without);
+        assert_eq!(u.without_device, vec![0, 0]);
+        assert_eq!(fit(&n, &u, &share(30, true)), Ok(()));
     }
 
     /// Per GPU, MPS shares of unequal sizes share a GPU (its own MPS daemon), within 100% and
@@ -673,7 +741,13 @@ mod tests {
         assert_eq!(fit(&n, &u, &mps(25, 20)), Ok(()));
         assert_eq!(fit(&n, &u, &mps(25, 21)), Err(Reason::NoGpuWithMemory));
         // Reservations: one with a daemon fits only a GPU of MPS shares, and the other way.
-        let reserve = |gpu, mps| Demand::gpu(GpuDemand::Reserve { gpu, mps });
+        let reserve = |gpu, mps| {
+            Demand::gpu(GpuDemand::Reserve {
+                gpu,
+                mps,
+                cdi_device: false,
+            })
+        };
         assert_eq!(fit(&n, &u, &reserve(g as u32, true)), Ok(()));
         assert_eq!(
             fit(&n, &u, &reserve(g as u32, false)),
@@ -710,7 +784,10 @@ mod tests {
             Sharing::TimeSlicing { replicas: 4 },
         );
         let pointed = Demand {
-            devices: Some("gpu-share-devices-x".into()),
+            devices: Some(Devices {
+                configmap: "gpu-share-devices-x".into(),
+                cdi_device: false,
+            }),
             enforcement: crate::enforcement::Requirement::Off,
             driver_limit_mib: None,
             ..ts(30)

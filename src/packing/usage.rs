@@ -44,6 +44,9 @@ pub struct Usage {
     pub mps_holds: Vec<u32>,
     /// Per full GPU, the time-sliced shares and the reservations without MPS on it.
     pub plain_holds: Vec<u32>,
+    /// Per full GPU, the time-sliced reservations on it that write no CDI device: a share that
+    /// takes its GPU's device ([`Demand::takes_cdi_device`]) never goes there.
+    pub without_device: Vec<u32>,
 }
 
 impl Usage {
@@ -57,6 +60,7 @@ impl Usage {
             gpu_memory: vec![0; n],
             mps_holds: vec![0; n],
             plain_holds: vec![0; n],
+            without_device: vec![0; n],
             ..Usage::default()
         }
     }
@@ -81,6 +85,12 @@ impl Usage {
     /// Whether GPU `i` can take shares: it is not held whole.
     pub fn is_shareable(&self, i: usize) -> bool {
         i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)
+    }
+
+    /// Whether GPU `i` serves a share that takes its GPU's CDI device: no reservation on it
+    /// writes none.
+    pub fn serves_cdi_device(&self, i: usize) -> bool {
+        self.without_device.get(i).is_none_or(|n| *n == 0)
     }
 
     /// Whether GPU `i` holds nothing of the other sharing class than `mps` says (MPS shares and
@@ -162,6 +172,9 @@ pub struct Placement {
     pub whole: bool,
     /// A reservation holding this GPU for shares ([`GpuDemand::Reserve`]).
     pub reserve: Option<u32>,
+    /// The reservation writes its GPU's CDI device ([`Usage::without_device`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cdi_device: bool,
     /// The share, or the reservation, is an MPS one ([`Usage::mps_holds`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub mps: bool,
@@ -252,6 +265,12 @@ fn shift<const ADD: bool>(usage: &mut Usage, p: &Placement) {
         }
         if let Some(h) = usage.class_holds(p.mps).get_mut(i as usize) {
             step(h, 1, ADD);
+        }
+        if !p.mps
+            && !p.cdi_device
+            && let Some(w) = usage.without_device.get_mut(i as usize)
+        {
+            step(w, 1, ADD);
         }
     }
     step(&mut usage.slots, p.slots, ADD);

@@ -31,6 +31,7 @@ pub(super) const FIELDS: &[&str] = &[
     "perGpu",
     "perGpu.timeslice",
     "perGpu.mps",
+    "perGpu.timesliceCdi",
     "perGpu.releaseAfterSeconds",
     "namespaces",
     "nodeModes",

@@ -23,6 +23,14 @@ pub struct PerGpuPolicy {
     /// sizes on one GPU; they go to nodes shared per GPU only. Needs `mps.runAsUser`.
     #[serde(default)]
     pub mps: bool,
+    /// `timeslice-<p>` pods in per-GPU form get their GPU through a CDI device their GPU's
+    /// reservation writes (`gpu-share.io/gpu=<UUID>`, NVIDIA's own edits for the GPU, the
+    /// Container Toolkit's memory-limit hook among them), under the policy's runtime class,
+    /// instead of a bare UUID under the legacy runtime. The reservations then write the node's
+    /// CDI directory (root, hostPath), so their namespace must allow privileged pods, as for
+    /// `mps`; the nvidia runtime must read CDI names (CDI or auto mode).
+    #[serde(default)]
+    pub timeslice_cdi: bool,
     /// Seconds a reservation outlives the last share on its GPU, so that a GPU is not
     /// re-reserved for every pod that comes and goes.
     #[serde(default = "release_after_seconds")]
@@ -34,6 +42,7 @@ impl Default for PerGpuPolicy {
         PerGpuPolicy {
             timeslice: false,
             mps: false,
+            timeslice_cdi: false,
             release_after_seconds: release_after_seconds(),
         }
     }

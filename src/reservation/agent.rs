@@ -4,8 +4,7 @@
 //! termination message, an annotation on the pod ([`model::ANNOTATION_ERROR`]) and an Event.
 //!
 //! NVML is loaded at run time (`libnvidia-ml.so.1`, which the nvidia runtime mounts into the
-//! container), so the binary runs anywhere and says plainly when the driver is not there. For
-//! tests without a GPU, [`SEAM_ENV`] replaces NVML, and the process says so in its log.
+//! container), so the binary runs anywhere and says plainly when the driver is not there.
 
 use std::time::Duration;
 
@@ -16,10 +15,6 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use super::model;
-
-/// Test seam: the GPU UUIDs NVML would list, comma-separated (empty: none), or `error:<words>`
-/// for an NVML that fails. Never set in a real reservation.
-pub const SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_NVML";
 
 /// What `gpu-share reserve` needs to know.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,6 +35,11 @@ pub struct ReserveArgs {
     /// the pod once its defaults are set.
     #[arg(long)]
     pub mps: bool,
+    /// Write the GPU's own CDI device (`gpu-share.io/gpu=<UUID>`: NVIDIA's edits for the GPU,
+    /// nothing added) before the UUID is published, and remove it when stopped: time-sliced
+    /// shares that take their GPU through a CDI device name it.
+    #[arg(long, conflicts_with = "mps")]
+    pub gpu_device: bool,
     /// Where each GPU's MPS pipe and log directories go (`<root>/<uuid>/{pipe,log}`).
     #[arg(long, default_value = "/run/gpu-share/mps")]
     pub mps_root: std::path::PathBuf,
@@ -47,9 +47,9 @@ pub struct ReserveArgs {
     /// container's `/dev/shm`), the same path on the node and in the container.
     #[arg(long)]
     pub mps_dir: Option<std::path::PathBuf>,
-    /// Where the GPU's CDI device (`gpu-share.io/mps=<UUID>`) is written, the node's CDI
-    /// directory, mounted at the same path; `none`: no device (the daemon serves only clients
-    /// that reach its pipe otherwise).
+    /// Where the GPU's CDI device (`gpu-share.io/mps=<UUID>`, or with `--gpu-device`
+    /// `gpu-share.io/gpu=<UUID>`) is written, the node's CDI directory, mounted at the same
+    /// path; `none`: no device (the daemon serves only clients that reach its pipe otherwise).
     #[arg(long, default_value = model::CDI_DIR)]
     pub cdi_dir: std::path::PathBuf,
     /// Where NVIDIA's CDI specs are read from (their edits for the GPU are the device's own).
@@ -91,7 +91,6 @@ impl ReserveArgs {
             pinned_mib: self.mps_pinned_memory_mib,
             health_every: Duration::from_secs(self.mps_health_seconds.max(1)),
             restarts: self.mps_restarts,
-            fake_nvml: std::env::var_os(SEAM_ENV).is_some(),
         }))
     }
 }
@@ -146,23 +145,17 @@ pub enum ProbeError {
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
-    #[error("{0} (the test seam {SEAM_ENV})")]
-    Seam(String),
     #[error("the NVML probe stopped: {0}")]
     Stopped(String),
 }
 
-/// Test seam: the GPU's device-node minor number NVML would give (`/dev/nvidia<minor>`), when
-/// [`SEAM_ENV`] replaces NVML. Never set in a real reservation.
-pub const MINOR_SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_MINOR";
-
-/// Writes the GPU's CDI device `gpu-share.io/mps=<UUID>` ([`super::cdi`]) into `--cdi-dir`,
-/// under a temporary name then renamed (the runtime reads only `*.json`, so never half a
-/// file). `None`: `--cdi-dir none`.
+/// Writes the GPU's CDI device ([`super::cdi`]) into `--cdi-dir`: `gpu-share.io/mps=<UUID>`
+/// for the MPS daemon `daemon`, else `gpu-share.io/gpu=<UUID>`; under a temporary name then
+/// renamed (the runtime reads only `*.json`, so never half a file). `None`: `--cdi-dir none`.
 fn write_device(
     args: &ReserveArgs,
     uuid: &str,
-    daemon: &super::mps::Daemon,
+    daemon: Option<&super::mps::Daemon>,
 ) -> Result<Option<std::path::PathBuf>, DeviceError> {
     if args.cdi_dir.as_os_str() == "none" {
         return Ok(None);
@@ -170,19 +163,29 @@ fn write_device(
     let specs = read_specs(&args.cdi_specs);
     let minor = minor_of(&args.nvml_library, uuid);
     let (version, edits) = super::cdi::gpu_edits(&specs, uuid, minor)?;
-    let shm = daemon
-        .pipe
-        .parent()
-        .map(|d| d.join("shm"))
-        .unwrap_or_else(|| "/dev/shm".into());
-    let spec = super::cdi::mps_spec(
-        &version,
-        &edits,
-        uuid,
-        &daemon.pipe.display().to_string(),
-        &shm.display().to_string(),
-    );
-    let path = args.cdi_dir.join(super::cdi::file_name(uuid));
+    let (spec, file, kind) = match daemon {
+        Some(daemon) => {
+            let shm = daemon
+                .pipe
+                .parent()
+                .map(|d| d.join("shm"))
+                .unwrap_or_else(|| "/dev/shm".into());
+            let spec = super::cdi::mps_spec(
+                &version,
+                &edits,
+                uuid,
+                &daemon.pipe.display().to_string(),
+                &shm.display().to_string(),
+            );
+            (spec, super::cdi::file_name(uuid), model::MPS_CDI_KIND)
+        }
+        None => (
+            super::cdi::gpu_spec(&version, &edits, uuid),
+            super::cdi::gpu_file_name(uuid),
+            model::GPU_CDI_KIND,
+        ),
+    };
+    let path = args.cdi_dir.join(file);
     let tmp = path.with_extension("tmp");
     let text = serde_json::to_vec_pretty(&spec).unwrap_or_default();
     std::fs::create_dir_all(&args.cdi_dir)
@@ -192,7 +195,7 @@ fn write_device(
             path: path.display().to_string(),
             source,
         })?;
-    tracing::info!(path = %path.display(), device = %format!("{}={uuid}", model::MPS_CDI_KIND), "the GPU's CDI device written");
+    tracing::info!(path = %path.display(), device = %format!("{kind}={uuid}"), "the GPU's CDI device written");
     Ok(Some(path))
 }
 
@@ -231,11 +234,8 @@ fn read_specs(dirs: &[std::path::PathBuf]) -> Vec<(String, serde_json::Value)> {
     out
 }
 
-/// The GPU's device-node minor number, from NVML (or [`MINOR_SEAM_ENV`] under the seam).
+/// The GPU's device-node minor number, from NVML.
 fn minor_of(library: &str, uuid: &str) -> Option<u32> {
-    if std::env::var_os(SEAM_ENV).is_some() {
-        return std::env::var(MINOR_SEAM_ENV).ok()?.trim().parse().ok();
-    }
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(std::ffi::OsStr::new(library))
         .init()
@@ -245,22 +245,6 @@ fn minor_of(library: &str, uuid: &str) -> Option<u32> {
 
 /// The GPU UUIDs NVML sees, or why it cannot tell.
 pub fn probe(library: &str) -> Result<Vec<String>, ProbeError> {
-    if let Ok(fake) = std::env::var(SEAM_ENV) {
-        tracing::warn!(
-            seam = SEAM_ENV,
-            value = %fake,
-            "NVML is replaced by the test seam {SEAM_ENV}: the UUIDs below are not read from a GPU"
-        );
-        if let Some(why) = fake.strip_prefix("error:") {
-            return Err(ProbeError::Seam(why.to_string()));
-        }
-        return Ok(fake
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect());
-    }
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(std::ffi::OsStr::new(library))
         .init()
@@ -310,17 +294,21 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                 Ok(None) => None,
                 Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
             };
-            // The device the shares name, once the daemon answers: written before the pipe is
-            // published, removed before the daemon quits.
-            let device = match &mps {
-                Some(d) => match write_device(args, &uuid, d) {
+            // The device the shares name, once the daemon answers: written before the pipe (or,
+            // time-sliced, the UUID) is published, removed before the daemon quits.
+            let device = match (&mps, args.gpu_device) {
+                (Some(d), _) => match write_device(args, &uuid, Some(d)) {
                     Ok(path) => path,
                     Err(e) => {
                         d.release().await;
                         return fail(&client, args, ReserveError::Cdi(e)).await;
                     }
                 },
-                None => None,
+                (None, true) => match write_device(args, &uuid, None) {
+                    Ok(path) => path,
+                    Err(e) => return fail(&client, args, ReserveError::Cdi(e)).await,
+                },
+                (None, false) => None,
             };
             let remove_device = {
                 let device = device.clone();
@@ -348,6 +336,7 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
             tracing::info!(uuid, pod = %args.pod_name, mps = pipe.as_deref().unwrap_or("none"), "holding the GPU");
             let Some(mut daemon) = mps else {
                 stop.wait().await;
+                remove_device();
                 tracing::info!("stopping: the GPU is released with this pod");
                 return Ok(());
             };
@@ -530,7 +519,7 @@ async fn record_event(client: Client, args: &ReserveArgs, why: &str) {
 mod tests {
     use super::*;
 
-    /// A real NVML that cannot load says so (the seam is tested through the binary).
+    /// A real NVML that cannot load says so (the stand-in library is tested through the binary).
     #[test]
     fn an_nvml_that_cannot_load_is_said_in_words() {
         // On this machine (no driver), NVML cannot load: said in words.

@@ -48,7 +48,7 @@ const OWN_KINDS: [&str; 2] = [MPS_CDI_KIND, GPU_CDI_KIND];
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CdiError {
     #[error(
-        "no NVIDIA CDI spec on the node describes GPU {uuid}{minor} (read: {read}); the MPS share's device is made from NVIDIA's own: turn CDI on in the device plugin or the GPU Operator (the default from GPU Operator 25.10), or run `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml`",
+        "no NVIDIA CDI spec on the node describes GPU {uuid}{minor} (read: {read}); the device gpu-share writes for a share is made from NVIDIA's own: turn CDI on in the device plugin or the GPU Operator (the default from GPU Operator 25.10), or run `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml`",
         minor = .minor.map(|m| format!(" (/dev/nvidia{m})")).unwrap_or_default()
     )]
     NoSpec {

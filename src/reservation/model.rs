@@ -25,6 +25,9 @@ pub const ANNOTATION_GPU: &str = "gpu-share.io/reserve-gpu";
 pub const ANNOTATION_UUID: &str = "gpu-share.io/gpu-uuid";
 /// On a reservation that runs its GPU's MPS daemon (`"true"`): its GPU takes MPS shares only.
 pub const ANNOTATION_MPS: &str = "gpu-share.io/reserve-mps";
+/// On a time-sliced reservation pod: it writes its GPU's CDI device `gpu-share.io/gpu=<UUID>`
+/// ([`GPU_CDI_KIND`]) before it publishes the UUID (`"true"`).
+pub const ANNOTATION_CDI_DEVICE: &str = "gpu-share.io/reserve-cdi-device";
 /// The CDI kind of the device an MPS reservation writes for its GPU: `gpu-share.io/mps=<UUID>`
 /// names the GPU with its MPS daemon's pipe and shared memory (a share's devices ConfigMap
 /// holds this name where it would hold the UUID).
@@ -90,13 +93,16 @@ fn digest(s: &str) -> String {
 }
 
 /// What the reservation pod is made of: the image (gpu-share's own), the RuntimeClass that
-/// makes the runtime inject the driver (empty: none set), and the pod's priority class.
+/// makes the runtime inject the driver (empty: none set), the pod's priority class, and
+/// whether a time-sliced reservation writes its GPU's CDI device (the policy's
+/// `perGpu.timesliceCdi`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
     pub image: String,
     pub runtime_class: String,
     pub priority_class: String,
     pub service_account: String,
+    pub cdi_device: bool,
 }
 
 impl Default for Template {
@@ -106,6 +112,7 @@ impl Default for Template {
             runtime_class: "nvidia".to_string(),
             priority_class: PRIORITY_CLASS.to_string(),
             service_account: SERVICE_ACCOUNT.to_string(),
+            cdi_device: false,
         }
     }
 }
@@ -120,13 +127,48 @@ pub fn mps_dir(gpu: u32) -> String {
 /// the node, and the GPU on it; kubelet then admits it only if the device plugin has a GPU left.
 /// It tolerates every taint (a GPU node's taints are for workloads), restarts never (a failure
 /// is handled by gpu-share, which re-points or evicts the shares), and runs as Pod Security's
-/// `restricted` level allows. With `mps`, it also runs the GPU's MPS daemon ([`mps_pod`]).
+/// `restricted` level allows. With `mps`, it also runs the GPU's MPS daemon ([`mps_pod`]);
+/// else, with the template's `cdi_device`, it writes the GPU's CDI device ([`cdi_device_pod`]).
 pub fn pod(node: &str, gpu: u32, mps: bool, t: &Template) -> Value {
     let mut p = plain_pod(node, gpu, t);
     if mps {
         mps_pod(&mut p, gpu);
+    } else if t.cdi_device {
+        cdi_device_pod(&mut p);
     }
     p
+}
+
+/// What a time-sliced reservation that writes its GPU's CDI device `gpu-share.io/gpu=<UUID>`
+/// adds: root (the node's CDI directory is root's), with no capability, and the node's CDI
+/// directory it writes to and NVIDIA's static one it reads, as host paths. So the
+/// reservations' namespace must allow `privileged` pods, as for MPS; the shares need no
+/// privilege (the runtime injects the device).
+fn cdi_device_pod(p: &mut Value) {
+    p["metadata"]["annotations"][ANNOTATION_CDI_DEVICE] = json!("true");
+    let spec = &mut p["spec"];
+    spec["securityContext"] = json!({"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false, "seccompProfile": {"type": "RuntimeDefault"}});
+    spec["volumes"] = json!(cdi_volumes());
+    let c = &mut spec["containers"][0];
+    c["args"] = json!(["reserve", "--gpu-device"]);
+    c["volumeMounts"] = json!(cdi_mounts());
+}
+
+/// The node's CDI directories as host paths: the one a reservation writes its device to, and
+/// NVIDIA's static one it reads.
+fn cdi_volumes() -> [Value; 2] {
+    let host = |path: &str| json!({"path": path, "type": "DirectoryOrCreate"});
+    [
+        json!({"name": "cdi", "hostPath": host(CDI_DIR)}),
+        json!({"name": "static-cdi", "hostPath": host(CDI_STATIC_DIR)}),
+    ]
+}
+
+fn cdi_mounts() -> [Value; 2] {
+    [
+        json!({"name": "cdi", "mountPath": CDI_DIR}),
+        json!({"name": "static-cdi", "mountPath": CDI_STATIC_MOUNT, "readOnly": true}),
+    ]
 }
 
 /// What an MPS reservation adds, as NVIDIA's device plugin runs its MPS control daemon: root and
@@ -144,21 +186,21 @@ fn mps_pod(p: &mut Value, gpu: u32) {
     let spec = &mut p["spec"];
     spec["securityContext"] = json!({"runAsUser": 0, "runAsNonRoot": false, "seccompProfile": {"type": "RuntimeDefault"}});
     let host = |path: &str| json!({"path": path, "type": "DirectoryOrCreate"});
-    spec["volumes"] = json!([
-        {"name": "mps", "hostPath": host(&dir)},
-        {"name": "shm", "hostPath": host(&format!("{dir}/shm"))},
-        {"name": "cdi", "hostPath": host(CDI_DIR)},
-        {"name": "static-cdi", "hostPath": host(CDI_STATIC_DIR)},
-    ]);
+    let mut volumes = vec![
+        json!({"name": "mps", "hostPath": host(&dir)}),
+        json!({"name": "shm", "hostPath": host(&format!("{dir}/shm"))}),
+    ];
+    volumes.extend(cdi_volumes());
+    spec["volumes"] = json!(volumes);
     let c = &mut spec["containers"][0];
     c["args"] = json!(["reserve", "--mps", "--mps-dir", dir]);
     c["securityContext"] = json!({"privileged": true, "readOnlyRootFilesystem": true});
-    c["volumeMounts"] = json!([
-        {"name": "mps", "mountPath": dir},
-        {"name": "shm", "mountPath": "/dev/shm"},
-        {"name": "cdi", "mountPath": CDI_DIR},
-        {"name": "static-cdi", "mountPath": CDI_STATIC_MOUNT, "readOnly": true},
-    ]);
+    let mut mounts = vec![
+        json!({"name": "mps", "mountPath": dir}),
+        json!({"name": "shm", "mountPath": "/dev/shm"}),
+    ];
+    mounts.extend(cdi_mounts());
+    c["volumeMounts"] = json!(mounts);
     if let Some(env) = c["env"].as_array_mut() {
         for e in env.iter_mut() {
             if e["name"] == "NVIDIA_DRIVER_CAPABILITIES" {
@@ -229,19 +271,24 @@ fn plain_pod(node: &str, gpu: u32, t: &Template) -> Value {
     })
 }
 
-/// The GPU a pod reserves, when it is a reservation: in [`NAMESPACE`], with [`ANNOTATION_GPU`];
-/// and whether it runs the GPU's MPS daemon ([`ANNOTATION_MPS`]).
+/// What a pod reserves, when it is a reservation (in [`NAMESPACE`], with [`ANNOTATION_GPU`]),
+/// as the packing holds it: its GPU, whether it runs the GPU's MPS daemon ([`ANNOTATION_MPS`]),
+/// and whether it writes the GPU's CDI device ([`ANNOTATION_CDI_DEVICE`]).
 pub fn reserved_gpu(
     namespace: &str,
     annotations: Option<&BTreeMap<String, String>>,
-) -> Option<(u32, bool)> {
+) -> Option<crate::packing::GpuDemand> {
     if namespace != NAMESPACE {
         return None;
     }
     let annotations = annotations?;
     let gpu = annotations.get(ANNOTATION_GPU)?.trim().parse().ok()?;
-    let mps = annotations.get(ANNOTATION_MPS).map(|v| v.trim()) == Some("true");
-    Some((gpu, mps))
+    let says = |k: &str| annotations.get(k).map(|v| v.trim()) == Some("true");
+    Some(crate::packing::GpuDemand::Reserve {
+        gpu,
+        mps: says(ANNOTATION_MPS),
+        cdi_device: says(ANNOTATION_CDI_DEVICE),
+    })
 }
 
 const HINT: &str = "the device plugin gives a reservation one nvidia.com/gpu, and the nvidia runtime \
@@ -324,7 +371,11 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some((3, false))
+            Some(crate::packing::GpuDemand::Reserve {
+                gpu: 3,
+                mps: false,
+                cdi_device: false
+            })
         );
         assert_eq!(
             reserved_gpu("default", typed.metadata.annotations.as_ref()),
@@ -404,7 +455,61 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some((2, true))
+            Some(crate::packing::GpuDemand::Reserve {
+                gpu: 2,
+                mps: true,
+                cdi_device: false
+            })
+        );
+    }
+
+    #[test]
+    fn a_reservation_that_writes_its_gpus_cdi_device_mounts_the_cdi_directories_only() {
+        let t = Template {
+            image: "ghcr.io/x/gpu-share:1".into(),
+            cdi_device: true,
+            ..Template::default()
+        };
+        let p = pod("n1", 2, false, &t);
+        assert_eq!(p["metadata"]["annotations"][ANNOTATION_CDI_DEVICE], "true");
+        assert!(p["metadata"]["annotations"][ANNOTATION_MPS].is_null());
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(c["args"], json!(["reserve", "--gpu-device"]));
+        // Root to write the node's CDI directory, but no privilege and no capability.
+        assert_eq!(p["spec"]["securityContext"]["runAsUser"], 0);
+        assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        assert!(c["securityContext"]["privileged"].is_null());
+        assert_eq!(c["env"][2]["value"], "utility");
+        assert_eq!(
+            p["spec"]["volumes"],
+            json!([
+                {"name": "cdi", "hostPath": {"path": CDI_DIR, "type": "DirectoryOrCreate"}},
+                {"name": "static-cdi", "hostPath": {"path": CDI_STATIC_DIR, "type": "DirectoryOrCreate"}},
+            ])
+        );
+        assert_eq!(
+            c["volumeMounts"],
+            json!([
+                {"name": "cdi", "mountPath": CDI_DIR},
+                {"name": "static-cdi", "mountPath": CDI_STATIC_MOUNT, "readOnly": true},
+            ])
+        );
+        // An MPS reservation writes its own device whatever the template says.
+        let m = pod("n1", 2, true, &t);
+        assert!(m["metadata"]["annotations"][ANNOTATION_CDI_DEVICE].is_null());
+        // Without the setting, the plain reservation: restricted, no host path.
+        let plain = pod("n1", 2, false, &Template::default());
+        assert!(plain["spec"]["volumes"].is_null());
+        assert_eq!(plain["spec"]["securityContext"]["runAsNonRoot"], true);
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
+        assert_eq!(
+            reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
+            Some(crate::packing::GpuDemand::Reserve {
+                gpu: 2,
+                mps: false,
+                cdi_device: true
+            })
         );
     }
 

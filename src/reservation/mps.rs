@@ -29,9 +29,6 @@ use tokio::io::AsyncWriteExt;
 /// The control daemon's name, looked up in `PATH` and where NVIDIA's stacks put it.
 pub const CONTROL: &str = "nvidia-cuda-mps-control";
 const CONTROL_DIRS: [&str; 3] = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin"];
-/// Test seam: where the compute-mode changes go instead of NVML (one line each), when
-/// [`Settings::fake_nvml`]. Never set in a real reservation.
-pub const COMPUTE_MODE_SEAM_ENV: &str = "GPU_SHARE_RESERVE_FAKE_COMPUTE_MODE_LOG";
 /// How long one control command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a started daemon may take to answer.
@@ -55,8 +52,6 @@ pub struct Settings {
     pub health_every: Duration,
     /// How many times a failed daemon is started again before the reservation fails.
     pub restarts: u32,
-    /// NVML is the agent's test seam: compute-mode changes go to [`COMPUTE_MODE_SEAM_ENV`].
-    pub fake_nvml: bool,
 }
 
 /// The GPU's compute modes gpu-share sets.
@@ -112,13 +107,11 @@ pub enum MpsError {
     },
 }
 
-/// Why NVML (or its test seam) did not set a compute mode.
+/// Why NVML did not set a compute mode.
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
     #[error("NVML: {0}")]
     Nvml(#[from] nvml_wrapper::error::NvmlError),
-    #[error("the test seam's log: {0}")]
-    Seam(#[from] std::io::Error),
     #[error("the NVML call stopped: {0}")]
     Stopped(String),
 }
@@ -395,12 +388,10 @@ impl Daemon {
         Ok(text)
     }
 
-    /// Sets the GPU's compute mode through NVML (or the test seam).
+    /// Sets the GPU's compute mode through NVML.
     async fn compute_mode(&self, mode: ComputeMode) -> Result<(), MpsError> {
         let (library, uuid) = (self.nvml_library.clone(), self.uuid.clone());
-        let fake = self.settings.fake_nvml;
-        let call =
-            tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode, fake));
+        let call = tokio::task::spawn_blocking(move || set_compute_mode(&library, &uuid, mode));
         tokio::time::timeout(COMMAND_TIMEOUT, call)
             .await
             .unwrap_or_else(|_| {
@@ -437,24 +428,7 @@ fn clear(dir: &Path) {
     }
 }
 
-fn set_compute_mode(
-    library: &str,
-    uuid: &str,
-    mode: ComputeMode,
-    fake: bool,
-) -> Result<(), ModeError> {
-    if fake {
-        let Some(log) = std::env::var_os(COMPUTE_MODE_SEAM_ENV) else {
-            return Ok(());
-        };
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
-        writeln!(f, "{uuid} {}", mode.word())?;
-        return Ok(());
-    }
+fn set_compute_mode(library: &str, uuid: &str, mode: ComputeMode) -> Result<(), ModeError> {
     use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(std::ffi::OsStr::new(library))
@@ -481,7 +455,6 @@ mod tests {
             pinned_mib: Some(40960),
             health_every: Duration::from_secs(2),
             restarts: 3,
-            fake_nvml: false,
         }
     }
 

@@ -28,6 +28,9 @@ pub struct Reservation {
     pub uid: String,
     /// It runs its GPU's MPS daemon.
     pub mps: bool,
+    /// It writes its GPU's CDI device `gpu-share.io/gpu=<UUID>` (time-sliced, the policy's
+    /// `perGpu.timesliceCdi` when it was created).
+    pub cdi_device: bool,
     pub state: ReservationState,
     /// Since it was created.
     pub age: Duration,
@@ -93,12 +96,12 @@ pub struct Share {
 /// What a share is to its GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShareKind {
-    Timeslice,
+    /// Time-sliced; with `cdi_device`, it takes its GPU's CDI device `gpu-share.io/gpu=<UUID>`
+    /// (only a reservation that wrote it can serve it), else the bare UUID.
+    Timeslice { cdi_device: bool },
     /// An MPS client, with its pinned device-memory limit: its budget, else its fraction of the
     /// GPU's memory (`None`: it has no budget and the node's GPU memory is unknown).
-    Mps {
-        pinned_mib: Option<u64>,
-    },
+    Mps { pinned_mib: Option<u64> },
 }
 
 impl ShareKind {
@@ -106,17 +109,67 @@ impl ShareKind {
         matches!(self, ShareKind::Mps { .. })
     }
 
-    /// The kind of a share in per-GPU form that asks `gpu`, on GPUs of `gpu_memory_mib` each: an
-    /// MPS share's pinned limit is its budget, else its thousandths of the GPU's memory (the
-    /// same fraction as its threads), rounded down.
-    pub fn of(gpu: &crate::packing::GpuDemand, gpu_memory_mib: Option<u64>) -> ShareKind {
+    /// The kind of a share in per-GPU form that asks `gpu` and reads `devices`, on GPUs of
+    /// `gpu_memory_mib` each: an MPS share's pinned limit is its budget, else its thousandths of
+    /// the GPU's memory (the same fraction as its threads), rounded down.
+    pub fn of(
+        gpu: &crate::packing::GpuDemand,
+        devices: &crate::packing::Devices,
+        gpu_memory_mib: Option<u64>,
+    ) -> ShareKind {
         match gpu {
             crate::packing::GpuDemand::Mps { milli, memory_mib } => ShareKind::Mps {
                 pinned_mib: crate::packing::per_gpu_mps_memory(*milli, *memory_mib, gpu_memory_mib),
             },
-            _ => ShareKind::Timeslice,
+            _ => ShareKind::Timeslice {
+                cdi_device: devices.cdi_device,
+            },
         }
     }
+
+    /// What a share of this kind is pointed through on a GPU whose reservation is `r`, or why it
+    /// cannot be.
+    pub fn through(self, r: &Reservation) -> Result<Through, Unserved> {
+        let reservation = r.name.clone();
+        match self {
+            ShareKind::Mps { .. } if !r.mps => Err(Unserved::NoDaemon { reservation }),
+            ShareKind::Timeslice { .. } if r.mps => Err(Unserved::ForMps { reservation }),
+            ShareKind::Timeslice { cdi_device: true } if !r.cdi_device => {
+                Err(Unserved::NoCdiDevice { reservation })
+            }
+            ShareKind::Timeslice { cdi_device } => Ok(if cdi_device {
+                Through::GpuDevice
+            } else {
+                Through::Uuid
+            }),
+            ShareKind::Mps { pinned_mib: None } => Err(Unserved::NoPinnedLimit),
+            ShareKind::Mps {
+                pinned_mib: Some(pinned_mib),
+            } => Ok(Through::MpsDevice { pinned_mib }),
+        }
+    }
+}
+
+/// Why a GPU's reservation cannot serve a share, in words (after "GPU i of node n").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unserved {
+    #[error(
+        "is held by reservation {reservation}, which runs no MPS daemon, and the pod is an MPS share"
+    )]
+    NoDaemon { reservation: String },
+    #[error(
+        "is held by reservation {reservation} for MPS shares (its GPU takes no other process), and the pod is time-sliced"
+    )]
+    ForMps { reservation: String },
+    #[error(
+        "is held by reservation {reservation}, which wrote no CDI device {kind}=<UUID> (it was created while the policy's perGpu.timesliceCdi was off), and the pod takes its GPU through that device",
+        kind = super::model::GPU_CDI_KIND
+    )]
+    NoCdiDevice { reservation: String },
+    #[error(
+        "cannot serve the pod, an MPS share without gpu-share/memory: the node's GPU memory is unknown (no nvidia.com/gpu.memory label), so the pod has no pinned-memory limit to be given: set gpu-share/memory"
+    )]
+    NoPinnedLimit,
 }
 
 /// One shared GPU of a node.
@@ -133,23 +186,43 @@ pub struct Gpu {
     pub idle_for: Option<Duration>,
 }
 
-/// What a share's devices ConfigMap points it at: its GPU, and for an MPS share its pinned
-/// device-memory limit (its budget, or its fraction of the GPU's memory), which makes its
-/// GPU the CDI device of the GPU's MPS daemon.
+/// What a share's devices ConfigMap points it at: its GPU, and what names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pointing {
     pub uuid: String,
-    pub mps_pinned_mib: Option<u64>,
+    pub through: Through,
+}
+
+/// What names the GPU to a share's container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Through {
+    /// The bare UUID, read by the Container Toolkit's legacy runtime.
+    Uuid,
+    /// The CDI device its time-sliced reservation wrote, `gpu-share.io/gpu=<UUID>`: the GPU
+    /// as NVIDIA's CDI spec on the node describes it, NVIDIA's hooks included.
+    GpuDevice,
+    /// The CDI device its MPS reservation wrote, `gpu-share.io/mps=<UUID>` (the GPU, the
+    /// daemon's pipe and its `/dev/shm`), with the client's pinned device-memory limit (its
+    /// budget, or its fraction of the GPU's memory).
+    MpsDevice { pinned_mib: u64 },
 }
 
 impl Pointing {
-    /// What [`DEVICES_KEY`] holds: the GPU's UUID (read by the toolkit's legacy runtime), or the
-    /// fully qualified name of the CDI device the GPU's MPS reservation wrote
-    /// (`gpu-share.io/mps=<UUID>`: the GPU, the daemon's pipe and its `/dev/shm`).
+    /// What the share's key holds: the GPU's UUID, or the fully qualified name of the CDI
+    /// device the GPU's reservation wrote.
     pub fn devices(&self) -> String {
-        match self.mps_pinned_mib {
-            Some(_) => format!("{}={}", super::model::MPS_CDI_KIND, self.uuid),
-            None => self.uuid.clone(),
+        match self.through {
+            Through::Uuid => self.uuid.clone(),
+            Through::GpuDevice => format!("{}={}", super::model::GPU_CDI_KIND, self.uuid),
+            Through::MpsDevice { .. } => format!("{}={}", super::model::MPS_CDI_KIND, self.uuid),
+        }
+    }
+
+    /// The ConfigMap key the share's container reads it from.
+    pub fn key(&self) -> &'static str {
+        match self.through {
+            Through::GpuDevice => crate::request::CDI_DEVICE_KEY,
+            _ => crate::request::DEVICES_KEY,
         }
     }
 }
@@ -222,36 +295,16 @@ pub fn plan(gpu: &Gpu, grace: Duration) -> Vec<Action> {
                 });
             } else if let ReservationState::Ready { uuid } = &r.state {
                 for s in &gpu.shares {
-                    match (&s.filled, s.kind) {
-                        (None, ShareKind::Mps { .. }) if !r.mps => out.push(Action::Evict {
+                    match (&s.filled, s.kind.through(r)) {
+                        (None, Err(why)) => out.push(Action::Evict {
                             share: s.clone(),
-                            why: format!(
-                                "{at} is held by reservation {}, which runs no MPS daemon, and the pod is an MPS share",
-                                r.name
-                            ),
+                            why: format!("{at} {why}"),
                         }),
-                        (None, ShareKind::Timeslice) if r.mps => out.push(Action::Evict {
-                            share: s.clone(),
-                            why: format!(
-                                "{at} is held by reservation {} for MPS shares (its GPU takes no other process), and the pod is time-sliced",
-                                r.name
-                            ),
-                        }),
-                        (None, ShareKind::Mps { pinned_mib: None }) => out.push(Action::Evict {
-                            share: s.clone(),
-                            why: format!(
-                                "the pod is an MPS share without gpu-share/memory and the GPU memory of node {} is unknown (no nvidia.com/gpu.memory label), so it has no pinned-memory limit to be given: set gpu-share/memory",
-                                gpu.node
-                            ),
-                        }),
-                        (None, kind) => out.push(Action::Fill {
+                        (None, Ok(through)) => out.push(Action::Fill {
                             share: s.clone(),
                             to: Pointing {
                                 uuid: uuid.clone(),
-                                mps_pinned_mib: match kind {
-                                    ShareKind::Mps { pinned_mib } => pinned_mib,
-                                    ShareKind::Timeslice => None,
-                                },
+                                through,
                             },
                         }),
                         (Some(u), _) if u != uuid => out.push(Action::Evict {
@@ -288,7 +341,7 @@ mod tests {
             name: name.into(),
             uid: format!("uid-{name}"),
             configmap: format!("gpu-share-devices-{name}"),
-            kind: ShareKind::Timeslice,
+            kind: ShareKind::Timeslice { cdi_device: false },
             filled: filled.map(str::to_string),
         }
     }
@@ -296,7 +349,10 @@ mod tests {
     fn to(uuid: &str, mps_pinned_mib: Option<u64>) -> Pointing {
         Pointing {
             uuid: uuid.into(),
-            mps_pinned_mib,
+            through: match mps_pinned_mib {
+                Some(pinned_mib) => Through::MpsDevice { pinned_mib },
+                None => Through::Uuid,
+            },
         }
     }
 
@@ -309,6 +365,7 @@ mod tests {
                 name: "gpu-share-n1-gpu-2".into(),
                 uid: "r-uid".into(),
                 mps: false,
+                cdi_device: false,
                 state,
                 age: Duration::from_secs(5),
             }),
@@ -349,32 +406,44 @@ mod tests {
 
     #[test]
     fn an_mps_shares_pinned_limit_is_its_budget_else_its_fraction_of_the_gpu() {
-        use crate::packing::GpuDemand;
+        use crate::packing::{Devices, GpuDemand};
+        let devices = |cdi_device| Devices {
+            configmap: "gpu-share-devices-x".into(),
+            cdi_device,
+        };
+        let plain = devices(false);
         let mps = |memory_mib| GpuDemand::Mps {
             milli: 250,
             memory_mib,
         };
         assert_eq!(
-            ShareKind::of(&mps(Some(20480)), Some(81920)),
+            ShareKind::of(&mps(Some(20480)), &plain, Some(81920)),
             ShareKind::Mps {
                 pinned_mib: Some(20480)
             }
         );
         assert_eq!(
-            ShareKind::of(&mps(None), Some(81920)),
+            ShareKind::of(&mps(None), &plain, Some(81920)),
             ShareKind::Mps {
                 pinned_mib: Some(20480)
             }
         );
         assert_eq!(
-            ShareKind::of(&mps(None), None),
+            ShareKind::of(&mps(None), &plain, None),
             ShareKind::Mps { pinned_mib: None }
         );
         let ts = GpuDemand::Timeslice {
             milli: 250,
             memory_mib: None,
         };
-        assert_eq!(ShareKind::of(&ts, Some(81920)), ShareKind::Timeslice);
+        assert_eq!(
+            ShareKind::of(&ts, &plain, Some(81920)),
+            ShareKind::Timeslice { cdi_device: false }
+        );
+        assert_eq!(
+            ShareKind::of(&ts, &devices(true), Some(81920)),
+            ShareKind::Timeslice { cdi_device: true }
+        );
     }
 
     /// An MPS reservation points its MPS shares at its daemon's CDI device, with their pinned
@@ -422,6 +491,52 @@ mod tests {
             plan(&g, GRACE).as_slice(),
             [Action::Recreate { mps: true, .. }]
         ));
+    }
+
+    /// A reservation that wrote its GPU's CDI device points a share that takes it at the device,
+    /// and one admitted for the bare UUID at the UUID; a reservation that wrote none cannot
+    /// serve a share that takes the device (it would never start), and says so.
+    #[test]
+    fn a_share_that_takes_the_gpus_cdi_device_gets_it_only_from_a_reservation_that_wrote_it() {
+        let cdi = |name: &str| Share {
+            kind: ShareKind::Timeslice { cdi_device: true },
+            ..share(name, None)
+        };
+        let mut g = gpu(ready(), vec![cdi("c"), share("u", None)]);
+        g.reservation.as_mut().unwrap().cdi_device = true;
+        let through = |p: &Pointing| (p.through, p.devices(), p.key());
+        let actions = plan(&g, GRACE);
+        let [Action::Fill { to: c, .. }, Action::Fill { to: u, .. }] = actions.as_slice() else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(
+            through(c),
+            (
+                Through::GpuDevice,
+                format!("gpu-share.io/gpu={U}"),
+                crate::request::CDI_DEVICE_KEY
+            )
+        );
+        assert_eq!(
+            through(u),
+            (Through::Uuid, U.to_string(), crate::request::DEVICES_KEY)
+        );
+        g.reservation.as_mut().unwrap().cdi_device = false;
+        let actions = plan(&g, GRACE);
+        let [
+            Action::Evict { share: s, why },
+            Action::Fill { share: f, .. },
+        ] = actions.as_slice()
+        else {
+            panic!("{actions:?}")
+        };
+        assert_eq!((s.name.as_str(), f.name.as_str()), ("c", "u"));
+        assert!(
+            why.contains("wrote no CDI device gpu-share.io/gpu=<UUID>")
+                && why.contains("perGpu.timesliceCdi")
+                && why.starts_with("GPU 2 of node n1 is held by"),
+            "{why}"
+        );
     }
 
     #[test]

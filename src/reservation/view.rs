@@ -15,12 +15,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use serde_json::{Value, json};
 
 use super::model::{
-    ANNOTATION_ERROR, ANNOTATION_GPU, ANNOTATION_MPS, ANNOTATION_MPS_DOWN, ANNOTATION_MPS_PIPE,
-    ANNOTATION_UUID, MPS_CDI_KIND, MPS_PINNED_KEY, NAMESPACE, is_gpu_uuid,
+    ANNOTATION_CDI_DEVICE, ANNOTATION_ERROR, ANNOTATION_GPU, ANNOTATION_MPS, ANNOTATION_MPS_DOWN,
+    ANNOTATION_MPS_PIPE, ANNOTATION_UUID, GPU_CDI_KIND, MPS_CDI_KIND, MPS_PINNED_KEY, NAMESPACE,
+    is_gpu_uuid,
 };
-pub use super::plan::Pointing;
+pub use super::plan::{Pointing, Through};
 use super::plan::{Reservation, ReservationState};
-use crate::request::DEVICES_KEY;
+use crate::request::{CDI_DEVICE_KEY, DEVICES_KEY};
 
 /// The label that tells devices ConfigMaps apart (with `app.kubernetes.io/name: gpu-share`).
 pub const LABEL_DEVICES: (&str, &str) = ("app.kubernetes.io/component", "gpu-devices");
@@ -39,6 +40,8 @@ pub struct ReservationPod {
     pub gpu: u32,
     /// It runs the GPU's MPS daemon ([`ANNOTATION_MPS`]).
     pub mps: bool,
+    /// It writes the GPU's time-sliced CDI device ([`ANNOTATION_CDI_DEVICE`]).
+    pub cdi_device: bool,
     pub state: ReservationState,
     pub created: Option<SystemTime>,
 }
@@ -53,6 +56,7 @@ impl ReservationPod {
         let annotations = m.annotations.as_ref();
         let gpu = annotations?.get(ANNOTATION_GPU)?.trim().parse().ok()?;
         let mps = annotations?.get(ANNOTATION_MPS).map(|v| v.trim()) == Some("true");
+        let cdi_device = annotations?.get(ANNOTATION_CDI_DEVICE).map(|v| v.trim()) == Some("true");
         let node = pod.spec.as_ref()?.node_name.clone()?;
         let name = m.name.clone()?;
         let state = state_of(pod, &name, mps);
@@ -62,6 +66,7 @@ impl ReservationPod {
             node,
             gpu,
             mps,
+            cdi_device,
             state,
             created: m.creation_timestamp.as_ref().map(|t| SystemTime::from(t.0)),
         })
@@ -73,6 +78,7 @@ impl ReservationPod {
             name: self.name.clone(),
             uid: self.uid.clone(),
             mps: self.mps,
+            cdi_device: self.cdi_device,
             state: self.state.clone(),
             age: self
                 .created
@@ -170,7 +176,7 @@ pub struct Owner {
 }
 
 /// The devices ConfigMap `configmap` of pod `owner`: what its container reads under
-/// [`DEVICES_KEY`] (and, for an MPS share, [`MPS_PINNED_KEY`]), immutable (what a container
+/// [`DEVICES_KEY`] or [`CDI_DEVICE_KEY`] (and, for an MPS share, [`MPS_PINNED_KEY`]), immutable (what a container
 /// started with cannot change under it), owned by the pod so the garbage collector deletes it
 /// with the pod.
 pub fn devices_configmap(
@@ -179,9 +185,9 @@ pub fn devices_configmap(
     to: &Pointing,
     reservation: &str,
 ) -> Value {
-    let mut data = json!({DEVICES_KEY: to.devices()});
-    if let Some(mib) = to.mps_pinned_mib {
-        data[MPS_PINNED_KEY] = json!(format!("0={mib}M"));
+    let mut data = json!({to.key(): to.devices()});
+    if let Through::MpsDevice { pinned_mib } = to.through {
+        data[MPS_PINNED_KEY] = json!(format!("0={pinned_mib}M"));
     }
     json!({
         "apiVersion": "v1",
@@ -215,8 +221,8 @@ pub struct Filled {
     pub owner_uid: String,
     /// The GPU its key names (the container that reads it sees this GPU).
     pub uuid: String,
-    /// It names the GPU's MPS device, with this pinned limit (MiB; 0 where it does not read).
-    pub mps_pinned_mib: Option<u64>,
+    /// What names it (an MPS device's pinned limit 0 where it does not read).
+    pub through: Through,
 }
 
 impl Filled {
@@ -231,34 +237,40 @@ impl Filled {
             .uid
             .clone();
         let data = cm.data.as_ref()?;
-        let devices = data.get(DEVICES_KEY)?;
-        let (uuid, mps_pinned_mib) = match devices
-            .strip_prefix(MPS_CDI_KIND)
-            .and_then(|r| r.strip_prefix('='))
-        {
-            Some(uuid) => {
-                let pinned = data
-                    .get(MPS_PINNED_KEY)
-                    .and_then(|v| v.strip_prefix("0="))
-                    .and_then(|v| v.strip_suffix('M'))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                (uuid.to_string(), Some(pinned))
-            }
-            None => (devices.clone(), None),
+        let device = |value: &str, kind: &str| {
+            value
+                .strip_prefix(kind)
+                .and_then(|r| r.strip_prefix('='))
+                .map(str::to_string)
+        };
+        let (uuid, through) = match (data.get(DEVICES_KEY), data.get(CDI_DEVICE_KEY)) {
+            (None, Some(v)) => (device(v, GPU_CDI_KIND)?, Through::GpuDevice),
+            (Some(v), None) => match device(v, MPS_CDI_KIND) {
+                Some(uuid) => {
+                    let pinned_mib = data
+                        .get(MPS_PINNED_KEY)
+                        .and_then(|v| v.strip_prefix("0="))
+                        .and_then(|v| v.strip_suffix('M'))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    (uuid, Through::MpsDevice { pinned_mib })
+                }
+                None => (v.clone(), Through::Uuid),
+            },
+            _ => return None,
         };
         Some(Filled {
             namespace: cm.metadata.namespace.clone()?,
             name: cm.metadata.name.clone()?,
             owner_uid,
             uuid,
-            mps_pinned_mib,
+            through,
         })
     }
 
     /// Whether it says what `to` says.
     pub fn says(&self, to: &Pointing) -> bool {
-        self.uuid == to.uuid && self.mps_pinned_mib == to.mps_pinned_mib
+        self.uuid == to.uuid && self.through == to.through
     }
 
     /// Whether it is the ConfigMap `configmap` of pod `uid`: the one its container reads.
@@ -372,7 +384,7 @@ mod tests {
         };
         let to = Pointing {
             uuid: "GPU-0a1b".into(),
-            mps_pinned_mib: None,
+            through: Through::Uuid,
         };
         let v = devices_configmap("gpu-share-devices-abc", &owner, &to, "r");
         assert_eq!(v["immutable"], true);
@@ -384,7 +396,7 @@ mod tests {
         // An MPS share: the GPU's CDI device of gpu-share's own, and its pinned limit.
         let mps = Pointing {
             uuid: "GPU-0a1b".into(),
-            mps_pinned_mib: Some(20480),
+            through: Through::MpsDevice { pinned_mib: 20480 },
         };
         let m = devices_configmap("gpu-share-devices-abc", &owner, &mps, "r");
         assert_eq!(
@@ -395,6 +407,33 @@ mod tests {
         assert_eq!(f.uuid, "GPU-0a1b");
         assert!(f.says(&mps) && !f.says(&to));
         assert!(f.is_of("u-1", "gpu-share-devices-abc"));
+        // A time-sliced share that takes its GPU's CDI device: under its own key, nothing else.
+        let cdi = Pointing {
+            uuid: "GPU-0a1b".into(),
+            through: Through::GpuDevice,
+        };
+        let c = devices_configmap("gpu-share-devices-abc", &owner, &cdi, "r");
+        assert_eq!(
+            c["data"],
+            json!({CDI_DEVICE_KEY: "gpu-share.io/gpu=GPU-0a1b"})
+        );
+        let f = Filled::of(&serde_json::from_value(c).unwrap()).unwrap();
+        assert_eq!(f.uuid, "GPU-0a1b");
+        assert!(f.says(&cdi) && !f.says(&to) && !f.says(&mps));
+        // Both keys, or a CDI key naming another kind, is not a ConfigMap gpu-share writes.
+        let mut both = cm.clone();
+        both.data
+            .as_mut()
+            .unwrap()
+            .insert(CDI_DEVICE_KEY.into(), "gpu-share.io/gpu=GPU-0a1b".into());
+        assert!(Filled::of(&both).is_none());
+        let mut other = cm.clone();
+        other.data = Some(
+            [(CDI_DEVICE_KEY.to_string(), "nvidia.com/gpu=0".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert!(Filled::of(&other).is_none());
         assert!(!f.is_of("u-1", "another"));
         // The selector names exactly the labels it carries.
         for term in DEVICES_SELECTOR.split(',') {

@@ -390,7 +390,11 @@ fn with_reservations(
     let mut held = Vec::with_capacity(opens.len());
     for gpu in opens {
         let d = Demand {
-            gpu: GpuDemand::Reserve { gpu, mps: p.mps },
+            gpu: GpuDemand::Reserve {
+                gpu,
+                mps: p.mps,
+                cdi_device: false,
+            },
             ..reservation.clone()
         };
         let placed = packing::fit(node, usage, &d)

@@ -95,5 +95,6 @@ pub fn run_err<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> 
 }
 pub mod cluster;
 pub mod nvidia;
+pub mod nvml;
 pub mod reserve;
 pub mod serve;

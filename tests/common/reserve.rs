@@ -1,10 +1,10 @@
 //! The one part of a node no process here plays: a kubelet that runs reservation pods (per-GPU
 //! sharing). Each reservation pod KWOK marks Running gets a real `gpu-share reserve` process,
-//! under the reserve ServiceAccount's own token, whose NVML is the test seam
-//! (`GPU_SHARE_RESERVE_FAKE_NVML`): a made-up UUID per pod, or an error. A reservation that
-//! runs its GPU's MPS daemon (`--mps`) gets the stand-in `nvidia-cuda-mps-control`
-//! (`tests/fixtures/mps`), NVML's compute mode through its seam, NVIDIA's CDI spec of the
-//! fixtures, and directories of the test's own for the daemon and the CDI device it writes.
+//! under the reserve ServiceAccount's own token, whose NVML is the stand-in `libnvidia-ml.so.1`
+//! (tests/node/standin/nvml, [`super::nvml`]): one GPU with a made-up UUID per pod, or a GPU
+//! fallen off the bus. A reservation that runs its GPU's MPS daemon (`--mps`) gets the stand-in
+//! `nvidia-cuda-mps-control` (`tests/fixtures/mps`), NVIDIA's CDI spec of the fixtures, and
+//! directories of the test's own for the daemon and the CDI device it writes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Child, Command, Stdio};
@@ -57,7 +57,7 @@ pub fn cdi_dir(c: &Cluster) -> std::path::PathBuf {
     c.dir.join("cdi")
 }
 
-/// The UUID the seam gives reservation pod `uid`.
+/// The UUID the stand-in NVML gives reservation pod `uid`.
 pub fn uuid_of(uid: &str) -> String {
     format!("GPU-{uid}")
 }
@@ -138,13 +138,18 @@ impl Kubelet {
             if self.hold.contains(&name) {
                 continue;
             }
-            let nvml = if self.fail.contains(&name) {
-                "error:NVML_ERROR_GPU_IS_LOST (injected by the test)".to_string()
+            let uuid = uuid_of(&uid);
+            let visible = [(0, uuid.as_str())];
+            let gpus = if self.fail.contains(&name) {
+                // NVML_ERROR_GPU_IS_LOST.
+                super::nvml::Gpus::Failing(15)
             } else {
-                uuid_of(&uid)
+                super::nvml::Gpus::Visible(&visible)
             };
             let mut cmd = Command::new(super::BIN);
             cmd.args(["reserve"]);
+            let nvml = c.dir.join("nvml").join(&name);
+            super::nvml::give(&mut cmd, &nvml.join("dev"), &nvml.join("log"), gpus);
             let mps = p
                 .spec
                 .as_ref()
@@ -163,18 +168,12 @@ impl Kubelet {
                     .arg(cdi_dir(c))
                     .arg("--cdi-specs")
                     .arg(format!("{fixtures}/cdi"))
-                    .env("GPU_SHARE_RESERVE_FAKE_MINOR", "0")
-                    .env(
-                        "GPU_SHARE_RESERVE_FAKE_COMPUTE_MODE_LOG",
-                        logs.join(format!("reserve-{name}.modes")),
-                    )
                     .env("MPS_STANDIN_LOG", logs.join(format!("reserve-{name}.mps")));
             }
             let child = cmd
                 .env("KUBECONFIG", &self.kubeconfig)
                 .env("POD_NAME", &name)
                 .env("POD_NAMESPACE", RESERVATIONS)
-                .env("GPU_SHARE_RESERVE_FAKE_NVML", nvml)
                 .arg("--termination-log")
                 .arg(c.dir.join(format!("logs/reserve-{name}.term")))
                 .stdout(Stdio::null())

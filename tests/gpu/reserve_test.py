@@ -2,11 +2,12 @@
 """Part B: `gpu-share reserve` against a fake Kubernetes API server (fake_kube.py).
 
 Cases (each a separate agent process and pod name, one shared fake server):
-  real        no seam, default NVML: expect the UUID PATCHed, the agent holding until SIGTERM, exit 0
+  real        the driver's NVML: expect the UUID PATCHed, the agent holding until SIGTERM, exit 0
   absent-lib  --nvml-library libnvidia-ml-absent.so.1: expect the failure path (error annotation,
               Event, termination log, exit 1)
-  seam-uuid   (--local) GPU_SHARE_RESERVE_FAKE_NVML=GPU-12345678-...: as `real`
-  seam-empty  (--local) GPU_SHARE_RESERVE_FAKE_NVML='': failure path ("sees 0 GPUs")
+  standin-uuid   (--local STANDIN_LIB) the stand-in libnvidia-ml.so.1 of tests/node/standin/nvml
+                 (built with its build.sh) seeing one GPU GPU-12345678-...: as `real`
+  standin-empty  (--local STANDIN_LIB) the stand-in seeing no GPU: failure path ("sees 0 GPUs")
 Then the real case's UUID is compared with nvidia-smi's and pynvml's.
 Writes a JSON summary (--json-out); prints everything.
 """
@@ -22,7 +23,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_kube  # noqa: E402
 
-SEAM_ENV = "GPU_SHARE_RESERVE_FAKE_NVML"
 FAKE_UUID = "GPU-12345678-1234-1234-1234-123456789abc"
 NS = "gpu-share-reservations"
 ANN_UUID = "gpu-share.io/gpu-uuid"
@@ -65,7 +65,21 @@ def patched_annotations(reqs):
     return anns
 
 
-def run_case(name, binary, work, port, state, seam, nvml_library, wait_s, expect_hold):
+def standin_env(work, name, uuid):
+    """The stand-in NVML's view for a case: a device directory (nvidiactl, and nvidia0 when
+    `uuid` is given) and the marker naming the GPU."""
+    dev = os.path.join(work, f"dev-{name}")
+    os.makedirs(dev, exist_ok=True)
+    nodes = ["nvidiactl"] + (["nvidia0"] if uuid else [])
+    for n in nodes:
+        open(os.path.join(dev, n), "w").close()
+    env = {"GPU_SHARE_STANDIN_DEV_DIR": dev}
+    if uuid:
+        env["GPU_SHARE_STANDIN_GPU_0"] = uuid
+    return env
+
+
+def run_case(name, binary, work, port, state, extra_env, nvml_library, wait_s, expect_hold):
     pod = f"reserve-{name}"
     tl = os.path.join(work, f"termination-{name}.log")
     agent_log = os.path.join(work, f"agent-{name}.log")
@@ -83,14 +97,12 @@ def run_case(name, binary, work, port, state, seam, nvml_library, wait_s, expect
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
     })
-    if seam is not None:
-        env[SEAM_ENV] = seam
+    env.update(extra_env)
     argv = [binary, "reserve", "--termination-log", tl]
     if nvml_library:
         argv += ["--nvml-library", nvml_library]
-    log(f"--- case {name}: {' '.join(argv)}  (POD_NAME={pod}, "
-        f"{SEAM_ENV}={'<unset>' if seam is None else repr(seam)})")
-    res = {"case": name, "pod": pod, "argv": argv, "seam": seam, "expect_hold": expect_hold}
+    log(f"--- case {name}: {' '.join(argv)}  (POD_NAME={pod}, {extra_env or 'no stand-in'})")
+    res = {"case": name, "pod": pod, "argv": argv, "env": extra_env, "expect_hold": expect_hold}
     t0 = time.time()
     with open(agent_log, "w") as lf:
         try:
@@ -180,10 +192,11 @@ def main():
     ap.add_argument("--requests-log", default=None)
     ap.add_argument("--json-out", required=True)
     ap.add_argument("--wait", type=float, default=20.0)
-    ap.add_argument("--local", action="store_true", help="use the test seam (no GPU here)")
+    ap.add_argument("--local", metavar="STANDIN_LIB", default=None,
+                    help="no GPU here: load this stand-in libnvidia-ml.so.1 instead")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    out = {"local_seam_mode": a.local}
+    out = {"local_standin": a.local}
     if a.requests_log:
         open(a.requests_log, "w").close()
     srv, state, port = fake_kube.start_server(a.requests_log)
@@ -196,13 +209,14 @@ def main():
     out["ldd"] = (o + "\n" + e).strip()
     log("ldd gpu-share:\n" + out["ldd"])
     if a.local:
-        cases = [("seam-uuid", FAKE_UUID, None, True), ("seam-empty", "", None, False),
-                 ("absent-lib", None, "libnvidia-ml-absent.so.1", False)]
+        cases = [("standin-uuid", standin_env(a.work, "standin-uuid", FAKE_UUID), a.local, True),
+                 ("standin-empty", standin_env(a.work, "standin-empty", None), a.local, False),
+                 ("absent-lib", {}, "libnvidia-ml-absent.so.1", False)]
     else:
-        cases = [("real", None, None, True), ("absent-lib", None, "libnvidia-ml-absent.so.1", False)]
+        cases = [("real", {}, None, True), ("absent-lib", {}, "libnvidia-ml-absent.so.1", False)]
     out["cases"] = {}
-    for name, seam, lib, hold in cases:
-        out["cases"][name] = run_case(name, a.binary, a.work, port, state, seam, lib, a.wait, hold)
+    for name, extra_env, lib, hold in cases:
+        out["cases"][name] = run_case(name, a.binary, a.work, port, state, extra_env, lib, a.wait, hold)
 
     # The UUID as nvidia-smi and pynvml see it.
     rc, o, e = run_cmd(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], 30)
@@ -217,7 +231,7 @@ def main():
     except (ValueError, IndexError):
         out["pynvml_uuids"] = None
     out["pynvml_error"] = None if out["pynvml_uuids"] is not None else (e[-800:] or o or f"rc={rc}")
-    main_case = out["cases"].get("real") or out["cases"].get("seam-uuid")
+    main_case = out["cases"].get("real") or out["cases"].get("standin-uuid")
     agent_uuid = main_case.get("patched_uuid") if main_case else None
     out["agent_uuid"] = agent_uuid
     out["matches_nvidia_smi"] = (agent_uuid is not None and out["nvidia_smi_uuids"] is not None

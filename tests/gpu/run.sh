@@ -8,8 +8,9 @@
 # C: MPS as a budget holder (memory limits, thread percentage, fail-open), torch clients
 # Everything is printed and tee'd to $OUT/gpu-log.txt; the summary is $OUT/gpu-results.json.
 # No `set -e`: every step has its own timeout and a failing step does not stop the others.
-# GPU_RUN_BUDGET (seconds, default 300) bounds the whole run; GPU_RUN_LOCAL=1 uses the NVML test
-# seam in part B (for machines without a GPU only).
+# GPU_RUN_BUDGET (seconds, default 300) bounds the whole run; GPU_RUN_LOCAL=<lib> (machines without
+# a GPU only) gives part B the stand-in libnvidia-ml.so.1 of tests/node/standin/nvml instead of the
+# driver's (tests/node/standin/nvml/build.sh OUT_DIR builds it as OUT_DIR/libnvidia-ml.so.1).
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -74,7 +75,7 @@ step A_facts "$A_LIMIT" "$PY" -u "$HERE/facts.py" --json-out "$WORK/a.json" --sm
 
 # B: the reservation agent on the real GPU (typically < 10 s).
 B_ARGS=()
-if [ "${GPU_RUN_LOCAL:-0}" = 1 ]; then B_ARGS+=(--local); fi
+if [ -n "${GPU_RUN_LOCAL:-}" ]; then B_ARGS+=(--local "$GPU_RUN_LOCAL"); fi
 B_LIMIT=$(( $(left) - 150 )); [ "$B_LIMIT" -gt 75 ] && B_LIMIT=75
 step B_reserve "$B_LIMIT" "$PY" -u "$HERE/reserve_test.py" --binary "$HERE/gpu-share" --work "$WORK/b" \
   --requests-log "$OUT/fake-kube-requests.jsonl" --json-out "$WORK/b.json" --wait 20 ${B_ARGS[@]+"${B_ARGS[@]}"}

@@ -98,6 +98,7 @@ pub async fn mps_share_gets_its_device(c: &Cluster) -> Check {
     held_to_its_limits("mps-share", &report, &uuid)?;
     let share = pods.get("mps-share").await.map_err(|e| e.to_string())?;
     let cm = gpu_share::ledger::devices_configmap(share.spec.as_ref().unwrap())
+        .map(|d| d.configmap)
         .ok_or("the MPS share reads no devices ConfigMap")?;
     let data = Api::<ConfigMap>::namespaced(c.client.clone(), NS)
         .get(&cm)

@@ -1,6 +1,6 @@
 //! The per-GPU form under kubelet: a share starts after its reservation, on the GPU its
 //! ConfigMap names (2); a share whose key is missing never starts (4); a deleted share frees its
-//! GPU (6).
+//! GPU (6); a time-sliced share takes its GPU through the CDI device its reservation wrote (8).
 
 use std::time::Duration;
 
@@ -222,5 +222,102 @@ pub async fn deleting_frees_the_gpu(c: &Cluster) -> Check {
                 .then_some(()))
         }
     })
+    .await
+}
+
+/// 8. With the policy's `perGpu.timesliceCdi`, a time-sliced share takes its GPU through the CDI
+///    device its reservation wrote, `gpu-share.io/gpu=<UUID>`, resolved by NVIDIA's runtime in
+///    CDI mode from the reservation's copy of NVIDIA's edits: it sees exactly that GPU, under
+///    the policy's class. Deleting it releases the reservation, which removes the device's spec.
+pub async fn timeslice_through_cdi_device(c: &Cluster) -> Check {
+    edit_policy(c, &[("  timesliceCdi: false\n", "  timesliceCdi: true\n")]).await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &first_pod("timeslice-50", "cdi-timeslice")?,
+    )
+    .await
+    .map_err(|e| format!("create a timeslice-50 pod: {e}"))?;
+    let report = probe(c, NS, "cdi-timeslice").await?;
+    let share = pods.get("cdi-timeslice").await.map_err(|e| e.to_string())?;
+    let spec = share.spec.clone().unwrap_or_default();
+    ensure(
+        spec.runtime_class_name.as_deref() == Some("nvidia"),
+        format!("runtime class {:?}, not nvidia", spec.runtime_class_name),
+    )?;
+    let devices = gpu_share::ledger::devices_configmap(&spec)
+        .ok_or("the share reads no devices ConfigMap")?;
+    ensure(
+        devices.cdi_device,
+        "the share's NVIDIA_VISIBLE_DEVICES does not read the CDI device's key",
+    )?;
+    let data = Api::<ConfigMap>::namespaced(c.client.clone(), NS)
+        .get(&devices.configmap)
+        .await
+        .map_err(|e| e.to_string())?
+        .data
+        .unwrap_or_default();
+    let named = data
+        .get(gpu_share::request::CDI_DEVICE_KEY)
+        .cloned()
+        .unwrap_or_default();
+    let uuid = named
+        .strip_prefix("gpu-share.io/gpu=")
+        .ok_or(format!("the share's ConfigMap holds {data:?}"))?
+        .to_string();
+    ensure(
+        !data.contains_key(gpu_share::request::DEVICES_KEY),
+        format!("the share's ConfigMap also holds the bare UUID: {data:?}"),
+    )?;
+    let seen = report.gpus();
+    ensure(
+        seen == [uuid.clone()],
+        format!("the share sees GPUs {seen:?}; its ConfigMap names {named}"),
+    )?;
+    let held = reservations(c).await?;
+    let (reservation, _, _) = held
+        .iter()
+        .find(|(_, u, _)| *u == uuid)
+        .ok_or(format!("no reservation on {PER_GPU} published {uuid}"))?;
+    let annotations = reservation.metadata.annotations.clone().unwrap_or_default();
+    ensure(
+        annotations
+            .get("gpu-share.io/reserve-cdi-device")
+            .map(String::as_str)
+            == Some("true"),
+        format!("the reservation does not say it writes the device: {annotations:?}"),
+    )?;
+    let file = c
+        .dir
+        .join("nodes")
+        .join(PER_GPU)
+        .join("mnt/run/cdi")
+        .join(gpu_share::reservation::cdi::gpu_file_name(&uuid));
+    let written: Value = serde_json::from_str(
+        &std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?,
+    )
+    .map_err(|e| e.to_string())?;
+    ensure(
+        written["kind"] == "gpu-share.io/gpu" && written["devices"][0]["name"] == uuid.as_str(),
+        format!("{} holds {written}", file.display()),
+    )?;
+    eprintln!(
+        "real nodes: cdi-timeslice sees {uuid} through {named} ({})",
+        file.display()
+    );
+    pods.delete("cdi-timeslice", &DeleteParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for(
+        "the CDI share's reservation released and its device removed",
+        Duration::from_secs(90),
+        || {
+            let file = file.clone();
+            async move {
+                let held = reservations(c).await?;
+                Ok((held.is_empty() && !file.exists()).then_some(()))
+            }
+        },
+    )
     .await
 }

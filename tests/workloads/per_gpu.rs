@@ -12,6 +12,9 @@ use super::*;
 const NS: &str = "per-gpu";
 const NODE: &str = "a100-per-gpu";
 const GPU_MEMORY_MIB: u64 = 81920;
+/// What NVML says of a GPU fallen off the bus (NVML_ERROR_GPU_IS_LOST, as nvml-wrapper words it),
+/// which the stand-in NVML of a failing reservation answers.
+const GPU_LOST: &str = "device fell off the bus";
 
 /// What the API shows of the node's per-GPU sharing.
 #[derive(Debug, Default)]
@@ -64,8 +67,9 @@ async fn view(c: &Cluster) -> Result<View, String> {
             .entry(i.parse().map_err(|_| gpus.clone())?)
             .or_default()
             .push((name.clone(), m.parse().map_err(|_| gpus.clone())?, memory));
-        let cm =
-            gpu_share::ledger::devices_configmap(p.spec.as_ref().unwrap()).ok_or_else(|| {
+        let cm = gpu_share::ledger::devices_configmap(p.spec.as_ref().unwrap())
+            .map(|d| d.configmap)
+            .ok_or_else(|| {
                 format!("share {name} reads NVIDIA_VISIBLE_DEVICES from no ConfigMap")
             })?;
         let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.client.clone(), NS);
@@ -286,6 +290,31 @@ async fn visible_devices_policy(c: &Cluster) -> Check {
         )
         .is_ok(),
         "NVIDIA_VISIBLE_DEVICES=void (no GPU) passes",
+    )?;
+    // Read from a devices ConfigMap as gpu-share's webhook writes it: the UUID's key, or the
+    // CDI device's (perGpu.timesliceCdi); any other key of it is refused.
+    let reads = |key: &str| {
+        pod(
+            json!([{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {
+            "name": "gpu-share-devices-0a1b", "key": key, "optional": false}}}]),
+        )
+    };
+    for key in [
+        gpu_share::request::DEVICES_KEY,
+        gpu_share::request::CDI_DEVICE_KEY,
+    ] {
+        let created = create(NS, &reads(key));
+        ensure(
+            created.is_ok(),
+            format!("a share reading key {key} of its devices ConfigMap: {created:?}"),
+        )?;
+    }
+    let refused = create(NS, &reads("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+        .err()
+        .unwrap_or_default();
+    ensure(
+        refused.contains("chooses GPUs"),
+        format!("NVIDIA_VISIBLE_DEVICES from another key of a devices ConfigMap: {refused:?}"),
     )?;
     let cm = |name: &str, key: &str| {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
@@ -662,18 +691,8 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     k.fail.insert(failing);
     let moved = format!("GPU {a} of the node");
     let note = event_since(c, &mut k, "GpuShareMoved", &moved, since).await?;
-    ensure(
-        note.contains("NVML_ERROR_GPU_IS_LOST"),
-        format!("the move says {note:?}"),
-    )?;
-    let note = event_since(
-        c,
-        &mut k,
-        "GpuShareEvicted",
-        "NVML_ERROR_GPU_IS_LOST",
-        since,
-    )
-    .await?;
+    ensure(note.contains(GPU_LOST), format!("the move says {note:?}"))?;
+    let note = event_since(c, &mut k, "GpuShareEvicted", GPU_LOST, since).await?;
     ensure(
         note.contains(&format!("GPU {b} of node {NODE} cannot be held")),
         format!("eviction says {note:?}"),

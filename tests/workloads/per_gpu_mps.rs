@@ -76,6 +76,7 @@ async fn view(c: &Cluster) -> Result<View, String> {
             (None, false) => 0,
         };
         let cm = gpu_share::ledger::devices_configmap(p.spec.as_ref().unwrap())
+            .map(|d| d.configmap)
             .ok_or_else(|| format!("share {name} reads its GPU from no ConfigMap"))?;
         let data = cms
             .get_opt(&cm)
@@ -282,7 +283,9 @@ fn as_designed(v: &View, cdi: &std::path::Path) -> Check {
         for s in shares {
             let spec = s.pod.spec.as_ref().unwrap();
             let c = &spec.containers[0];
-            let cm = gpu_share::ledger::devices_configmap(spec).unwrap_or_default();
+            let cm = gpu_share::ledger::devices_configmap(spec)
+                .map(|d| d.configmap)
+                .unwrap_or_default();
             let data = s.data.clone().unwrap_or_default();
             let ann = s.pod.metadata.annotations.clone().unwrap_or_default();
             let held = ann

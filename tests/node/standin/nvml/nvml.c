@@ -13,6 +13,8 @@
  *   - a GPU is visible when the env GPU_SHARE_STANDIN_GPU_<minor>=<UUID> is set and
  *     <dev>/nvidia<minor> exists; GPUs are indexed in minor order;
  * where <dev> is /dev, or GPU_SHARE_STANDIN_DEV_DIR when set (for tests).
+ * A driver in trouble: GPU_SHARE_STANDIN_NVML_FAIL=<nvmlReturn_t code> makes every init fail
+ * with that code (15, NVML_ERROR_GPU_IS_LOST: a GPU fallen off the bus).
  *
  * nvmlDeviceSetComputeMode keeps the mode for later nvmlDeviceGetComputeMode calls and, when
  * GPU_SHARE_STANDIN_NVML_LOG names a directory, appends "<uuid> <MODE>" to
@@ -208,7 +210,23 @@ static int logged_mode(const char *uuid) {
     return mode;
 }
 
+/* The init failure GPU_SHARE_STANDIN_NVML_FAIL asks for, or NVML_SUCCESS. */
+static nvmlReturn_t injected(void) {
+    const char *s = getenv("GPU_SHARE_STANDIN_NVML_FAIL");
+    if (!s || !*s)
+        return NVML_SUCCESS;
+    char *end;
+    errno = 0;
+    long code = strtol(s, &end, 10);
+    if (*end != '\0' || errno != 0 || code <= 0 || code > NVML_ERROR_UNKNOWN)
+        return NVML_ERROR_UNKNOWN;
+    return (nvmlReturn_t)code;
+}
+
 static nvmlReturn_t init_locked(void) {
+    nvmlReturn_t fail = injected();
+    if (fail != NVML_SUCCESS)
+        return fail;
     if (init_count > 0) {
         init_count++;
         return NVML_SUCCESS;

@@ -120,6 +120,13 @@ func TestNVML(t *testing.T) {
 		want(t, run(t, check, lib, env, "init_v2", "count", "driver", "errstr:9"),
 			"init_v2 9", "count 1 12345", "driver 0 535.104.05", "errstr Driver Not Loaded")
 	})
+	t.Run("an injected failure fails every init with its code", func(t *testing.T) {
+		fail := append([]string{"GPU_SHARE_STANDIN_NVML_FAIL=15"}, env...)
+		want(t, run(t, check, lib, fail, "init_v2", "initflags", "count", "errstr:15"),
+			"init_v2 15", "initflags 15", "count 1 12345", "errstr GPU is lost")
+		bad := append([]string{"GPU_SHARE_STANDIN_NVML_FAIL=lost"}, env...)
+		want(t, run(t, check, lib, bad, "init_v2"), "init_v2 999")
+	})
 	t.Run("no markers: no GPUs", func(t *testing.T) {
 		env := []string{"GPU_SHARE_STANDIN_DEV_DIR=" + dev}
 		want(t, run(t, check, lib, env, "init_v2", "count", "index:0", "shutdown"), "init_v2 0", "count 0 0", "index 2", "shutdown 0")
