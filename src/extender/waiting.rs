@@ -65,8 +65,15 @@ impl WaitingPods {
     }
 }
 
-/// Which waiting pods a release should nudge: those of the same class (direct device requests
-/// match any class), oldest entries first, at most `limit`.
+/// The classes whose release frees whole GPUs ([`crate::packing::GpuDemand::class`]): an
+/// exclusive pod's, device units asked for directly, and a reservation's. On a node gpu-share
+/// shares per GPU, a freed GPU takes a pod of any class (shares of either sharing class, or a
+/// whole-GPU pod), so their release may end any pod's wait.
+const FREES_WHOLE_GPUS: [&str; 3] = ["exclusive", "device", "reservation"];
+
+/// Which waiting pods a release should nudge: those of the same class, and any pod where the
+/// release freed whole GPUs (direct device requests match any class), oldest entries first, at
+/// most `limit`.
 pub fn pods_to_nudge(
     waiting: &[(String, Waiting)],
     released: &[Released],
@@ -75,9 +82,9 @@ pub fn pods_to_nudge(
     waiting
         .iter()
         .filter(|(_, w)| {
-            released
-                .iter()
-                .any(|r| r.class == w.class || r.class == "device" || w.class == "device")
+            released.iter().any(|r| {
+                r.class == w.class || FREES_WHOLE_GPUS.contains(&r.class) || w.class == "device"
+            })
         })
         .take(limit)
         .cloned()
@@ -110,5 +117,43 @@ mod tests {
             .collect();
         assert_eq!(chosen, vec!["1", "3"]);
         assert_eq!(pods_to_nudge(&waiting, &released, 1).len(), 1);
+    }
+
+    /// A released reservation (or exclusive pod) frees its whole GPU, which a share of either
+    /// sharing class may take on a node shared per GPU: every waiting pod is nudged. (An MPS
+    /// share waiting behind a time-sliced reservation was left in kube-scheduler's unschedulable
+    /// queue when it went: only the extender rejects a per-GPU share.)
+    #[test]
+    fn a_freed_whole_gpu_nudges_every_class() {
+        let w = |c: &'static str| Waiting {
+            namespace: "ml".into(),
+            name: c.into(),
+            class: c,
+        };
+        let waiting = vec![
+            ("1".to_string(), w("mps")),
+            ("2".to_string(), w("timeslice")),
+            ("3".to_string(), w("exclusive")),
+        ];
+        for class in ["reservation", "exclusive", "device"] {
+            let released = [Released {
+                node: "n".into(),
+                class,
+            }];
+            assert_eq!(
+                pods_to_nudge(&waiting, &released, 10).len(),
+                3,
+                "a released {class}"
+            );
+        }
+        let share = [Released {
+            node: "n".into(),
+            class: "timeslice",
+        }];
+        let chosen: Vec<String> = pods_to_nudge(&waiting, &share, 10)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(chosen, vec!["2"]);
     }
 }
