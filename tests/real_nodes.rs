@@ -277,6 +277,31 @@ async fn reservations(c: &Cluster) -> Result<Vec<(Pod, String, String)>, String>
         .collect())
 }
 
+/// The live reservation on the per-GPU node that published GPU `uuid`, and when its container
+/// started.
+async fn published(c: &Cluster, uuid: &str) -> Result<(Pod, String), String> {
+    let held = reservations(c).await?;
+    let names: Vec<_> = held
+        .iter()
+        .map(|(p, u, _)| (p.metadata.name.clone().unwrap_or_default(), u.clone()))
+        .collect();
+    held.into_iter()
+        .find(|(_, u, _)| u == uuid)
+        .map(|(p, _, started)| (p, started))
+        .ok_or(format!(
+            "no reservation on {PER_GPU} published {uuid}: {names:?}"
+        ))
+}
+
+/// File `name` in the per-GPU node's CDI directory (`/var/run/cdi`, in its mount namespace).
+fn node_cdi_file(c: &Cluster, name: &str) -> std::path::PathBuf {
+    c.dir
+        .join("nodes")
+        .join(PER_GPU)
+        .join("mnt/run/cdi")
+        .join(name)
+}
+
 /// 1. The first pod of each class the nodes offer runs, with the env, devices and runtime class
 ///    gpu-share wrote: `mig-1g.10gb` on the MIG node (a MIG device of its GPU), `exclusive-1`
 ///    and `timeslice-50` on the per-GPU node (a whole GPU each, the time-sliced one through its

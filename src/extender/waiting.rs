@@ -95,13 +95,17 @@ pub fn pods_to_nudge(
 mod tests {
     use super::*;
 
+    /// A pod of `class` waiting, named after it.
+    fn w(class: &'static str) -> Waiting {
+        Waiting {
+            namespace: "ml".into(),
+            name: class.into(),
+            class,
+        }
+    }
+
     #[test]
     fn nudges_go_to_pods_of_the_released_class() {
-        let w = |c: &'static str| Waiting {
-            namespace: "ml".into(),
-            name: c.into(),
-            class: c,
-        };
         let waiting = vec![
             ("1".to_string(), w("mig")),
             ("2".to_string(), w("mps")),
@@ -125,11 +129,6 @@ mod tests {
     /// queue when it went: only the extender rejects a per-GPU share.)
     #[test]
     fn a_freed_whole_gpu_nudges_every_class() {
-        let w = |c: &'static str| Waiting {
-            namespace: "ml".into(),
-            name: c.into(),
-            class: c,
-        };
         let waiting = vec![
             ("1".to_string(), w("mps")),
             ("2".to_string(), w("timeslice")),

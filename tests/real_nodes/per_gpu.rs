@@ -45,20 +45,11 @@ pub async fn share_follows_its_reservation(c: &Cluster) -> Check {
         seen == [named.clone()],
         format!("the share sees GPUs {seen:?}; its ConfigMap names {named}"),
     )?;
-    let held = reservations(c).await?;
-    let (reservation, _, started) =
-        held.iter()
-            .find(|(_, uuid, _)| *uuid == named)
-            .ok_or(format!(
-                "no reservation on {PER_GPU} published {named}: {:?}",
-                held.iter()
-                    .map(|(p, u, _)| (&p.metadata.name, u))
-                    .collect::<Vec<_>>()
-            ))?;
+    let (reservation, started) = published(c, &named).await?;
     let name = reservation.metadata.name.clone().unwrap_or_default();
     let share_started = started_at(&share);
     ensure(
-        !started.is_empty() && share_started >= *started,
+        !started.is_empty() && share_started >= started,
         format!(
             "the share started at {share_started}, its reservation {name} at {started}: before it"
         ),
@@ -262,7 +253,8 @@ pub async fn timeslice_through_cdi_device(c: &Cluster) -> Check {
         .cloned()
         .unwrap_or_default();
     let uuid = named
-        .strip_prefix("gpu-share.io/gpu=")
+        .strip_prefix(gpu_share::reservation::GPU_CDI_KIND)
+        .and_then(|n| n.strip_prefix('='))
         .ok_or(format!("the share's ConfigMap holds {data:?}"))?
         .to_string();
     ensure(
@@ -274,31 +266,23 @@ pub async fn timeslice_through_cdi_device(c: &Cluster) -> Check {
         seen == [uuid.clone()],
         format!("the share sees GPUs {seen:?}; its ConfigMap names {named}"),
     )?;
-    let held = reservations(c).await?;
-    let (reservation, _, _) = held
-        .iter()
-        .find(|(_, u, _)| *u == uuid)
-        .ok_or(format!("no reservation on {PER_GPU} published {uuid}"))?;
+    let (reservation, _) = published(c, &uuid).await?;
     let annotations = reservation.metadata.annotations.clone().unwrap_or_default();
     ensure(
         annotations
-            .get("gpu-share.io/reserve-cdi-device")
+            .get(gpu_share::reservation::ANNOTATION_CDI_DEVICE)
             .map(String::as_str)
             == Some("true"),
         format!("the reservation does not say it writes the device: {annotations:?}"),
     )?;
-    let file = c
-        .dir
-        .join("nodes")
-        .join(PER_GPU)
-        .join("mnt/run/cdi")
-        .join(gpu_share::reservation::cdi::gpu_file_name(&uuid));
+    let file = node_cdi_file(c, &gpu_share::reservation::cdi::gpu_file_name(&uuid));
     let written: Value = serde_json::from_str(
         &std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?,
     )
     .map_err(|e| e.to_string())?;
     ensure(
-        written["kind"] == "gpu-share.io/gpu" && written["devices"][0]["name"] == uuid.as_str(),
+        written["kind"] == gpu_share::reservation::GPU_CDI_KIND
+            && written["devices"][0]["name"] == uuid.as_str(),
         format!("{} holds {written}", file.display()),
     )?;
     eprintln!(
