@@ -53,6 +53,33 @@ fn stop(mut a: Child) {
 }
 
 /// Where the MPS reservations' CDI devices are written (under the cluster's directory).
+/// Removes the reservation pods bound to `node`, at once: what a point that failed midway left,
+/// with no kubelet left to stop them (a point that passes has seen its reservations released).
+pub fn remove_left_on(c: &Cluster, node: &str) -> Result<(), String> {
+    let on_node = format!("spec.nodeName={node}");
+    let out = c.kubectl(
+        &[
+            "-n",
+            RESERVATIONS,
+            "delete",
+            "pods",
+            "--field-selector",
+            &on_node,
+            "--force",
+            "--grace-period=0",
+        ],
+        None,
+    );
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "delete the reservations on {node}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 pub fn cdi_dir(c: &Cluster) -> std::path::PathBuf {
     c.dir.join("cdi")
 }

@@ -129,6 +129,14 @@ fn within_capacity(v: &View) -> Check {
 
 /// Every share's ConfigMap holds the UUID its GPU's reservation published.
 fn pointed_right(v: &View) -> Result<bool, String> {
+    pointed_right_but(v, None)
+}
+
+/// [`pointed_right`], where `replaced` is a GPU whose reservation was replaced and the UUID the
+/// old one held: its shares may read that UUID a moment longer (not yet settled, not wrong). The
+/// controller evicts them one after another, each with its event first, so the step's first
+/// event can come while the last of them still lives.
+fn pointed_right_but(v: &View, replaced: Option<(u32, &str)>) -> Result<bool, String> {
     for (i, shares) in &v.shares {
         let Some((_, _, Some(uuid), _)) = v.reservations.get(i) else {
             return Ok(false);
@@ -136,6 +144,7 @@ fn pointed_right(v: &View) -> Result<bool, String> {
         for (name, ..) in shares {
             match v.filled.get(name) {
                 Some(Some(u)) if u == uuid => {}
+                Some(Some(u)) if replaced == Some((*i, u.as_str())) => return Ok(false),
                 Some(Some(u)) => {
                     return Err(format!(
                         "{name} on GPU {i} reads {u}, its reservation holds {uuid}"
@@ -160,8 +169,8 @@ async fn settle(
     loop {
         k.tick(c).await?;
         let v = view(c).await?;
-        within_capacity(&v)?;
-        if settled(&v)? {
+        within_capacity(&v).map_err(|e| format!("{what}: {e}"))?;
+        if settled(&v).map_err(|e| format!("{what}: {e}"))? {
             return Ok(v);
         }
         if start.elapsed() > limit {
@@ -467,7 +476,39 @@ async fn shown(c: &Cluster, v: &View) -> Check {
     )
 }
 
+/// The point, then what it changed put back, whether it passed or not: a point that fails
+/// midway leaves no shares, reservations, node or policy behind for the next points to trip on.
 pub async fn per_gpu_sharing(c: &Cluster) -> Check {
+    let r = sharing(c).await;
+    let put = put_back(c);
+    r.and(put)
+}
+
+/// No shares, no reservations on the node, no node, the policy off. The namespace is gone
+/// before a later run can want it again.
+fn put_back(c: &Cluster) -> Check {
+    kubectl(
+        c,
+        &[
+            "delete",
+            "namespace",
+            NS,
+            "per-gpu-opted-out",
+            "--ignore-not-found",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    common::reserve::remove_left_on(c, NODE)?;
+    kubectl(
+        c,
+        &["delete", "node", NODE, "--ignore-not-found", "--wait=false"],
+        None,
+    )?;
+    set_policy(c, false)
+}
+
+async fn sharing(c: &Cluster) -> Check {
     // What an earlier run against this cluster left: its workloads first (they would recreate
     // their pods), then their pods.
     let _ = c.kubectl(&["-n", NS, "delete", "deployment", "--all"], None);
@@ -590,7 +631,10 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
     // A reservation deleted by hand: created again; the device plugin may give it another GPU
     // (here always: a new UUID), so the shares started on the old one are evicted in words, and
     // their Deployment's new pods point at the new one.
-    let (&gpu, (name, ..)) = v.reservations.iter().next().unwrap();
+    let (&gpu, (name, _, old, _)) = v.reservations.iter().next().unwrap();
+    let old = old
+        .clone()
+        .ok_or("a settled reservation without its UUID")?;
     kubectl(
         c,
         &["-n", RESERVATIONS, "delete", "pod", name, "--wait=false"],
@@ -611,7 +655,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
                 && v.reservations
                     .get(&gpu)
                     .is_some_and(|r| Some(&r.1) != held.get(&gpu))
-                && pointed_right(v)?)
+                && pointed_right_but(v, Some((gpu, &old)))?)
         },
     )
     .await?;
@@ -723,19 +767,5 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
         format!("a new share waits for {why:?}"),
     )?;
 
-    // Put back: no shares, the policy off. The namespace is gone before the next run can want
-    // it again.
-    kubectl(
-        c,
-        &[
-            "delete",
-            "namespace",
-            NS,
-            "per-gpu-opted-out",
-            "--timeout=120s",
-        ],
-        None,
-    )?;
-    kubectl(c, &["delete", "node", NODE, "--wait=false"], None)?;
-    set_policy(c, false)
+    Ok(())
 }

@@ -407,7 +407,36 @@ fn device_of(v: &View, i: u32, cdi: &std::path::Path) -> Result<std::path::PathB
     Ok(cdi.join(format!("gpu-share.io-mps-{uuid}.json")))
 }
 
+/// The point, then what it changed put back, whether it passed or not (as per-GPU sharing's).
 pub async fn per_gpu_mps(c: &Cluster) -> Check {
+    let r = mps(c).await;
+    let put = put_back(c);
+    r.and(put)
+}
+
+/// No shares, no reservations on the node, no node, the policy off.
+fn put_back(c: &Cluster) -> Check {
+    kubectl(
+        c,
+        &[
+            "delete",
+            "namespace",
+            NS,
+            "--ignore-not-found",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    common::reserve::remove_left_on(c, NODE)?;
+    kubectl(
+        c,
+        &["delete", "node", NODE, "--ignore-not-found", "--wait=false"],
+        None,
+    )?;
+    set_policy(c, false)
+}
+
+async fn mps(c: &Cluster) -> Check {
     let _ = c.kubectl(&["delete", "namespace", NS, "--wait=true"], None);
     c.namespace(
         NS,
@@ -566,6 +595,5 @@ pub async fn per_gpu_mps(c: &Cluster) -> Check {
         )?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    kubectl(c, &["delete", "node", NODE, "--wait=false"], None)?;
-    set_policy(c, false)
+    Ok(())
 }
