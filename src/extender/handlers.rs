@@ -16,7 +16,8 @@ use serde_json::Value;
 
 use super::candidates;
 use super::report::{NodeReport, report};
-use super::state::{Binding, ExtenderState, Mode};
+use super::state::binding::Binding;
+use super::state::{ExtenderState, Mode};
 
 use super::Context;
 use super::wire::{self, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList};

@@ -7,7 +7,7 @@ pub mod dra;
 pub mod explain;
 pub mod handlers;
 pub mod listed;
-mod on_its_way;
+pub mod on_its_way;
 mod online;
 pub mod pending;
 pub mod preempt;

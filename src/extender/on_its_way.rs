@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::state::{Binding, ExtenderState};
+use super::state::ExtenderState;
+use super::state::binding::Binding;
 use crate::cluster::reservations::CreateError;
 use crate::ledger::{PodRef, stand_in_uid};
 use crate::packing::{Demand, GpuDemand, Reason, Scorer};

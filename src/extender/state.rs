@@ -35,6 +35,8 @@ pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
 pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
 pub use super::waiting::{Released, Waiting, WaitingPods};
 
+pub mod binding;
+
 /// How the extender learns about nodes and binds pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -52,104 +54,9 @@ pub struct Assumed {
     pub bound_at: Option<Instant>,
 }
 
-/// A bind in progress: the holding it reserved, shielded in a cluster by an assumption until
-/// the API shows the pod bound. Settled by [`Binding::commit`] or [`Binding::abort`]. Dropped
-/// unsettled (its request cancelled while the binding call was in flight), the outcome is
-/// unknown: the holding stays, and its assumption frees it after the assume TTL unless the API
-/// shows the pod bound.
-#[must_use = "settle a binding with commit or abort"]
-pub struct Binding<'a> {
-    ext: &'a ExtenderState,
-    uid: String,
-    node: String,
-    assume: bool,
-    reserved: bool,
-    /// Whether the pod was marked waiting for a release when its bind began (the watch may
-    /// show it bound, and unmark it, before the binding's answer comes back).
-    was_waiting: bool,
-}
-
-impl Binding<'_> {
-    /// Re-checks the fit and reserves the demand on the node. In a cluster the pod is assumed
-    /// there first: a watch event of the still-unbound pod in between must not free it. When
-    /// nothing is reserved, there is nothing to shield and the assumption goes.
-    pub fn reserve(
-        &mut self,
-        scorer: &Scorer,
-        pod: crate::ledger::PodRef,
-        demand: Demand,
-    ) -> Result<crate::packing::Placement, crate::packing::Reason> {
-        if self.assume {
-            self.ext.assumed.insert(
-                self.uid.clone(),
-                Assumed {
-                    node: self.node.clone(),
-                    bound_at: None,
-                },
-            );
-        }
-        let placed = self.ext.ledger.reserve(scorer, &self.node, pod, demand);
-        self.reserved = placed.is_ok();
-        if self.assume && !self.reserved {
-            self.ext.assumed.invalidate(&self.uid);
-        }
-        placed
-    }
-
-    /// The API bound the pod (or, in `--dev`, there is no API): the holding stays. A list begun
-    /// from here on shows the pod unless it is gone; the pod no longer waits. Returns whether it
-    /// was still waiting for a release to nudge it when its bind began (kube-scheduler retried
-    /// it first).
-    pub fn commit(self) -> bool {
-        let ext = self.ext;
-        let was_waiting = self.was_waiting;
-        if self.assume && self.reserved {
-            ext.assumed.insert(
-                self.uid.clone(),
-                Assumed {
-                    node: self.node.clone(),
-                    bound_at: Some(Instant::now()),
-                },
-            );
-        }
-        ext.waiting.stop(&self.uid);
-        ext.pods.invalidate(&self.uid);
-        ext.clear_unscheduled(&self.uid);
-        was_waiting
-    }
-
-    /// The outcome is unknown (no answer, and no read-back): the holding and its assumption
-    /// stay, in doubt until [`ExtenderState::resolve`] learns where the API has the pod (freed
-    /// now, it could be capacity a bound pod holds that the watch has not shown yet).
-    pub fn doubt(self) {
-        if self.reserved {
-            lock(&self.ext.doubt).insert(self.uid.clone(), self.node.clone());
-        }
-    }
-
-    /// The binding failed: releases the holding this bind reserved, unless something confirmed
-    /// it since (once the watch records the pod bound, it drops the assumption, and the holding
-    /// is the pod's, not this bind's).
-    pub fn abort(self) {
-        if !self.reserved {
-            return;
-        }
-        let ext = self.ext;
-        let ours = !self.assume
-            || ext
-                .assumed
-                .get(&self.uid)
-                .is_some_and(|a| a.node == self.node && a.bound_at.is_none());
-        if ours {
-            ext.assumed.invalidate(&self.uid);
-            ext.ledger.release(&self.uid);
-        }
-    }
-}
-
 /// The extender's state. Its fields are its own: filter, prioritize, bind and the API's events
 /// change it through the verbs below (remember a pod, mark one waiting, bind as a
-/// [`Binding`], and in `extender::sync` apply a watch event or a reconcile).
+/// [`binding::Binding`], and in `extender::sync` apply a watch event or a reconcile).
 pub struct ExtenderState {
     mode: Mode,
     ledger: Arc<Ledger>,
@@ -186,7 +93,7 @@ pub struct ExtenderState {
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
     /// The reservation pods, as the reservation controller's watch sees them.
     pub reservations: crate::cluster::reservations::Seen,
-    /// Binds whose outcome the API has not told yet ([`Binding::doubt`]): UID -> node.
+    /// Binds whose outcome the API has not told yet ([`binding::Binding::doubt`]): UID -> node.
     doubt: Mutex<std::collections::HashMap<String, String>>,
     /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
     dra: Mutex<crate::dra::DraView>,
@@ -463,42 +370,6 @@ impl ExtenderState {
         &self.waiting
     }
 
-    /// Begins binding pod `uid` to `node`. In a cluster (`assume`), the holding bind reserves is
-    /// assumed until the API shows the pod there. Settle it with [`Binding::commit`] or
-    /// [`Binding::abort`].
-    pub fn begin_bind(&self, uid: &str, node: &str, assume: bool) -> Binding<'_> {
-        Binding {
-            ext: self,
-            uid: uid.to_string(),
-            node: node.to_string(),
-            assume,
-            reserved: false,
-            was_waiting: self.waiting.contains(uid),
-        }
-    }
-
-    /// The node an earlier bind of pod `uid` is in doubt on.
-    pub fn in_doubt(&self, uid: &str) -> Option<String> {
-        lock(&self.doubt).get(uid).cloned()
-    }
-
-    /// What the API says of a pod in doubt: bound to `bound` (`None`: unbound, gone, replaced,
-    /// or no answer for an assumption's lifetime). Bound there, the holding stays for the watch
-    /// to record; otherwise it is released, unless the watch recorded the pod since.
-    pub fn resolve(&self, uid: &str, bound: Option<&str>) {
-        let Some(node) = lock(&self.doubt).remove(uid) else {
-            return;
-        };
-        let ours = self
-            .assumed
-            .get(uid)
-            .is_some_and(|a| a.node == node && a.bound_at.is_none());
-        if bound != Some(node.as_str()) && ours {
-            self.assumed.invalidate(uid);
-            self.ledger.release(uid);
-        }
-    }
-
     /// What the API showed of a node: its inventory, or `None` when it is not a GPU node.
     pub fn set_node(&self, name: &str, inventory: Option<crate::inventory::GpuNode>) {
         match inventory {
@@ -686,6 +557,8 @@ impl ExtenderState {
         let mut dropped = 0;
         for uid in self.ledger.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
+                // Gone as of this list: an older reconcile's list must not bring it back.
+                self.touch(uid.clone());
                 self.assumed.invalidate(&uid);
                 self.ledger.release(&uid);
                 dropped += 1;

@@ -662,7 +662,8 @@ async fn explain_one(
 mod tests {
     use super::*;
     use crate::cluster::watch::POD_FIELD_SELECTOR;
-    use crate::extender::state::{Binding, Mode, Waiting};
+    use crate::extender::state::binding::Binding;
+    use crate::extender::state::{Mode, Waiting};
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
     use futures::StreamExt;
