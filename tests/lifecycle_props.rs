@@ -127,7 +127,7 @@ struct World {
     watch: VecDeque<Event<Pod>>,
     /// Lists taken for reconciles, oldest first.
     lists: VecDeque<(Vec<Pod>, Instant)>,
-    /// Pods in doubt: (uid, node).
+    /// The UIDs of pods in doubt.
     doubt: Vec<String>,
     serial: u32,
     policy: std::sync::Arc<LoadedPolicy>,
@@ -305,8 +305,7 @@ impl World {
             .and_then(|p| node_of(&p.pod).map(str::to_string))
     }
 
-    /// The API's bound, unfinished pods: uid -> (node, what it takes: whole GPU indices, and
-    /// per GPU the thousandths of its shares).
+    /// The API's bound, unfinished pods: uid -> node.
     fn holders(&self) -> BTreeMap<String, String> {
         self.live()
             .filter(|(_, p)| !finished(p))
@@ -538,22 +537,17 @@ fn apply<'a>(
             }
         }
         Step::Cut => {
+            // The relist comes as one: kube's watcher buffers it to InitDone.
             w.watch.clear();
-            w.watch.push_back(Event::Init);
-            for p in w.listed() {
-                w.watch.push_back(Event::InitApply(p));
-            }
-            w.watch.push_back(Event::InitDone);
-            // The relist is delivered as one: kube's watcher buffers it to InitDone.
             let mut r = Relist::default();
-            while let Some(ev) = w.watch.pop_front() {
-                e.apply_pod_event(&mut r, ev);
+            e.apply_pod_event(&mut r, Event::Init);
+            for p in w.listed() {
+                e.apply_pod_event(&mut r, Event::InitApply(p));
             }
+            e.apply_pod_event(&mut r, Event::InitDone);
         }
         Step::List => {
-            let at = Instant::now();
-            // A change after the list is later than it, on any clock.
-            while Instant::now() <= at {}
+            let at = listed_at();
             w.lists.push_back((w.listed(), at));
         }
         Step::Reconcile => {
@@ -564,6 +558,13 @@ fn apply<'a>(
         Step::Restart { .. } => unreachable!("restarts end an epoch"),
     }
     Ok(())
+}
+
+/// When a list is taken: any change after it is later, on any clock's resolution.
+fn listed_at() -> Instant {
+    let at = Instant::now();
+    while Instant::now() <= at {}
+    at
 }
 
 /// Every bind answered (lost, read back), every doubt read back, every event delivered, a
@@ -582,8 +583,7 @@ fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> R
         e.apply_pod_event(&mut r, ev);
     }
     check(w, e)?;
-    let at = Instant::now();
-    while Instant::now() <= at {}
+    let at = listed_at();
     e.reconcile_with(&w.nodes, &w.listed(), &w.policy.reading, at);
     check(w, e)?;
     let held: BTreeMap<String, String> = e
@@ -640,6 +640,24 @@ proptest! {
     }
 }
 
+/// kube-scheduler binds pending pod `pod` (by index) to n1, a reservation's create done.
+fn bind_n1(pod: usize) -> Step {
+    Step::Bind {
+        pod,
+        node: 0,
+        create: Answer::Done,
+    }
+}
+
+/// The binding call in flight answers: done.
+fn bound() -> Step {
+    Step::Answer {
+        bind: 0,
+        answer: Answer::Done,
+        read_back: true,
+    }
+}
+
 /// The fault runner's first race (seed 33, slow-then-cut API): a bind done, a reconcile's fresh
 /// list showing the pod bound, then the lagging watch delivering the pod's event from before
 /// its binding. Releasing the holding there gave the running pod's GPU to the next bind.
@@ -650,41 +668,17 @@ fn a_stale_unbound_event_after_a_list_releases_nothing() {
         Step::Create(Kind::Exclusive),
         Step::Create(Kind::Exclusive),
         // p1 and p2 bound to n1, whose two GPUs they take.
-        Step::Bind {
-            pod: 0,
-            node: 0,
-            create: Answer::Done,
-        },
-        Step::Answer {
-            bind: 0,
-            answer: Answer::Done,
-            read_back: true,
-        },
-        Step::Bind {
-            pod: 0,
-            node: 0,
-            create: Answer::Done,
-        },
-        Step::Answer {
-            bind: 0,
-            answer: Answer::Done,
-            read_back: true,
-        },
+        bind_n1(0),
+        bound(),
+        bind_n1(0),
+        bound(),
         Step::List,
         Step::Reconcile,
         // The watch, late: the three pods created, unbound.
         Step::Deliver(3),
         // n1 has no GPU left for p3.
-        Step::Bind {
-            pod: 0,
-            node: 0,
-            create: Answer::Done,
-        },
-        Step::Answer {
-            bind: 0,
-            answer: Answer::Done,
-            read_back: true,
-        },
+        bind_n1(0),
+        bound(),
     ];
     run(&steps).unwrap();
 }
@@ -705,26 +699,10 @@ fn a_reservation_created_without_an_answer_keeps_its_gpu() {
         Step::Create(Kind::Exclusive),
         // Pending: the share p1, then p3 and p4, which n1's two GPUs would take but for the
         // reservation.
-        Step::Bind {
-            pod: 1,
-            node: 0,
-            create: Answer::Done,
-        },
-        Step::Answer {
-            bind: 0,
-            answer: Answer::Done,
-            read_back: true,
-        },
-        Step::Bind {
-            pod: 1,
-            node: 0,
-            create: Answer::Done,
-        },
-        Step::Answer {
-            bind: 0,
-            answer: Answer::Done,
-            read_back: true,
-        },
+        bind_n1(1),
+        bound(),
+        bind_n1(1),
+        bound(),
     ];
     run(&steps).unwrap();
 }

@@ -53,31 +53,38 @@ fn stop(mut a: Child) {
 }
 
 /// Where the MPS reservations' CDI devices are written (under the cluster's directory).
-/// Removes the reservation pods bound to `node`, at once: what a point that failed midway left,
-/// with no kubelet left to stop them (a point that passes has seen its reservations released).
-pub fn remove_left_on(c: &Cluster, node: &str) -> Result<(), String> {
+/// What a per-GPU point leaves, removed whether it passed or not: its namespaces, the
+/// reservation pods bound to its node (a point that failed midway leaves them with no kubelet
+/// left to stop them; one that passed has seen them released) and the node.
+pub fn remove_point(c: &Cluster, namespaces: &[&str], node: &str) -> Result<(), String> {
+    let kubectl = |args: &[&str]| {
+        let out = c.kubectl(args, None);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    let mut delete = vec!["delete", "namespace"];
+    delete.extend(namespaces);
+    delete.extend(["--ignore-not-found", "--timeout=120s"]);
+    kubectl(&delete)?;
     let on_node = format!("spec.nodeName={node}");
-    let out = c.kubectl(
-        &[
-            "-n",
-            RESERVATIONS,
-            "delete",
-            "pods",
-            "--field-selector",
-            &on_node,
-            "--force",
-            "--grace-period=0",
-        ],
-        None,
-    );
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "delete the reservations on {node}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    kubectl(&[
+        "-n",
+        RESERVATIONS,
+        "delete",
+        "pods",
+        "--field-selector",
+        &on_node,
+        "--force",
+        "--grace-period=0",
+    ])?;
+    kubectl(&["delete", "node", node, "--ignore-not-found", "--wait=false"])
 }
 
 pub fn cdi_dir(c: &Cluster) -> std::path::PathBuf {

@@ -487,24 +487,7 @@ pub async fn per_gpu_sharing(c: &Cluster) -> Check {
 /// No shares, no reservations on the node, no node, the policy off. The namespace is gone
 /// before a later run can want it again.
 fn put_back(c: &Cluster) -> Check {
-    kubectl(
-        c,
-        &[
-            "delete",
-            "namespace",
-            NS,
-            "per-gpu-opted-out",
-            "--ignore-not-found",
-            "--timeout=120s",
-        ],
-        None,
-    )?;
-    common::reserve::remove_left_on(c, NODE)?;
-    kubectl(
-        c,
-        &["delete", "node", NODE, "--ignore-not-found", "--wait=false"],
-        None,
-    )?;
+    common::reserve::remove_point(c, &[NS, "per-gpu-opted-out"], NODE)?;
     set_policy(c, false)
 }
 

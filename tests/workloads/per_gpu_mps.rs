@@ -416,23 +416,7 @@ pub async fn per_gpu_mps(c: &Cluster) -> Check {
 
 /// No shares, no reservations on the node, no node, the policy off.
 fn put_back(c: &Cluster) -> Check {
-    kubectl(
-        c,
-        &[
-            "delete",
-            "namespace",
-            NS,
-            "--ignore-not-found",
-            "--timeout=120s",
-        ],
-        None,
-    )?;
-    common::reserve::remove_left_on(c, NODE)?;
-    kubectl(
-        c,
-        &["delete", "node", NODE, "--ignore-not-found", "--wait=false"],
-        None,
-    )?;
+    common::reserve::remove_point(c, &[NS], NODE)?;
     set_policy(c, false)
 }
 
