@@ -1,5 +1,6 @@
 //! The extender's live state: one [`NodeLedger`] per node behind its own lock (binds to one node
-//! are serialized, binds to different nodes run in parallel; no lock is held across I/O), the
+//! are serialized, binds to different nodes place in parallel and meet only to record the holding,
+//! [`Ledger::reserve`]; no lock is held across I/O), the
 //! pods seen in filter/prioritize (for bind), allocations bound but not yet seen in the API (a
 //! moka cache whose expiry frees them), the pods waiting for capacity (for requeue) and the
 //! recent workload.

@@ -21,12 +21,18 @@ pub const PARALLEL_CHUNK: usize = 512;
 /// within a watch event; an API that refused it is retried after this).
 pub const VICTIMS_LEAVING: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How many times [`Ledger::reserve`] places a pod under the node's lock alone before it places
+/// it under the index's too: each retry means another change on that node was recorded first.
+pub const PLACE_TRIES: u32 = 4;
+
 /// A victim a preemptor was given: `(node, victim UID)`.
 pub type NodeVictim = (String, String);
 
-/// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, so work on one node
-/// (a bind) is serialized while different nodes proceed in parallel. No lock is held longer than
-/// one node's bookkeeping. The extender, `gpu-share status` and the tests share this one type.
+/// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, and an index of which
+/// node holds each pod behind another. A placement runs under its node's lock alone, so binds to
+/// different nodes place in parallel; the index's lock is taken to record it, and no lock is held
+/// across two nodes' placements ([`Ledger::reserve`]). The extender, `gpu-share status` and the
+/// tests share this one type.
 #[derive(Default)]
 pub struct Ledger {
     /// By name, as prioritize looks up every candidate node of a decision.
@@ -282,12 +288,17 @@ impl Ledger {
     }
 
     /// Records what the API says a pod holds (nothing, for a pod a DRA claim stands for).
+    ///
+    /// Its placement is planned under the node's lock alone, then recorded under the index's
+    /// (the lock order: index, then a node) while nothing changed on the node meanwhile; if
+    /// something did, it is planned again there. Two updates of one pod cannot interleave and
+    /// leave a holding the index does not point to.
     pub fn record(&self, o: &ObservedPod) {
         if !is_claim_holding(&o.pod.uid) && lock(&self.claimed).contains_key(&o.pod.uid) {
             return;
         }
-        // The index lock is held throughout (lock order: index, then a node), so two updates of
-        // one pod cannot interleave and leave a holding the index does not point to.
+        let n = self.node(&o.node);
+        let planned = n.as_ref().and_then(|n| lock(n).plan_record(o));
         let moved = {
             let mut index = lock(&self.index);
             let moved = match index.get(&o.pod.uid) {
@@ -295,8 +306,10 @@ impl Ledger {
                 _ => None,
             };
             match self.node(&o.node) {
-                Some(n) => {
-                    for stand_in in lock(&n).record(o) {
+                Some(now) => {
+                    let planned =
+                        planned.filter(|_| n.as_ref().is_some_and(|n| Arc::ptr_eq(n, &now)));
+                    for stand_in in lock(&now).record_planned(o, planned) {
                         index.remove(&stand_in);
                     }
                     index.insert(o.pod.uid.clone(), o.node.clone());
@@ -312,8 +325,13 @@ impl Ledger {
         }
     }
 
-    /// Checks the fit on `node` and records the holding (bind), under that node's lock and the
-    /// index lock.
+    /// Checks the fit on `node` and records the holding (bind).
+    ///
+    /// Binds to different nodes run in parallel: the packing places the pod under the node's lock
+    /// alone, and the placement is then recorded under the index's lock (and the node's again),
+    /// if nothing changed on the node meanwhile. If something did, it is placed again, up to
+    /// [`PLACE_TRIES`] times; after that, once more under both locks. The index's lock is held
+    /// for bookkeeping only: never across a placement, in the common case.
     pub fn reserve(
         &self,
         scorer: &Scorer,
@@ -329,29 +347,61 @@ impl Ledger {
             // Its DRA claim, allocated before bind, holds its devices already.
             return Ok(Placement::default());
         }
-        let (result, moved) = {
+        if demand.pointed()
+            && self.node_of(&pod.uid).is_none_or(|at| at != node)
+            && let Some(why) = self.held_off(node)
+        {
+            return Err(Reason::ReservationFailed { why });
+        }
+        let uid = pod.uid.clone();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // `None`: held there already, or placed too many times; placed under both locks then.
+            let planned = if tries <= PLACE_TRIES {
+                let mut nl = lock(&n);
+                if nl.holdings.contains_key(&uid) {
+                    None
+                } else {
+                    Some((nl.generation(), nl.plan(scorer, &demand)?))
+                }
+            } else {
+                None
+            };
             let mut index = lock(&self.index);
-            if demand.pointed()
-                && index.get(&pod.uid).is_none_or(|at| at != node)
-                && let Some(why) = self.held_off(node)
-            {
-                return Err(Reason::ReservationFailed { why });
-            }
-            let moved = match index.get(&pod.uid) {
-                Some(prev) if prev != node => self.take(&mut index, &pod.uid),
+            let moved = match index.get(&uid) {
+                Some(prev) if prev != node => self.take(&mut index, &uid),
                 _ => None,
             };
-            let uid = pod.uid.clone();
-            let result = lock(&n).reserve(scorer, pod, demand);
+            let mut nl = lock(&n);
+            let result = if let Some(h) = nl.holdings.get(&uid) {
+                Ok(h.placement.clone())
+            } else {
+                match planned {
+                    Some((generation, placement)) if generation == nl.generation() => {
+                        Ok(nl.commit(pod, demand, placement))
+                    }
+                    Some(_) => {
+                        // The node changed between the placement and its record: place again.
+                        drop((nl, index));
+                        if let Some(h) = moved {
+                            self.notify(&h);
+                        }
+                        continue;
+                    }
+                    None => nl.reserve(scorer, pod, demand),
+                }
+            };
+            drop(nl);
             if result.is_ok() {
                 index.insert(uid, node.to_string());
             }
-            (result, moved)
-        };
-        if let Some(h) = moved {
-            self.notify(&h);
+            drop(index);
+            if let Some(h) = moved {
+                self.notify(&h);
+            }
+            return result;
         }
-        result
     }
 
     /// Holds shares in per-GPU form off `node` until `until`: a reservation there failed (why).
@@ -489,5 +539,143 @@ impl Ledger {
         v.extend(lock(&self.unplaced).keys().cloned());
         v.sort();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::inventory::Sharing;
+    use crate::packing::{GpuDemand, PackingPolicy};
+
+    fn pod(uid: &str) -> PodRef {
+        PodRef {
+            uid: uid.into(),
+            namespace: "ml".into(),
+            name: uid.into(),
+            priority: 0,
+        }
+    }
+
+    fn share(milli: u32) -> Demand {
+        Demand::gpu(GpuDemand::Timeslice {
+            milli,
+            memory_mib: None,
+        })
+    }
+
+    fn ledger(nodes: usize) -> Ledger {
+        let l = Ledger::new();
+        for i in 0..nodes {
+            l.upsert_node(GpuNode::shared(
+                &format!("n{i}"),
+                "NVIDIA-A100-SXM4-80GB",
+                2,
+                81920,
+                Sharing::TimeSlicing { replicas: 4 },
+            ));
+        }
+        l
+    }
+
+    /// A bind that waits for a busy node holds no lock another node's bind needs: the index's
+    /// lock is not taken until the placement is made. (Before, the waiting bind held the index's
+    /// lock while it waited, and every bind to every other node waited behind it.)
+    #[test]
+    fn a_bind_waiting_for_a_busy_node_holds_up_no_other_node() {
+        let l = Arc::new(ledger(2));
+        let scorer = Arc::new(Scorer::new(PackingPolicy::Binpack));
+        let (locked, is_locked) = mpsc::channel();
+        let (free, freed) = mpsc::channel::<()>();
+        let busy = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                l.with_node("n0", |_| {
+                    locked.send(()).unwrap();
+                    freed.recv().unwrap();
+                })
+            })
+        };
+        is_locked.recv().unwrap();
+        let waiting = {
+            let (l, scorer) = (l.clone(), scorer.clone());
+            std::thread::spawn(move || l.reserve(&scorer, "n0", pod("a"), share(250)))
+        };
+        // Long enough for the waiting bind to reach n0's lock; had it not yet, the bind below
+        // would pass on the old code too, never fail on this one.
+        std::thread::sleep(Duration::from_millis(100));
+        let (done, is_done) = mpsc::channel();
+        let other = {
+            let (l, scorer) = (l.clone(), scorer.clone());
+            std::thread::spawn(move || {
+                done.send(l.reserve(&scorer, "n1", pod("b"), share(250)))
+                    .unwrap()
+            })
+        };
+        let answer = is_done.recv_timeout(Duration::from_secs(10));
+        free.send(()).unwrap();
+        assert!(
+            matches!(answer, Ok(Ok(_))),
+            "a bind to n1 waited for n0: {answer:?}"
+        );
+        busy.join().unwrap();
+        other.join().unwrap();
+        assert!(waiting.join().unwrap().is_ok());
+        assert_eq!(l.node_of("a").as_deref(), Some("n0"));
+        assert_eq!(l.node_of("b").as_deref(), Some("n1"));
+    }
+
+    /// Binds from many threads, some of one pod to two nodes at once, and the watch's records
+    /// and releases beside them: each node ends within capacity, every holding is where the
+    /// index points, and every index entry has its holding.
+    #[test]
+    fn binds_in_parallel_keep_the_index_and_the_nodes_agreed() {
+        let l = Arc::new(ledger(4));
+        let scorer = Arc::new(Scorer::new(PackingPolicy::Binpack));
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (l, scorer) = (l.clone(), scorer.clone());
+                std::thread::spawn(move || {
+                    for i in 0..400 {
+                        let uid = format!("p{}", (t * 37 + i * 11) % 97);
+                        let node = format!("n{}", (t + i) % 4);
+                        match i % 5 {
+                            0 => {
+                                l.release(&uid);
+                            }
+                            1 => l.record(&ObservedPod {
+                                pod: pod(&uid),
+                                node,
+                                demand: share(250),
+                                gpus: None,
+                            }),
+                            _ => {
+                                let _ = l.reserve(&scorer, &node, pod(&uid), share(250));
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let index = lock(&l.index).clone();
+        let mut held = 0;
+        l.for_each_node(|nl| {
+            for uid in nl.holdings.keys() {
+                assert_eq!(
+                    index.get(uid).map(String::as_str),
+                    Some(nl.node.name.as_str()),
+                    "{uid} held on {} but indexed elsewhere",
+                    nl.node.name
+                );
+                held += 1;
+            }
+        });
+        assert_eq!(held, index.len(), "an index entry without its holding");
     }
 }

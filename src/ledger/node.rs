@@ -54,6 +54,11 @@ pub struct NodeLedger {
     /// The node's fragmentation as the last decision on it measured it (a cache).
     #[serde(skip)]
     pub memo: packing::FragMemo,
+    /// Counts the changes of its usage and holdings: a placement planned at one generation is
+    /// committed only at the same one ([`super::Ledger::reserve`] plans under this node's lock
+    /// alone and commits under the index's).
+    #[serde(skip)]
+    generation: u64,
 }
 
 /// Two ledgers are equal when they hold the same node, usage and holdings, whatever their memos
@@ -73,7 +78,13 @@ impl NodeLedger {
             node,
             holdings: BTreeMap::new(),
             memo: packing::FragMemo::default(),
+            generation: 0,
         }
+    }
+
+    /// How many changes its usage and holdings have seen.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Checks the fit and, if it fits, records the holding (the bind path). Idempotent for a pod
@@ -87,8 +98,19 @@ impl NodeLedger {
         if let Some(h) = self.holdings.get(&pod.uid) {
             return Ok(h.placement.clone());
         }
-        let (placement, _) =
-            packing::place(scorer, &self.node, &self.usage, &demand, &mut self.memo)?;
+        let placement = self.plan(scorer, &demand)?;
+        Ok(self.commit(pod, demand, placement))
+    }
+
+    /// Where the packing would place `demand` here now, or why it cannot: nothing changes but the
+    /// memo (a cache), so the generation stays.
+    pub fn plan(&mut self, scorer: &Scorer, demand: &Demand) -> Result<Placement, Reason> {
+        packing::place(scorer, &self.node, &self.usage, demand, &mut self.memo).map(|(p, _)| p)
+    }
+
+    /// Records the holding of a placement [planned](Self::plan) at this generation.
+    pub fn commit(&mut self, pod: PodRef, demand: Demand, placement: Placement) -> Placement {
+        self.generation += 1;
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             pod.uid.clone(),
@@ -104,7 +126,7 @@ impl NodeLedger {
                 placement: placement.clone(),
             }),
         );
-        Ok(placement)
+        placement
     }
 
     /// Records what the API says a pod holds, whether or not it fits (the API is the truth; a pod
@@ -113,6 +135,28 @@ impl NodeLedger {
     /// A reservation first recorded from the API takes the place of its GPU's stand-ins (whose
     /// UIDs are returned, for the caller's index).
     pub fn record(&mut self, observed: &ObservedPod) -> Vec<String> {
+        self.record_planned(observed, None)
+    }
+
+    /// The placement a pod recorded from the API would get here now (`None` when it is held here
+    /// already), with the generation it was planned at: [`Self::record_planned`] takes it while
+    /// the generation holds.
+    pub fn plan_record(&self, observed: &ObservedPod) -> Option<(u64, Placement)> {
+        (!self.holdings.contains_key(&observed.pod.uid)).then(|| {
+            (
+                self.generation,
+                self.placement_for(&observed.demand, observed.gpus.as_deref()),
+            )
+        })
+    }
+
+    /// [`Self::record`], with the placement planned by [`Self::plan_record`] when nothing has
+    /// changed here since (else it is planned again).
+    pub fn record_planned(
+        &mut self,
+        observed: &ObservedPod,
+        planned: Option<(u64, Placement)>,
+    ) -> Vec<String> {
         let uid = &observed.pod.uid;
         let replaced = match observed.demand.gpu {
             GpuDemand::Reserve { gpu, .. }
@@ -122,7 +166,10 @@ impl NodeLedger {
             }
             _ => Vec::new(),
         };
-        self.record_one(observed);
+        let planned = planned
+            .filter(|(generation, _)| *generation == self.generation)
+            .map(|(_, p)| p);
+        self.record_one(observed, planned);
         replaced
     }
 
@@ -143,14 +190,16 @@ impl NodeLedger {
         gone
     }
 
-    fn record_one(&mut self, observed: &ObservedPod) {
+    fn record_one(&mut self, observed: &ObservedPod, planned: Option<Placement>) {
         if self.holdings.contains_key(&observed.pod.uid) {
             if let Some(gpus) = &observed.gpus {
                 self.refresh(&observed.pod.uid, gpus);
             }
             return;
         }
-        let placement = self.placement_for(&observed.demand, observed.gpus.as_deref());
+        let placement = planned
+            .unwrap_or_else(|| self.placement_for(&observed.demand, observed.gpus.as_deref()));
+        self.generation += 1;
         packing::apply(&mut self.usage, &placement);
         self.holdings.insert(
             observed.pod.uid.clone(),
@@ -235,6 +284,7 @@ impl NodeLedger {
         )
         .ok()?;
         let mut h = self.release(uid)?;
+        self.generation += 1;
         h.placement = placement;
         packing::apply(&mut self.usage, &h.placement);
         let gpus = h.placement.gpus.clone();
@@ -245,6 +295,7 @@ impl NodeLedger {
     /// Releases a pod's holding here.
     pub fn release(&mut self, uid: &str) -> Option<Holding> {
         let h = self.holdings.remove(uid)?;
+        self.generation += 1;
         packing::unapply(&mut self.usage, &h.placement);
         Some(*h)
     }
@@ -256,15 +307,20 @@ impl NodeLedger {
             return;
         }
         let holdings = std::mem::take(&mut self.holdings);
+        let generation = self.generation + 1;
         *self = NodeLedger::new(node);
+        self.generation = generation;
         for h in holdings.into_values() {
             // As they were: stand-ins included (the index names them).
-            self.record_one(&ObservedPod {
-                pod: h.pod,
-                node: h.node,
-                demand: h.demand,
-                gpus: Some(h.placement.gpus),
-            });
+            self.record_one(
+                &ObservedPod {
+                    pod: h.pod,
+                    node: h.node,
+                    demand: h.demand,
+                    gpus: Some(h.placement.gpus),
+                },
+                None,
+            );
         }
     }
 
