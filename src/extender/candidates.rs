@@ -23,7 +23,7 @@
 
 use std::hash::Hasher;
 
-use k8s_openapi::api::core::v1::{Pod, Taint};
+use k8s_openapi::api::core::v1::Pod;
 
 /// Why kube-scheduler's own scores should choose among the tied nodes, read from the pod alone
 /// (`None`: nothing of the pod's for them to weigh).
@@ -79,20 +79,6 @@ fn terms<T>(list: &Option<Vec<T>>) -> usize {
     list.as_ref().map_or(0, Vec::len)
 }
 
-/// A node's `PreferNoSchedule` taints, as `key=value`, sorted: two nodes with the same list score
-/// alike in kube-scheduler's TaintToleration, whatever the pod tolerates. Empty for most nodes.
-pub fn soft_taints(taints: Option<&[Taint]>) -> Vec<String> {
-    let mut out: Vec<String> = taints
-        .into_iter()
-        .flatten()
-        .filter(|t| t.effect == "PreferNoSchedule")
-        .map(|t| format!("{}={}", t.key, t.value.as_deref().unwrap_or_default()))
-        .collect();
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// The node's place in the fixed order ties are broken by: the FNV-1a hash of its name (a
 /// specified hash, so every replica and every release orders nodes alike; nodes named in
 /// sequence land spread over the order, as in the replay's random permutation).
@@ -113,7 +99,7 @@ pub enum Pass {
 
 /// One node of the tier (the first in [`tie_order`]), unless the pod prefers something
 /// kube-scheduler's scores weigh (`preference`, from [`pod_preference`]) or the tied nodes differ
-/// in their [`soft_taints`] (`taints_of`). A tier of one is passed as one.
+/// in their [`crate::cache::node::soft_taints`] (`taints_of`). A tier of one is passed as one.
 pub fn pick<'a>(
     names: &[String],
     tier: &[bool],
@@ -252,16 +238,5 @@ mod tests {
         assert!(pod_preference(&owned("StatefulSet")).is_some());
         // A Job's pods are not spread by default.
         assert_eq!(pod_preference(&owned("Job")), None);
-    }
-
-    #[test]
-    fn soft_taints_are_the_prefer_no_schedule_ones_sorted() {
-        let taints: Vec<Taint> = serde_json::from_value(json!([
-            {"key": "b", "value": "2", "effect": "PreferNoSchedule"},
-            {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
-            {"key": "a", "effect": "PreferNoSchedule"}]))
-        .unwrap();
-        assert_eq!(soft_taints(Some(&taints)), vec!["a=", "b=2"]);
-        assert!(soft_taints(None).is_empty());
     }
 }

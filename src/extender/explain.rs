@@ -9,16 +9,17 @@
 //! saying, node by node, why none has room. The pod is not nudged: kube-scheduler requeues pods
 //! its own plugins refused when capacity frees. One event per distinct kube-scheduler message. (The task that writes the events is `sync::spawn_explainer`.)
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodSpec};
 use tokio::sync::mpsc;
 
+use crate::cache::Nodes;
 use crate::ledger;
 use crate::packing::Reason;
-use crate::sync::{lock, read, write};
+use crate::sync::lock;
 
 /// The event's reason.
 pub const EVENT_REASON: &str = "GpuShareUnschedulable";
@@ -33,10 +34,10 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// A pod to explain, and how many times it was weighed already.
 pub type Queued = (Arc<Pod>, u8);
 
-/// What the explainer keeps: GPU nodes' labels (to read a pod's node constraints), which
-/// kube-scheduler message each pod was last explained for, and where to send the next one.
+/// What the explainer keeps: which kube-scheduler message each pod was last explained for, and
+/// where to send the next one. It reads pods' node constraints against the nodes' labels
+/// ([`crate::cache::NodeFacts::labels`]).
 pub struct Explainer {
-    labels: RwLock<HashMap<String, BTreeMap<String, String>>>,
     explained: moka::sync::Cache<String, String>,
     queue: Mutex<Option<mpsc::Sender<Queued>>>,
 }
@@ -44,7 +45,6 @@ pub struct Explainer {
 impl Default for Explainer {
     fn default() -> Self {
         Explainer {
-            labels: RwLock::new(HashMap::new()),
             explained: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(Duration::from_secs(3600))
@@ -55,19 +55,6 @@ impl Default for Explainer {
 }
 
 impl Explainer {
-    /// A GPU node's labels (`None`: the node is gone or has no GPUs).
-    pub fn set_labels(&self, node: &str, labels: Option<BTreeMap<String, String>>) {
-        let mut l = write(&self.labels);
-        match labels {
-            Some(labels) => {
-                l.insert(node.to_string(), labels);
-            }
-            None => {
-                l.remove(node);
-            }
-        }
-    }
-
     /// The pods to explain, from now on.
     pub fn subscribe(&self) -> mpsc::Receiver<Queued> {
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -98,33 +85,33 @@ impl Explainer {
             .as_ref()
             .is_some_and(|tx| tx.try_send(queued).is_ok())
     }
+}
 
-    /// The GPU nodes a pod's nodeSelector and required node affinity allow.
-    /// The GPU nodes the pod's nodeSelector picks, whatever its node affinity says (the
-    /// affinity gpu-share writes for shares names GFD labels a DRA node never has).
-    pub fn selected_by_node_selector(&self, spec: &PodSpec) -> Vec<String> {
-        let mut names: Vec<String> = read(&self.labels)
-            .iter()
-            .filter(|(_, labels)| {
-                spec.node_selector
-                    .as_ref()
-                    .is_none_or(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)))
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
-        names.sort();
-        names
-    }
+/// The nodes the pod's nodeSelector picks, whatever its node affinity says (the affinity
+/// gpu-share writes for shares names GFD labels a DRA node never has), sorted.
+pub fn selected_by_node_selector(nodes: &Nodes, spec: &PodSpec) -> Vec<String> {
+    let mut names: Vec<String> = nodes
+        .iter()
+        .filter(|(_, f)| {
+            spec.node_selector
+                .as_ref()
+                .is_none_or(|s| s.iter().all(|(k, v)| f.labels.get(k) == Some(v)))
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.sort();
+    names
+}
 
-    pub fn candidates(&self, spec: &PodSpec) -> Vec<String> {
-        let mut names: Vec<String> = read(&self.labels)
-            .iter()
-            .filter(|(name, labels)| selects(spec, name, labels))
-            .map(|(name, _)| name.clone())
-            .collect();
-        names.sort();
-        names
-    }
+/// The nodes a pod's nodeSelector and required node affinity allow, sorted.
+pub fn candidates(nodes: &Nodes, spec: &PodSpec) -> Vec<String> {
+    let mut names: Vec<String> = nodes
+        .iter()
+        .filter(|(name, f)| selects(spec, name, &f.labels))
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The kube-scheduler message of a gpu-share pod refused without a word from gpu-share: it

@@ -144,7 +144,7 @@ fn verdicts(
                 None => Ok(score),
             },
             Some(Err(r)) => Err(r),
-            None if ext.mode() == Mode::Cluster || ext.is_non_gpu(name) => Err(Reason::NotGpuNode),
+            None if ext.mode() == Mode::Cluster || ext.knows_node(name) => Err(Reason::NotGpuNode),
             None => Err(Reason::UnknownNode),
         })
         .collect()
@@ -299,10 +299,10 @@ pub fn filter(
         if candidates != Candidates::One {
             (tier, "")
         } else {
-            let taints = ext.soft_taints();
+            let nodes = ext.nodes();
             let preference = candidates::pod_preference(&pod);
             match candidates::pick(names, &tier, preference, |n| {
-                taints.get(n).map(Vec::as_slice)
+                nodes.get(n).map(|f| f.soft_taints.as_slice())
             }) {
                 candidates::Pass::One(i) => ((0..names.len()).map(|j| j == i).collect(), ""),
                 candidates::Pass::Tier(why) => (tier, why),
@@ -639,13 +639,17 @@ pub async fn nodes_handler(State(state): State<Context>) -> Response {
     };
     let policy = state.policy.current();
     let reservations = super::report::by_node(ext.reservations.pods());
+    let nodes = ext.nodes();
     let reports: Vec<NodeReport> = ext
         .ledger()
         .snapshot()
         .values()
         .map(|nl| {
             let r = reservations.get(&nl.node.name).map(Vec::as_slice);
-            report(nl, &policy.mig, r.unwrap_or_default())
+            NodeReport {
+                cordoned: nodes.get(&nl.node.name).is_some_and(|f| f.cordoned),
+                ..report(nl, &policy.mig, r.unwrap_or_default())
+            }
         })
         .collect();
     axum::Json(reports).into_response()

@@ -76,6 +76,9 @@ pub struct NodeReport {
     /// node's part of `gpu_share_fragmented_gpu_milli`); absent when no request is known yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragmented_gpus: Option<f64>,
+    /// Cordoned (`spec.unschedulable`): kube-scheduler places nothing new here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordoned: bool,
 }
 
 /// What can hold a budgeted share's memory on a node: the driver's limit, the device plugin's
@@ -345,6 +348,7 @@ pub fn report(
             })
             .collect(),
         fragmented_gpus: None,
+        cordoned: false,
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use super::online::warm_memos;
 pub use super::online::{Online, WARM_IN_BACKGROUND_NODES, WORKLOAD_WINDOW};
+use crate::cache::{NodeFacts, Nodes};
 use crate::ledger::Ledger;
 use crate::packing::{Demand, Homes, PackingPolicy, Scorer};
 use crate::sync::lock;
@@ -76,12 +77,9 @@ pub struct ExtenderState {
     /// its list (a later list is newer still), so this holds the changes of about one reconcile
     /// period, not every pod.
     touched: Mutex<std::collections::HashMap<String, Instant>>,
-    /// Nodes known to have no NVIDIA GPUs (`--dev`: from `--nodes` or full Node objects).
-    non_gpu: Mutex<std::collections::HashSet<String>>,
-    /// The `PreferNoSchedule` taints of the nodes that have some, from the node watch: filter
-    /// passes one node of a tie only where the tied nodes' are alike
-    /// ([`super::candidates::pick`]).
-    soft_taints: Mutex<std::collections::HashMap<String, Vec<String>>>,
+    /// Every node the API shows (in `--dev`, the nodes requests and `--nodes` give), one entry
+    /// each; the ledger keeps the GPU nodes' inventories.
+    nodes: RwLock<Nodes>,
     /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
     /// filter turned it away), or in `--dev` from filter.
     unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
@@ -131,8 +129,7 @@ impl ExtenderState {
             online: Arc::new(Mutex::new(Online::default())),
             synced: AtomicBool::new(mode == Mode::Dev),
             touched: Mutex::new(std::collections::HashMap::new()),
-            non_gpu: Mutex::new(std::collections::HashSet::new()),
-            soft_taints: Mutex::new(std::collections::HashMap::new()),
+            nodes: RwLock::new(Nodes::default()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
@@ -283,8 +280,7 @@ impl ExtenderState {
         }
     }
 
-    /// Learns nodes: GPU nodes go into the inventory, the others are remembered as non-GPU.
-    /// Returns the number of GPU nodes.
+    /// Learns nodes (`--dev`: from requests and `--nodes`). Returns the number of GPU nodes.
     pub fn learn_nodes(
         &self,
         nodes: &[k8s_openapi::api::core::v1::Node],
@@ -293,46 +289,63 @@ impl ExtenderState {
         let mut gpu = 0;
         for n in nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
-            self.set_soft_taints(&name, Some(n));
-            match crate::inventory::read_node(n, reading) {
-                Some(inv) => {
-                    lock(&self.non_gpu).remove(&name);
-                    self.ledger.upsert_node(inv);
-                    gpu += 1;
-                }
-                None => {
-                    lock(&self.non_gpu).insert(name.clone());
-                    self.ledger.remove_node(&name);
-                }
-            }
+            let (facts, inventory) = NodeFacts::read(n, reading);
+            gpu += usize::from(inventory.is_some());
+            self.apply_node(&name, facts, inventory);
         }
         gpu
     }
 
-    /// Keeps what the node shows of its `PreferNoSchedule` taints (`None`: the node is gone).
-    pub fn set_soft_taints(&self, name: &str, node: Option<&k8s_openapi::api::core::v1::Node>) {
-        let taints = super::candidates::soft_taints(
-            node.and_then(|n| n.spec.as_ref())
-                .and_then(|s| s.taints.as_deref()),
-        );
-        let mut known = lock(&self.soft_taints);
-        if taints.is_empty() {
-            known.remove(name);
-        } else {
-            known.insert(name.to_string(), taints);
-        }
+    /// The nodes as the API shows them, to read.
+    pub fn nodes(&self) -> std::sync::RwLockReadGuard<'_, Nodes> {
+        crate::sync::read(&self.nodes)
     }
 
-    /// The `PreferNoSchedule` taints of the nodes that have some, by name.
-    pub fn soft_taints(
+    /// A node added or changed ([`NodeFacts::read`]): its facts, and the inventory the ledger
+    /// packs onto (its device plugin's GPUs, else those NVIDIA's DRA driver publishes there).
+    pub fn apply_node(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<String>>> {
-        lock(&self.soft_taints)
+        name: &str,
+        facts: NodeFacts,
+        inventory: Option<crate::inventory::GpuNode>,
+    ) {
+        // Whether its DRA GPUs' shares are opted in, before they are read.
+        self.dra().declare_shares(name, facts.shares_declared);
+        let gpu = inventory.or_else(|| self.dra_gpu_node(name));
+        crate::sync::write(&self.nodes).apply(name, facts);
+        self.set_node(name, gpu);
     }
 
-    /// True when the node is known to have no NVIDIA GPUs.
-    pub fn is_non_gpu(&self, name: &str) -> bool {
-        lock(&self.non_gpu).contains(name)
+    /// A node deleted.
+    pub fn delete_node(&self, name: &str) {
+        self.dra().declare_shares(name, false);
+        crate::sync::write(&self.nodes).delete(name);
+        self.set_node(name, None);
+    }
+
+    /// A relist of the nodes showed `listed` (applied one by one before): every other node is
+    /// gone, from the nodes and the ledger alike. Returns how many went.
+    pub fn reset_nodes(&self, listed: &std::collections::HashSet<String>) -> usize {
+        let mut gone: std::collections::BTreeSet<String> = crate::sync::write(&self.nodes)
+            .reset(listed)
+            .into_iter()
+            .collect();
+        gone.extend(
+            self.ledger
+                .node_names()
+                .into_iter()
+                .filter(|n| !listed.contains(n)),
+        );
+        for name in &gone {
+            self.dra().declare_shares(name, false);
+            self.set_node(name, None);
+        }
+        gone.len()
+    }
+
+    /// True when the node is known (from the API, or in `--dev` from requests and `--nodes`).
+    pub fn knows_node(&self, name: &str) -> bool {
+        self.nodes().get(name).is_some()
     }
 
     pub fn is_synced(&self) -> bool {

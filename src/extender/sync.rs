@@ -16,6 +16,7 @@ use tokio::sync::watch::Receiver;
 pub use super::listed::{Listed, list_compact};
 use super::state::{ExtenderState, Released};
 use super::waiting::pods_to_nudge;
+use crate::cache::NodeFacts;
 use crate::cluster::watch;
 use crate::inventory;
 use crate::ledger;
@@ -105,41 +106,20 @@ impl ExtenderState {
                 if let Some(seen) = relist.seen.as_mut() {
                     seen.insert(name.clone());
                 }
-                let labels = n.metadata.labels.clone().unwrap_or_default();
-                // A node no device plugin serves may have GPUs NVIDIA's DRA driver publishes;
-                // its labels say whether the policy opts its consumable shares in.
-                self.dra().declare_shares(
-                    &name,
-                    inventory::declares_time_slicing(&labels, &reading.declared),
-                );
-                let gpu_node =
-                    inventory::read_node(&n, reading).or_else(|| self.dra_gpu_node(&name));
-                // Every node's labels: a node without a device plugin's GPUs may turn out to
-                // have DRA ones once its slices are seen (the explainer weighs GPU nodes only).
-                self.explainer().set_labels(&name, Some(labels));
-                self.set_soft_taints(&name, Some(&n));
-                self.set_node(&name, gpu_node);
+                let (facts, inventory) = NodeFacts::read(&n, reading);
+                self.apply_node(&name, facts, inventory);
                 false
             }
             Event::Delete(n) => {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
                 self.touch(format!("node/{name}"));
-                self.dra().declare_shares(name, false);
-                self.explainer().set_labels(name, None);
-                self.set_soft_taints(name, None);
-                self.set_node(name, None);
+                self.delete_node(name);
                 false
             }
             Event::InitDone => {
                 if let Some(seen) = relist.seen.take() {
                     relist.done("nodes", seen.len(), self.ledger().uids_len());
-                    for name in self.ledger().node_names() {
-                        if !seen.contains(&name) {
-                            self.explainer().set_labels(&name, None);
-                            self.set_soft_taints(&name, None);
-                            self.set_node(&name, None);
-                        }
-                    }
+                    self.reset_nodes(&seen);
                 }
                 true
             }
@@ -589,7 +569,7 @@ async fn explain_one(
         return true;
     };
     let gpu_node = |n: &String| ext.ledger().with_node(n, |_| ()).is_some();
-    let mut names = ext.explainer().candidates(spec);
+    let mut names = super::explain::candidates(&ext.nodes(), spec);
     names.retain(gpu_node);
     if names.is_empty()
         && matches!(
@@ -599,9 +579,7 @@ async fn explain_one(
     {
         // A share's affinity names GFD's sharing labels, which a DRA node never has: the DRA
         // nodes its nodeSelector picks are where it was meant to go, and their refusal says why.
-        names = ext
-            .explainer()
-            .selected_by_node_selector(spec)
+        names = super::explain::selected_by_node_selector(&ext.nodes(), spec)
             .into_iter()
             .filter(|n| {
                 ext.ledger()
@@ -907,6 +885,53 @@ mod tests {
         );
         e.apply_node_event(&mut r, Event::InitDone, &"nvidia.com/gpu".into());
         assert_eq!(e.ledger().node_names(), vec!["g1"]);
+    }
+
+    /// A relist forgets every node it did not show, with all it knew of it: a node without GPUs
+    /// too, whose labels and taints a relist used to leave behind (it walked the ledger's nodes
+    /// only, and filter kept reading the gone node's taints).
+    #[test]
+    fn a_relist_forgets_every_node_it_did_not_show_gpus_or_not() {
+        let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
+        let reading: inventory::Reading = "nvidia.com/gpu".into();
+        let node = |v: serde_json::Value| -> Node { serde_json::from_value(v).unwrap() };
+        let gpu = node(json!({
+            "metadata": {"name": "g1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L40S",
+                                                   "nvidia.com/gpu.count": "4"}},
+            "spec": {"unschedulable": true},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}
+        }));
+        let cpu = node(json!({
+            "metadata": {"name": "cpu", "labels": {"pool": "web"}},
+            "spec": {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}
+        }));
+        let mut r = Relist::default();
+        e.apply_node_event(&mut r, Event::Apply(gpu), &reading);
+        e.apply_node_event(&mut r, Event::Apply(cpu), &reading);
+        assert!(e.nodes().get("g1").is_some_and(|f| f.cordoned));
+        assert_eq!(e.nodes().get("cpu").unwrap().soft_taints, ["spot="]);
+        assert_eq!(
+            super::super::explain::candidates(&e.nodes(), &Default::default()),
+            ["cpu", "g1"]
+        );
+        // The watch was cut; both went meanwhile, and the relist shows another node only.
+        e.apply_node_event(&mut r, Event::Init, &reading);
+        let other = node(json!({"metadata": {"name": "other"}}));
+        e.apply_node_event(&mut r, Event::InitApply(other), &reading);
+        assert!(e.apply_node_event(&mut r, Event::InitDone, &reading));
+        assert!(e.ledger().node_names().is_empty());
+        assert!(!e.knows_node("cpu") && !e.knows_node("g1"));
+        assert_eq!(
+            super::super::explain::candidates(&e.nodes(), &Default::default()),
+            ["other"]
+        );
+        // A deletion forgets it as well.
+        e.apply_node_event(
+            &mut r,
+            Event::Delete(node(json!({"metadata": {"name": "other"}}))),
+            &reading,
+        );
+        assert!(e.nodes().is_empty());
     }
 
     #[test]
