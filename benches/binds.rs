@@ -4,7 +4,7 @@
 //! `cargo bench --bench binds` (the `bench` profile; `THREADS=1,2,4 ROUNDS=5` to change it):
 //! - **Throughput.** 5,000 nodes of four kinds (time-sliced H100, whole A100, MPS L40S, MIG
 //!   A100), the `gpu-share` policy with a learnt workload. Each of T threads binds pods of mixed
-//!   classes to its own nodes (thread t takes nodes t, t + T, ...) through `Ledger::reserve`, the
+//!   classes to its own nodes (thread t takes nodes t, t + T, ...) through `Ledger::hold`, the
 //!   ledger half of bind, then releases them; binds per second for T = 1, 2 and 4, each the
 //!   median of ROUNDS rounds, with the range. Where binds serialize, T threads bind no faster
 //!   than one.
@@ -123,7 +123,7 @@ fn round(
                     let d = &demands[n];
                     let ok = ext
                         .ledger()
-                        .reserve(
+                        .hold(
                             scorer,
                             &names[n],
                             pod_ref(uid.clone()),

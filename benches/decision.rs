@@ -141,7 +141,7 @@ fn cluster() -> Cluster {
         let target = &names[rng.random_range(0..NODES)];
         if ext
             .ledger()
-            .reserve(&scorer, target, pod_ref(&format!("fill-{k}")), demand)
+            .hold(&scorer, target, pod_ref(&format!("fill-{k}")), demand)
             .is_ok()
         {
             placed += 1;
@@ -217,7 +217,7 @@ fn percentiles_stream(c: &Cluster) {
         if let Some(h) = best
             && c.ext
                 .ledger()
-                .reserve(&scorer, &h.host, pod_ref(&uid), demand)
+                .hold(&scorer, &h.host, pod_ref(&uid), demand)
                 .is_ok()
         {
             held.push_back(uid);
@@ -275,7 +275,7 @@ fn extender(cr: &mut Criterion) {
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     g.bench_function("bind_reserve", |b| {
         b.iter(|| {
-            let r = c.ext.ledger().reserve(
+            let r = c.ext.ledger().hold(
                 &scorer,
                 &c.names[0],
                 pod_ref("bind-probe"),

@@ -262,7 +262,7 @@ pub fn binds(data: &[u8]) {
                     name: uid,
                     priority: 0,
                 };
-                let _ = live.reserve(&scorer, node, pref, Demand::gpu(demand_of(a / 8, d)));
+                let _ = live.hold(&scorer, node, pref, Demand::gpu(demand_of(a / 8, d)));
             }
             5 | 6 => {
                 live.release(&uid);

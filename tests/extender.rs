@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::{fixture, post};
 use gpu_share::cli::Role;
-use gpu_share::extender::candidates::tie_order;
 use gpu_share::extender::state::{ExtenderState, Mode};
+use gpu_share::extender::tie_break::tie_order;
 use gpu_share::policy::{Candidates, PackingPolicyName, Policy};
 use gpu_share::server::{AppState, parse_nodes};
 use serde_json::{Value, json};

@@ -94,7 +94,7 @@ fn replay(inputs: &driver::Inputs) -> Counts {
         };
         if ext
             .ledger()
-            .reserve(&scorer, &names[best], who, pod.demand.clone())
+            .hold(&scorer, &names[best], who, pod.demand.clone())
             .is_ok()
         {
             placed += 1;

@@ -92,7 +92,7 @@ fn per_gpu_op() -> impl Strategy<Value = Op> {
                 memory_mib: m,
             }
         }),
-        (0u32..4, proptest::bool::ANY).prop_map(|(gpu, cdi_device)| GpuDemand::Reserve {
+        (0u32..4, proptest::bool::ANY).prop_map(|(gpu, cdi_device)| GpuDemand::ReservationPod {
             gpu,
             mps: false,
             cdi_device
@@ -202,7 +202,7 @@ const PER_GPU_OBJECTS: Api = Api {
 /// the pod gpu-share creates. `gpus`: the bind annotation.
 fn per_gpu_pod(uid: &str, node: &str, gpu: &GpuDemand, gpus: Option<String>) -> Pod {
     let mut p = match gpu {
-        GpuDemand::Reserve {
+        GpuDemand::ReservationPod {
             gpu,
             mps,
             cdi_device,
@@ -255,7 +255,7 @@ fn listed_pods(l: &Ledger) -> Vec<ObservedPod> {
     let mut out = Vec::new();
     l.for_each_node(|nl| {
         for h in nl.holdings.values() {
-            let gpus = (!matches!(h.demand.gpu, GpuDemand::Reserve { .. }))
+            let gpus = (!matches!(h.demand.gpu, GpuDemand::ReservationPod { .. }))
                 .then(|| h.placement.gpus_text());
             out.push(observed(&per_gpu_pod(
                 &h.pod.uid,
@@ -297,7 +297,7 @@ fn step(
                 })
                 .expect("node")
             });
-            let got = live.reserve(scorer, node, pref, demand).is_ok();
+            let got = live.hold(scorer, node, pref, demand).is_ok();
             if let Some(expected) = expected {
                 prop_assert_eq!(got, expected);
             }
@@ -372,7 +372,7 @@ proptest! {
                                 shared[*i as usize] = true;
                             }
                         }
-                        GpuDemand::Reserve { gpu, .. } => shared[*gpu as usize] = true,
+                        GpuDemand::ReservationPod { gpu, .. } => shared[*gpu as usize] = true,
                         _ => {
                             for (i, m) in &h.placement.gpus {
                                 milli[*i as usize] += m;
@@ -458,7 +458,7 @@ proptest! {
                     for (i, (node, demand)) in binds.into_iter().enumerate() {
                         let uid = format!("t{t}-{i}");
                         let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid.clone(), priority: 0 };
-                        if ledger.reserve(&scorer, &nodes[node as usize].name, pref, Demand::gpu(demand)).is_ok() {
+                        if ledger.hold(&scorer, &nodes[node as usize].name, pref, Demand::gpu(demand)).is_ok() {
                             ok.push(uid);
                         }
                     }
@@ -506,7 +506,7 @@ proptest! {
                 }
                 let uid = format!("p{pod}");
                 let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
-                let _ = live.reserve(&scorer, &nodes[node as usize].name, pref, demand);
+                let _ = live.hold(&scorer, &nodes[node as usize].name, pref, demand);
             } else if let Op::Delete { pod } = op {
                 live.release(&format!("p{pod}"));
             }

@@ -24,8 +24,8 @@ use kube::runtime::watcher::Event;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use gpu_share::cluster::reservations::CreateError;
-use gpu_share::extender::handlers::{BindPlan, reserve_for_bind};
+use gpu_share::cluster::reservation_api::CreateError;
+use gpu_share::extender::handlers::{BindPlan, hold_for_bind};
 use gpu_share::extender::on_its_way;
 use gpu_share::extender::state::binding::Binding;
 use gpu_share::extender::state::{ExtenderState, Mode};
@@ -436,17 +436,17 @@ fn apply<'a>(
             }
             let p = BindPod::of(&typed(&w.api[&uid].pod));
             let mut binding = e.begin_bind(&uid, node, true);
-            let (annotations, reserve) =
-                match reserve_for_bind(e, &mut binding, &w.policy, &p, node) {
-                    Ok(BindPlan::Reserved {
+            let (annotations, reservation) =
+                match hold_for_bind(e, &mut binding, &w.policy, &p, node) {
+                    Ok(BindPlan::Held {
                         annotations,
-                        reserve,
-                    }) => (annotations, reserve),
+                        reservation,
+                    }) => (annotations, reservation),
                     Ok(BindPlan::Plain) => return Err("a GPU pod read as plain".into()),
                     // Refused in words: nothing reserved.
                     Err(_) => return Ok(()),
                 };
-            if let Some((gpu, mps)) = reserve {
+            if let Some((gpu, mps)) = reservation {
                 let scorer = e.scorer(w.policy.policy.packing.policy.into());
                 let Ok(hold) = on_its_way::hold(e, &scorer, node, gpu, mps, false) else {
                     binding.abort();

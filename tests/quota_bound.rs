@@ -121,7 +121,7 @@ proptest! {
                 priority: 0,
             };
             let demand = Demand::gpu(demand_of_request(&request));
-            if ledger.reserve(&scorer, &nodes[*n].name, pod, demand).is_ok() {
+            if ledger.hold(&scorer, &nodes[*n].name, pod, demand).is_ok() {
                 let quantity = u64::from(request.gpu_milli());
                 let allocatable = Some(advertise::capacity(&nodes[*n]));
                 prop_assert!(

@@ -7,7 +7,7 @@ pub mod dra;
 #[cfg(test)]
 pub mod mock;
 pub mod quotas;
-pub mod reservations;
+pub mod reservation_api;
 pub mod skew;
 pub mod watch;
 

@@ -289,7 +289,7 @@ fn exclusive_pods_fit_free_gpus_and_a_full_node_says_so() {
     assert_eq!(refused, Reason::NoFreeGpus);
     assert_eq!(refused.message(), "not enough free whole GPUs");
     // Bind of a pod its claim already stands for holds nothing more.
-    let placed = ledger.reserve(
+    let placed = ledger.hold(
         &scorer,
         node,
         PodRef {

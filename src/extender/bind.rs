@@ -11,10 +11,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::Context;
-use super::handlers::{BindPlan, NOT_SYNCED, ReserveError, begin, reserve_for_bind};
+use super::handlers::{BindPlan, HoldError, NOT_SYNCED, begin, hold_for_bind};
 use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
-use crate::cluster::reservations as api;
+use crate::cluster::reservation_api as api;
 use crate::ledger;
 
 pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response {
@@ -59,7 +59,7 @@ pub enum BindError {
     #[error("cannot resolve pod {key} (UID {uid}): it was not seen in filter or prioritize")]
     Unseen { key: String, uid: String },
     #[error(transparent)]
-    Reserve(#[from] ReserveError),
+    Hold(#[from] HoldError),
     #[error(
         "cannot bind pod {key} to {node}: the reservation of its GPU {gpu} was not created: {source}"
     )]
@@ -68,7 +68,7 @@ pub enum BindError {
         node: String,
         gpu: u32,
         #[source]
-        source: crate::cluster::reservations::CreateError,
+        source: crate::cluster::reservation_api::CreateError,
     },
     #[error(
         "binding pod {key} to {node}: {source}, and the pod could not be read back ({read}): it stays held on {node} until the API shows whether the binding took"
@@ -170,15 +170,15 @@ async fn bind(
     // Settled below: committed once the API has the binding, aborted when it failed. (An early
     // return reserved nothing.)
     let mut binding = ext.begin_bind(&args.pod_uid, &args.node, cluster.is_some());
-    let (annotations, reserve) =
-        match reserve_for_bind(ext, &mut binding, &policy, &pod, &args.node)? {
+    let (annotations, reservation) =
+        match hold_for_bind(ext, &mut binding, &policy, &pod, &args.node)? {
             BindPlan::Plain => (BTreeMap::new(), None),
-            BindPlan::Reserved {
+            BindPlan::Held {
                 annotations,
-                reserve,
-            } => (annotations, reserve),
+                reservation,
+            } => (annotations, reservation),
         };
-    if let (Some(c), Some((gpu, mps))) = (cluster, reserve) {
+    if let (Some(c), Some((gpu, mps))) = (cluster, reservation) {
         let mut template = (*state.reservations).clone();
         template.runtime_class = policy.policy.runtime_class_name.clone();
         // A time-sliced reservation writes its GPU's CDI device where the policy says so, or where
@@ -200,7 +200,7 @@ async fn bind(
             Ok(h) => h,
             Err(reason) => {
                 binding.abort();
-                return Err(BindError::Reserve(ReserveError::NoLongerFits {
+                return Err(BindError::Hold(HoldError::NoLongerFits {
                     node: args.node.clone(),
                     key,
                     reason,
@@ -208,7 +208,8 @@ async fn bind(
             }
         };
         let created =
-            crate::cluster::reservations::create(c.client(), &args.node, gpu, mps, &template).await;
+            crate::cluster::reservation_api::create(c.client(), &args.node, gpu, mps, &template)
+                .await;
         on_its_way.settle(&created);
         if let Err(source) = created {
             binding.abort();
@@ -728,7 +729,7 @@ mod tests {
         // Two whole GPUs asked: one is all there is.
         let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
         let mut b = ext.begin_bind("w", "n1", false);
-        let placed = b.reserve(
+        let placed = b.hold(
             &scorer,
             ledger::PodRef {
                 uid: "w".into(),

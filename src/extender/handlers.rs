@@ -14,10 +14,10 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use super::candidates;
 use super::report::{NodeReport, report};
 use super::state::binding::Binding;
 use super::state::{ExtenderState, Mode};
+use super::tie_break;
 
 use super::Context;
 use super::wire::{self, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList};
@@ -300,12 +300,12 @@ pub fn filter(
             (tier, "")
         } else {
             let nodes = ext.nodes();
-            let preference = candidates::pod_preference(&pod);
-            match candidates::pick(names, &tier, preference, |n| {
+            let preference = tie_break::pod_preference(&pod);
+            match tie_break::pick(names, &tier, preference, |n| {
                 nodes.get(n).map(|f| f.soft_taints.as_slice())
             }) {
-                candidates::Pass::One(i) => ((0..names.len()).map(|j| j == i).collect(), ""),
-                candidates::Pass::Tier(why) => (tier, why),
+                tie_break::Pass::One(i) => ((0..names.len()).map(|j| j == i).collect(), ""),
+                tie_break::Pass::Tier(why) => (tier, why),
             }
         }
     } else {
@@ -447,19 +447,19 @@ pub fn raw_scores(
 pub enum BindPlan {
     /// Nothing to account (the pod asks no GPU); bind as is.
     Plain,
-    /// Recorded; bind with these annotations, after creating the reservation of GPU
-    /// `reserve` of the node when it has none yet (a share in per-GPU form on a GPU that
+    /// Held; bind with these annotations, after creating the reservation of GPU
+    /// `reservation` of the node when it has none yet (a share in per-GPU form on a GPU that
     /// holds no share).
-    Reserved {
+    Held {
         annotations: BTreeMap<String, String>,
         /// The GPU, and whether its reservation runs the GPU's MPS daemon (an MPS share).
-        reserve: Option<(u32, bool)>,
+        reservation: Option<(u32, bool)>,
     },
 }
 
 /// Why bind cannot hold a pod on its node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReserveError {
+pub enum HoldError {
     #[error(transparent)]
     Demand(#[from] ledger::DemandError),
     #[error("node {node} can no longer hold pod {key}: {}", .reason.message())]
@@ -471,13 +471,13 @@ pub enum ReserveError {
 }
 
 /// The ledger half of bind: re-check the fit and reserve the holding.
-pub fn reserve_for_bind(
+pub fn hold_for_bind(
     ext: &ExtenderState,
     binding: &mut Binding<'_>,
     policy: &LoadedPolicy,
     pod: &ledger::BindPod,
     node: &str,
-) -> Result<BindPlan, ReserveError> {
+) -> Result<BindPlan, HoldError> {
     let Some(mut demand) = pod.demand.clone()? else {
         return Ok(BindPlan::Plain);
     };
@@ -504,8 +504,8 @@ pub fn reserve_for_bind(
             nl.node.mode_source == crate::inventory::ModeSource::Dra
         })
         .unwrap_or(false);
-    match binding.reserve(&scorer, pod.pod.clone(), demand) {
-        Ok(p) => Ok(BindPlan::Reserved {
+    match binding.hold(&scorer, pod.pod.clone(), demand) {
+        Ok(p) => Ok(BindPlan::Held {
             annotations: (!dra)
                 .then(|| (ledger::ANNOTATION_GPUS.to_string(), p.gpus_text()))
                 .into_iter()
@@ -513,7 +513,7 @@ pub fn reserve_for_bind(
                 .collect(),
             // The ledger now holds this share on the GPU, so no whole-GPU pod gets it while
             // the reservation starts; a bind racing this one meets it on AlreadyExists.
-            reserve: p
+            reservation: p
                 .gpus
                 .first()
                 .map(|(i, _)| *i)
@@ -528,7 +528,7 @@ pub fn reserve_for_bind(
                 })
                 .map(|i| (i, mps)),
         }),
-        Err(reason) => Err(ReserveError::NoLongerFits {
+        Err(reason) => Err(HoldError::NoLongerFits {
             node: node.to_string(),
             key: pod.key.clone(),
             reason,

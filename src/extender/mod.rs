@@ -1,7 +1,6 @@
 //! The kube-scheduler extender: wire types, live state and the four verbs.
 
 pub mod bind;
-pub mod candidates;
 pub mod config;
 pub mod dra;
 pub mod explain;
@@ -12,9 +11,10 @@ mod online;
 pub mod pending;
 pub mod preempt;
 pub mod report;
-pub mod reserve;
+pub mod reservation_controller;
 pub mod state;
 pub mod sync;
+pub mod tie_break;
 pub mod waiting;
 pub mod wire;
 

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::state::ExtenderState;
 use super::state::binding::Binding;
-use crate::cluster::reservations::CreateError;
+use crate::cluster::reservation_api::CreateError;
 use crate::ledger::{PodRef, stand_in_uid};
 use crate::packing::{Demand, GpuDemand, Reason, Scorer};
 
@@ -46,7 +46,7 @@ pub fn hold<'a>(
 ) -> Result<OnItsWay<'a>, Reason> {
     let uid = stand_in_uid(node, gpu, SERIAL.fetch_add(1, Ordering::Relaxed));
     let mut binding = ext.begin_bind(&uid, node, true);
-    binding.reserve(
+    binding.hold(
         scorer,
         PodRef {
             uid: uid.clone(),
@@ -54,7 +54,7 @@ pub fn hold<'a>(
             name: crate::reservation::name(node, gpu),
             priority: 0,
         },
-        Demand::gpu(GpuDemand::Reserve {
+        Demand::gpu(GpuDemand::ReservationPod {
             gpu,
             mps,
             cdi_device,
@@ -92,7 +92,7 @@ impl OnItsWay<'_> {
             .with_node(&self.node, |nl| {
                 nl.holdings.iter().any(|(uid, h)| {
                     !uid.starts_with(crate::ledger::STAND_IN)
-                        && matches!(h.demand.gpu, GpuDemand::Reserve { gpu, .. } if gpu == self.gpu)
+                        && matches!(h.demand.gpu, GpuDemand::ReservationPod { gpu, .. } if gpu == self.gpu)
                 })
             })
             .unwrap_or(false)
@@ -127,7 +127,7 @@ mod tests {
     fn take_whole(ext: &ExtenderState, uid: &str) -> Result<Vec<u32>, Reason> {
         let scorer = Scorer::new(PackingPolicy::Binpack);
         let mut b = ext.begin_bind(uid, "n1", true);
-        let p = b.reserve(
+        let p = b.hold(
             &scorer,
             PodRef {
                 uid: uid.into(),
@@ -150,7 +150,7 @@ mod tests {
                 priority: 0,
             },
             node: "n1".into(),
-            demand: Demand::gpu(GpuDemand::Reserve {
+            demand: Demand::gpu(GpuDemand::ReservationPod {
                 gpu,
                 mps: false,
                 cdi_device: false,

@@ -1,6 +1,6 @@
 //! The extender's live state: one [`NodeLedger`] per node behind its own lock (binds to one node
 //! are serialized, binds to different nodes place in parallel and meet only to record the holding,
-//! [`Ledger::reserve`]; no lock is held across I/O), the
+//! [`Ledger::hold`]; no lock is held across I/O), the
 //! pods seen in filter/prioritize (for bind), allocations bound but not yet seen in the API (a
 //! moka cache whose expiry frees them), the pods waiting for capacity (for requeue) and the
 //! recent workload.
@@ -91,7 +91,7 @@ pub struct ExtenderState {
     /// The resource sets already warned about as bound without the extender (once each).
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
     /// The reservation pods, as the reservation controller's watch sees them.
-    pub reservations: crate::cluster::reservations::Seen,
+    pub reservations: crate::cluster::reservation_api::Seen,
     /// Binds whose outcome the API has not told yet ([`binding::Binding::doubt`]): UID -> node.
     doubt: Mutex<std::collections::HashMap<String, String>>,
     /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
@@ -770,7 +770,7 @@ mod tests {
             name: "x".into(),
             priority: 0,
         };
-        a.reserve(&scorer, pref, d(70)).unwrap();
+        a.hold(&scorer, pref, d(70)).unwrap();
         // A 50% request no longer fits on a (30% free there); b is empty; the plain node is of
         // another class and does not count.
         let nodes = vec![a, b, plain];

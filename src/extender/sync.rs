@@ -720,7 +720,7 @@ mod tests {
             priority: 0,
         };
         let mut b = e.begin_bind(uid, "n1", true);
-        b.reserve(
+        b.hold(
             &scorer,
             pref,
             crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 1 }),

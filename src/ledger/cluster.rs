@@ -8,8 +8,8 @@ use crate::inventory::GpuNode;
 use crate::packing::{Demand, Placement, Reason, Scorer};
 use crate::sync::lock;
 
-use super::demand::*;
 use super::node::*;
+use super::pod_read::*;
 
 type ReleaseListener = Box<dyn Fn(&Holding) + Send + Sync>;
 
@@ -21,7 +21,7 @@ pub const PARALLEL_CHUNK: usize = 512;
 /// within a watch event; an API that refused it is retried after this).
 pub const VICTIMS_LEAVING: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How many times [`Ledger::reserve`] places a pod under the node's lock alone before it places
+/// How many times [`Ledger::hold`] places a pod under the node's lock alone before it places
 /// it under the index's too: each retry means another change on that node was recorded first.
 pub const PLACE_TRIES: u32 = 4;
 
@@ -31,7 +31,7 @@ pub type NodeVictim = (String, String);
 /// The cluster's ledger: one [`NodeLedger`] per node behind its own lock, and an index of which
 /// node holds each pod behind another. A placement runs under its node's lock alone, so binds to
 /// different nodes place in parallel; the index's lock is taken to record it, and no lock is held
-/// across two nodes' placements ([`Ledger::reserve`]). The extender, `gpu-share status` and the
+/// across two nodes' placements ([`Ledger::hold`]). The extender, `gpu-share status` and the
 /// tests share this one type.
 #[derive(Default)]
 pub struct Ledger {
@@ -332,7 +332,7 @@ impl Ledger {
     /// if nothing changed on the node meanwhile. If something did, it is placed again, up to
     /// [`PLACE_TRIES`] times; after that, once more under both locks. The index's lock is held
     /// for bookkeeping only: never across a placement, in the common case.
-    pub fn reserve(
+    pub fn hold(
         &self,
         scorer: &Scorer,
         node: &str,
@@ -389,7 +389,7 @@ impl Ledger {
                         }
                         continue;
                     }
-                    None => nl.reserve(scorer, pod, demand),
+                    None => nl.hold(scorer, pod, demand),
                 }
             };
             drop(nl);
@@ -602,7 +602,7 @@ mod tests {
         is_locked.recv().unwrap();
         let waiting = {
             let (l, scorer) = (l.clone(), scorer.clone());
-            std::thread::spawn(move || l.reserve(&scorer, "n0", pod("a"), share(250)))
+            std::thread::spawn(move || l.hold(&scorer, "n0", pod("a"), share(250)))
         };
         // Long enough for the waiting bind to reach n0's lock; had it not yet, the bind below
         // would pass on the old code too, never fail on this one.
@@ -611,7 +611,7 @@ mod tests {
         let other = {
             let (l, scorer) = (l.clone(), scorer.clone());
             std::thread::spawn(move || {
-                done.send(l.reserve(&scorer, "n1", pod("b"), share(250)))
+                done.send(l.hold(&scorer, "n1", pod("b"), share(250)))
                     .unwrap()
             })
         };
@@ -653,7 +653,7 @@ mod tests {
                                 gpus: None,
                             }),
                             _ => {
-                                let _ = l.reserve(&scorer, &node, pod(&uid), share(250));
+                                let _ = l.hold(&scorer, &node, pod(&uid), share(250));
                             }
                         }
                     }

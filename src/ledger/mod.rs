@@ -7,17 +7,17 @@
 //! - [`cluster`]: [`Ledger`], the cluster's, with a lock per node and a listener on release.
 
 mod cluster;
-mod demand;
 mod node;
+mod pod_read;
 
 pub use cluster::*;
-pub use demand::*;
 pub use node::*;
+pub use pod_read::*;
 
 #[cfg(test)]
 mod tests {
-    use super::demand::*;
     use super::node::*;
+    use super::pod_read::*;
     use super::*;
     use crate::inventory::Sharing;
     use crate::inventory::{self, GpuNode};
@@ -458,7 +458,7 @@ mod tests {
         let o = observed_holding(&pod(p.clone())).unwrap().unwrap();
         assert_eq!(
             o.demand.gpu,
-            GpuDemand::Reserve {
+            GpuDemand::ReservationPod {
                 gpu: 2,
                 mps: false,
                 cdi_device: false
@@ -529,8 +529,8 @@ mod tests {
             milli: 600,
             memory_mib: None,
         });
-        let p1 = l.reserve(&scorer, "n1", pref("a"), d.clone()).unwrap();
-        let p2 = l.reserve(&scorer, "n1", pref("b"), d.clone()).unwrap();
+        let p1 = l.hold(&scorer, "n1", pref("a"), d.clone()).unwrap();
+        let p2 = l.hold(&scorer, "n1", pref("b"), d.clone()).unwrap();
         assert_ne!(
             p1.gpus[0].0, p2.gpus[0].0,
             "second 60% goes to the other GPU"
@@ -538,21 +538,21 @@ mod tests {
         // A third 60% fits the node's budget (1.8 of 2 GPUs), but no GPU has 600 left: it is
         // refused, never stacked past a GPU's whole.
         assert_eq!(
-            l.reserve(&scorer, "n1", pref("c"), d.clone()),
+            l.hold(&scorer, "n1", pref("c"), d.clone()),
             Err(Reason::NoGpuWithRoom)
         );
         let small = Demand::gpu(GpuDemand::Timeslice {
             milli: 400,
             memory_mib: None,
         });
-        l.reserve(&scorer, "n1", pref("c"), small.clone()).unwrap();
-        l.reserve(&scorer, "n1", pref("e"), small.clone()).unwrap();
+        l.hold(&scorer, "n1", pref("c"), small.clone()).unwrap();
+        l.hold(&scorer, "n1", pref("e"), small.clone()).unwrap();
         assert_eq!(
-            l.reserve(&scorer, "n1", pref("d"), d.clone()),
+            l.hold(&scorer, "n1", pref("d"), d.clone()),
             Err(Reason::BudgetUsedUp)
         );
         // Idempotent.
-        assert_eq!(l.reserve(&scorer, "n1", pref("a"), d.clone()).unwrap(), p1);
+        assert_eq!(l.hold(&scorer, "n1", pref("a"), d.clone()).unwrap(), p1);
         // Rebuild from what the API would show.
         let observed: Vec<ObservedPod> = ["a", "b", "c", "e"]
             .iter()
@@ -569,7 +569,7 @@ mod tests {
         let rebuilt = Ledger::rebuild([n.clone()], &observed);
         assert_eq!(rebuilt.snapshot(), l.snapshot());
         l.release("a");
-        assert!(l.reserve(&scorer, "n1", pref("d"), d).is_ok());
+        assert!(l.hold(&scorer, "n1", pref("d"), d).is_ok());
         assert_eq!(l.with_node("n1", |nl| nl.within_capacity()), Some(true));
         assert_eq!(
             l.with_node("n1", |nl| nl.usage.gpu_milli.clone()),
@@ -822,12 +822,9 @@ mod tests {
             priority: p,
             ..pref(uid)
         };
-        nl.reserve(&scorer, with_prio("s1", 5), small.clone())
-            .unwrap();
-        nl.reserve(&scorer, with_prio("s2", 1), small.clone())
-            .unwrap();
-        nl.reserve(&scorer, with_prio("b1", 3), big.clone())
-            .unwrap();
+        nl.hold(&scorer, with_prio("s1", 5), small.clone()).unwrap();
+        nl.hold(&scorer, with_prio("s2", 1), small.clone()).unwrap();
+        nl.hold(&scorer, with_prio("b1", 3), big.clone()).unwrap();
         // The scheduler offered s1 and b1 for a 1g pod: only one 1g victim is needed, and b1
         // (another profile) does not help. s2 has the lowest priority but was not offered; the
         // offered s1 comes first.
@@ -866,7 +863,7 @@ mod tests {
             })
         };
         let mut nl = NodeLedger::new(mixed("1g.10gb", 14));
-        nl.reserve(&scorer, pref("old"), mig("1g.10gb")).unwrap();
+        nl.hold(&scorer, pref("old"), mig("1g.10gb")).unwrap();
         nl.set_node(mixed("3g.40gb", 4));
         assert_eq!(nl.holdings.len(), 1, "the pod on the old layout is kept");
         assert_eq!(crate::packing::stale_mig_devices(&nl.node, &nl.usage), 1);
@@ -874,12 +871,10 @@ mod tests {
             priority: 20,
             ..pref(uid)
         };
-        nl.reserve(&scorer, important("new1"), mig("3g.40gb"))
-            .unwrap();
-        nl.reserve(&scorer, important("new2"), mig("3g.40gb"))
-            .unwrap();
+        nl.hold(&scorer, important("new1"), mig("3g.40gb")).unwrap();
+        nl.hold(&scorer, important("new2"), mig("3g.40gb")).unwrap();
         assert_eq!(
-            nl.reserve(&scorer, pref("new3"), mig("3g.40gb")),
+            nl.hold(&scorer, pref("new3"), mig("3g.40gb")),
             Err(Reason::MigLayoutChanged)
         );
         assert!(Reason::MigLayoutChanged.resolvable());
@@ -890,10 +885,10 @@ mod tests {
             Some(vec!["old".to_string()])
         );
         nl.release("old");
-        nl.reserve(&scorer, pref("new3"), mig("3g.40gb")).unwrap();
-        nl.reserve(&scorer, pref("new4"), mig("3g.40gb")).unwrap();
+        nl.hold(&scorer, pref("new3"), mig("3g.40gb")).unwrap();
+        nl.hold(&scorer, pref("new4"), mig("3g.40gb")).unwrap();
         assert_eq!(
-            nl.reserve(&scorer, pref("new5"), mig("3g.40gb")),
+            nl.hold(&scorer, pref("new5"), mig("3g.40gb")),
             Err(Reason::MigProfileFull)
         );
     }
@@ -901,7 +896,7 @@ mod tests {
     #[test]
     fn set_node_keeps_holdings() {
         let mut nl = NodeLedger::new(GpuNode::whole("n", "H100", 2, 81559));
-        nl.reserve(
+        nl.hold(
             &Scorer::new(PackingPolicy::Binpack),
             pref("a"),
             Demand::gpu(GpuDemand::Whole { count: 1 }),

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::inventory::{self, GpuNode};
 use crate::packing::{self, Demand, FragMemo, GpuDemand, Placement, Reason, Scorer, Usage};
 
-use super::demand::*;
+use super::pod_read::*;
 
 /// What one pod holds on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,7 +55,7 @@ pub struct NodeLedger {
     #[serde(skip)]
     pub memo: packing::FragMemo,
     /// Counts the changes of its usage and holdings: a placement planned at one generation is
-    /// committed only at the same one ([`super::Ledger::reserve`] plans under this node's lock
+    /// committed only at the same one ([`super::Ledger::hold`] plans under this node's lock
     /// alone and commits under the index's).
     #[serde(skip)]
     generation: u64,
@@ -89,7 +89,7 @@ impl NodeLedger {
 
     /// Checks the fit and, if it fits, records the holding (the bind path). Idempotent for a pod
     /// already held here.
-    pub fn reserve(
+    pub fn hold(
         &mut self,
         scorer: &Scorer,
         pod: PodRef,
@@ -159,7 +159,7 @@ impl NodeLedger {
     ) -> Vec<String> {
         let uid = &observed.pod.uid;
         let replaced = match observed.demand.gpu {
-            GpuDemand::Reserve { gpu, .. }
+            GpuDemand::ReservationPod { gpu, .. }
                 if !uid.starts_with(STAND_IN) && !self.holdings.contains_key(uid) =>
             {
                 self.drop_stand_ins(gpu)
@@ -180,7 +180,7 @@ impl NodeLedger {
             .iter()
             .filter(|(uid, h)| {
                 uid.starts_with(STAND_IN)
-                    && matches!(h.demand.gpu, GpuDemand::Reserve { gpu: g, .. } if g == gpu)
+                    && matches!(h.demand.gpu, GpuDemand::ReservationPod { gpu: g, .. } if g == gpu)
             })
             .map(|(uid, _)| uid.clone())
             .collect();

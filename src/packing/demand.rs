@@ -26,7 +26,8 @@ pub enum GpuDemand {
     /// GPU through the device plugin (one `nvidia.com/gpu`) so that shares can use it; `mps`:
     /// it runs the GPU's MPS daemon, for MPS shares only; `cdi_device`: a time-sliced one that
     /// writes the GPU's CDI device (only such a reservation serves a share that takes it).
-    Reserve {
+    #[serde(rename = "reserve")]
+    ReservationPod {
         gpu: u32,
         mps: bool,
         cdi_device: bool,
@@ -43,7 +44,7 @@ impl GpuDemand {
             GpuDemand::Timeslice { .. } => "timeslice",
             GpuDemand::Mig { .. } => "mig",
             GpuDemand::Units { .. } => "device",
-            GpuDemand::Reserve { .. } => "reservation",
+            GpuDemand::ReservationPod { .. } => "reservation",
         }
     }
 
@@ -61,7 +62,7 @@ impl GpuDemand {
     /// MIG devices and device-plugin units count as whole GPUs each; no GPU is (0, 0).
     pub fn per_gpu(&self) -> (u32, u32) {
         match self {
-            GpuDemand::None | GpuDemand::Reserve { .. } => (0, 0),
+            GpuDemand::None | GpuDemand::ReservationPod { .. } => (0, 0),
             GpuDemand::Timeslice { milli, .. } | GpuDemand::Mps { milli, .. } => {
                 ((*milli).min(GPU_MILLI), 1)
             }
@@ -75,7 +76,7 @@ impl GpuDemand {
     /// (`3g.40gb` is 3/7 of a GPU), a device-plugin unit as a whole GPU.
     pub fn milli(&self) -> u64 {
         match self {
-            GpuDemand::None | GpuDemand::Reserve { .. } => 0,
+            GpuDemand::None | GpuDemand::ReservationPod { .. } => 0,
             GpuDemand::Whole { count } | GpuDemand::Units { count, .. } => {
                 u64::from(*count) * u64::from(GPU_MILLI)
             }
@@ -117,17 +118,17 @@ impl std::fmt::Display for GpuDemand {
             GpuDemand::Mig { profile, count: 1 } => write!(f, "mig-{profile}"),
             GpuDemand::Mig { profile, count } => write!(f, "mig-{profile},count={count}"),
             GpuDemand::Units { resource, count } => write!(f, "{resource} x{count}"),
-            GpuDemand::Reserve {
+            GpuDemand::ReservationPod {
                 gpu,
                 mps: false,
                 cdi_device: false,
             } => write!(f, "reservation of GPU {gpu}"),
-            GpuDemand::Reserve {
+            GpuDemand::ReservationPod {
                 gpu,
                 mps: false,
                 cdi_device: true,
             } => write!(f, "reservation of GPU {gpu} with its CDI device"),
-            GpuDemand::Reserve { gpu, mps: true, .. } => {
+            GpuDemand::ReservationPod { gpu, mps: true, .. } => {
                 write!(f, "reservation of GPU {gpu} with its MPS daemon")
             }
         }

@@ -636,7 +636,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
                 return Err(Reason::BudgetUsedUp);
             }
             // Units of a shared node are replicas, each its GPU's 1/replicas, handed out on the
-            // least-loaded GPUs (`candidates.rs`): none may pass 100% there. Handing each to the
+            // least-loaded GPUs (`placements.rs`): none may pass 100% there. Handing each to the
             // least-loaded GPU overfills one only once every GPU is too full for another, so
             // they fit exactly when the GPUs have room for `count` replicas between them.
             if matches!(
@@ -655,7 +655,7 @@ pub fn fit_gpu(node: &GpuNode, usage: &Usage, demand: &GpuDemand) -> Result<(), 
             }
             Ok(())
         }
-        GpuDemand::Reserve { gpu, mps, .. } => {
+        GpuDemand::ReservationPod { gpu, mps, .. } => {
             if node.sharing != Sharing::PerGpu {
                 Err(mismatch(node, "per-GPU sharing"))
             } else if *gpu >= node.gpus {

@@ -52,7 +52,7 @@ impl Shape {
         // MIG devices and device-plugin units are not shapes of the per-GPU model.
         if matches!(
             demand.gpu,
-            GpuDemand::Mig { .. } | GpuDemand::Units { .. } | GpuDemand::Reserve { .. }
+            GpuDemand::Mig { .. } | GpuDemand::Units { .. } | GpuDemand::ReservationPod { .. }
         ) {
             return None;
         }

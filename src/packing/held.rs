@@ -10,7 +10,7 @@ use crate::inventory::GpuNode;
 pub fn share_of(demand: &Demand) -> Share {
     let memory_mib = demand.driver_limit_mib;
     match demand.gpu {
-        GpuDemand::None | GpuDemand::Reserve { .. } => Share::Nothing,
+        GpuDemand::None | GpuDemand::ReservationPod { .. } => Share::Nothing,
         GpuDemand::Mig { .. } => Share::Mig,
         GpuDemand::Whole { .. } => Share::Whole,
         GpuDemand::Timeslice { .. } => Share::Timeslice { memory_mib },

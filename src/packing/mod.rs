@@ -11,15 +11,15 @@
 //!   enforced, as in the FGD paper.
 
 mod baselines;
-mod candidates;
 mod demand;
 mod fit;
 pub mod frag;
 mod held;
 mod homes;
+mod online_workload;
+mod placements;
 pub mod score;
 mod usage;
-mod workload;
 
 use crate::inventory::GpuNode;
 
@@ -27,15 +27,15 @@ pub use baselines::{
     MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, best_fit_score, dot_product_score,
     gpu_clustering_score, gpu_packing_score,
 };
-pub use candidates::*;
 pub use demand::*;
 pub use fit::*;
 pub use frag::FragMemo;
 pub use held::{memory_hold, share_of};
 pub use homes::{Homes, SCARCITY_EXPONENT};
+pub use online_workload::{OnlineWorkload, TYPICAL_COVERAGE, Workload};
+pub use placements::*;
 pub use score::{PackingPolicy, Scorer};
 pub use usage::*;
-pub use workload::{OnlineWorkload, TYPICAL_COVERAGE, Workload};
 
 /// Fits, then picks the placement the scorer likes best, reading (and keeping) the node's
 /// fragmentation before the placement in `memo`: the node's own, kept between decisions, or a
@@ -582,7 +582,7 @@ mod tests {
         n.sharing = Sharing::PerGpu;
         let mut u = Usage::empty(&n);
         let reserve = |gpu| {
-            Demand::gpu(GpuDemand::Reserve {
+            Demand::gpu(GpuDemand::ReservationPod {
                 gpu,
                 mps: false,
                 cdi_device: false,
@@ -645,7 +645,7 @@ mod tests {
             p
         };
         let reserve = |gpu, cdi_device| {
-            Demand::gpu(GpuDemand::Reserve {
+            Demand::gpu(GpuDemand::ReservationPod {
                 gpu,
                 mps: false,
                 cdi_device,
@@ -742,7 +742,7 @@ mod tests {
         assert_eq!(fit(&n, &u, &mps(25, 21)), Err(Reason::NoGpuWithMemory));
         // Reservations: one with a daemon fits only a GPU of MPS shares, and the other way.
         let reserve = |gpu, mps| {
-            Demand::gpu(GpuDemand::Reserve {
+            Demand::gpu(GpuDemand::ReservationPod {
                 gpu,
                 mps,
                 cdi_device: false,

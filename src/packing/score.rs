@@ -9,9 +9,9 @@ use super::baselines::{
     best_fit_gpu, best_fit_score, dot_product_score, gpu_clustering_score, gpu_packing_score,
     random_gpu,
 };
-use super::candidates::{candidates, for_each_candidate};
 use super::demand::{Demand, GPU_MILLI, GpuDemand};
 use super::frag::{Frag, FragMemo, Measure, Shape, TargetWorkload};
+use super::placements::{candidates, for_each_candidate};
 use super::usage::{Placement, Usage};
 use crate::inventory::{GpuNode, MigLayout, Sharing};
 

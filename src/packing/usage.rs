@@ -32,7 +32,7 @@ pub struct Usage {
     /// Per full GPU, the whole-GPU placements on it (exclusive pods, device-plugin units of an
     /// unshared node): a GPU held whole takes no share (the per-GPU model).
     pub whole: Vec<u32>,
-    /// Per full GPU, the reservations holding it for shares ([`GpuDemand::Reserve`]): on a node
+    /// Per full GPU, the reservations holding it for shares ([`GpuDemand::ReservationPod`]): on a node
     /// gpu-share shares per GPU, a reserved GPU is shared even with no share on it yet (or
     /// still, during the release grace), so never free for whole-GPU pods.
     pub reserved: Vec<u32>,
@@ -170,7 +170,7 @@ pub struct Placement {
     pub shared: bool,
     /// `gpus` are whole GPUs (exclusive pods, units of an unshared node).
     pub whole: bool,
-    /// A reservation holding this GPU for shares ([`GpuDemand::Reserve`]).
+    /// A reservation holding this GPU for shares ([`GpuDemand::ReservationPod`]).
     pub reserve: Option<u32>,
     /// The reservation writes its GPU's CDI device ([`Usage::without_device`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]

@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use tokio::sync::watch::Receiver;
 
 use super::advertise;
-use crate::extender::reserve::Leadership;
+use crate::extender::reservation_controller::Leadership;
 use crate::extender::state::ExtenderState;
 use crate::metrics::Metrics;
 use crate::shared::{PolicyStore, stopped};
@@ -84,7 +84,7 @@ pub fn spawn(
                 continue;
             }
             let (ns, name) = &leadership.lease;
-            let leads = match crate::cluster::reservations::leads(
+            let leads = match crate::cluster::reservation_api::leads(
                 &client,
                 ns,
                 name,

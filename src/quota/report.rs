@@ -17,7 +17,10 @@ pub fn of(ext: &ExtenderState, quotas: &[ResourceQuota]) -> Vec<NamespaceUse> {
     let mut held: Vec<(String, f64)> = Vec::new();
     ext.ledger().for_each_node(|nl| {
         for h in nl.holdings.values() {
-            if matches!(h.demand.gpu, crate::packing::GpuDemand::Reserve { .. }) {
+            if matches!(
+                h.demand.gpu,
+                crate::packing::GpuDemand::ReservationPod { .. }
+            ) {
                 continue;
             }
             held.push((h.pod.namespace.clone(), h.demand.gpu.gpus()));

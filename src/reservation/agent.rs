@@ -97,7 +97,7 @@ impl ReserveArgs {
 
 /// Why `gpu-share reserve` stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum ReserveError {
+pub enum AgentError {
     #[error("no Kubernetes configuration: {0}")]
     NoCluster(#[source] kube::Error),
     #[error("cannot write the GPU's UUID onto pod {namespace}/{name}: {source}")]
@@ -263,7 +263,7 @@ pub fn probe(library: &str) -> Result<Vec<String>, ProbeError> {
 }
 
 /// Runs the reservation: probe, publish, idle until SIGTERM (or fail in words).
-pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
+pub async fn run(args: &ReserveArgs) -> Result<(), AgentError> {
     // Listened for from the start: a SIGTERM while the reservation starts, or while it writes a
     // failure, is kept for the wait that follows.
     let mut stop = crate::signal::listen();
@@ -279,20 +279,18 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
             tracing::debug!(error = %e, path = %args.termination_log.display(), "no termination log");
         }
     }
-    let client = Client::try_default()
-        .await
-        .map_err(ReserveError::NoCluster)?;
+    let client = Client::try_default().await.map_err(AgentError::NoCluster)?;
     match outcome {
         Ok(uuid) => {
             let mps = match args.mps_settings() {
                 Ok(Some(settings)) => {
                     match super::mps::Daemon::start(&settings, &uuid, &args.nvml_library).await {
                         Ok(d) => Some(d),
-                        Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
+                        Err(e) => return fail(&client, args, AgentError::Mps(e)).await,
                     }
                 }
                 Ok(None) => None,
-                Err(e) => return fail(&client, args, ReserveError::Mps(e)).await,
+                Err(e) => return fail(&client, args, AgentError::Mps(e)).await,
             };
             // The device the shares name, once the daemon answers: written before the pipe (or,
             // time-sliced, the UUID) is published, removed before the daemon quits.
@@ -301,12 +299,12 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     Ok(path) => path,
                     Err(e) => {
                         d.release().await;
-                        return fail(&client, args, ReserveError::Cdi(e)).await;
+                        return fail(&client, args, AgentError::Cdi(e)).await;
                     }
                 },
                 (None, true) => match write_device(args, &uuid, None) {
                     Ok(path) => path,
-                    Err(e) => return fail(&client, args, ReserveError::Cdi(e)).await,
+                    Err(e) => return fail(&client, args, AgentError::Cdi(e)).await,
                 },
                 (None, false) => None,
             };
@@ -391,24 +389,20 @@ pub async fn run(args: &ReserveArgs) -> Result<(), ReserveError> {
                     // Failed for good: said on the pod (gpu-share moves the shares and removes
                     // the reservation), the GPU closed to new contexts until then.
                     remove_device();
-                    let failed = fail(&client, args, ReserveError::Mps(e)).await;
+                    let failed = fail(&client, args, AgentError::Mps(e)).await;
                     stop.wait().await;
                     daemon.release().await;
                     failed
                 }
             }
         }
-        Err(no_gpu) => fail(&client, args, ReserveError::NoGpu(no_gpu)).await,
+        Err(no_gpu) => fail(&client, args, AgentError::NoGpu(no_gpu)).await,
     }
 }
 
 /// A reservation that cannot hold its GPU: the reason on the pod, in its termination log and as
 /// an Event; the process then exits non-zero (the controller moves or evicts the shares).
-async fn fail(
-    client: &Client,
-    args: &ReserveArgs,
-    error: ReserveError,
-) -> Result<(), ReserveError> {
+async fn fail(client: &Client, args: &ReserveArgs, error: AgentError) -> Result<(), AgentError> {
     let why = error.to_string();
     tracing::error!("{why}");
     if let Err(e) = std::fs::write(&args.termination_log, &why) {
@@ -442,7 +436,7 @@ async fn publish(
     client: &Client,
     args: &ReserveArgs,
     state: Published<'_>,
-) -> Result<(), ReserveError> {
+) -> Result<(), AgentError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
     let patch = json!({"metadata": {"annotations": {
         model::ANNOTATION_UUID: state.uuid,
@@ -469,7 +463,7 @@ async fn publish(
                 delay = (delay * 2).min(Duration::from_secs(8));
             }
             Err(source) => {
-                return Err(ReserveError::Publish {
+                return Err(AgentError::Publish {
                     namespace: args.pod_namespace.clone(),
                     name: args.pod_name.clone(),
                     source,

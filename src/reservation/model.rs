@@ -284,7 +284,7 @@ pub fn reserved_gpu(
     let annotations = annotations?;
     let gpu = annotations.get(ANNOTATION_GPU)?.trim().parse().ok()?;
     let says = |k: &str| annotations.get(k).map(|v| v.trim()) == Some("true");
-    Some(crate::packing::GpuDemand::Reserve {
+    Some(crate::packing::GpuDemand::ReservationPod {
         gpu,
         mps: says(ANNOTATION_MPS),
         cdi_device: says(ANNOTATION_CDI_DEVICE),
@@ -371,7 +371,7 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some(crate::packing::GpuDemand::Reserve {
+            Some(crate::packing::GpuDemand::ReservationPod {
                 gpu: 3,
                 mps: false,
                 cdi_device: false
@@ -455,7 +455,7 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some(crate::packing::GpuDemand::Reserve {
+            Some(crate::packing::GpuDemand::ReservationPod {
                 gpu: 2,
                 mps: true,
                 cdi_device: false
@@ -505,7 +505,7 @@ mod tests {
         let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
         assert_eq!(
             reserved_gpu(NAMESPACE, typed.metadata.annotations.as_ref()),
-            Some(crate::packing::GpuDemand::Reserve {
+            Some(crate::packing::GpuDemand::ReservationPod {
                 gpu: 2,
                 mps: false,
                 cdi_device: true

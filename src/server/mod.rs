@@ -479,20 +479,20 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         crate::cluster::skew::spawn(c.client().clone());
     }
     let reservation_image =
-        crate::cluster::reservations::image(args.reservation_image.as_deref(), cluster.as_ref())
+        crate::cluster::reservation_api::image(args.reservation_image.as_deref(), cluster.as_ref())
             .await;
     let reservations = Arc::new(crate::reservation::Template {
         image: reservation_image,
         ..Default::default()
     });
     if let (Some(ext), Some(c)) = (&extender, &cluster) {
-        extender::reserve::spawn(
+        extender::reservation_controller::spawn(
             c.client().clone(),
             ext.clone(),
             store.clone(),
             reservations.clone(),
             metrics.clone(),
-            extender::reserve::Leadership::new(&args.leader_lease),
+            extender::reservation_controller::Leadership::new(&args.leader_lease),
             shutdown_rx.clone(),
         );
     }

@@ -150,7 +150,7 @@ pub(super) async fn connect(
                 store.clone(),
                 advertised,
                 metrics.clone(),
-                extender::reserve::Leadership::new(&args.leader_lease),
+                extender::reservation_controller::Leadership::new(&args.leader_lease),
                 shutdown.clone(),
             );
             extender::sync::spawn_reconcile(

@@ -390,7 +390,7 @@ fn with_reservations(
     let mut held = Vec::with_capacity(opens.len());
     for gpu in opens {
         let d = Demand {
-            gpu: GpuDemand::Reserve {
+            gpu: GpuDemand::ReservationPod {
                 gpu,
                 mps: p.mps,
                 cdi_device: false,

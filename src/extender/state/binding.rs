@@ -1,4 +1,4 @@
-//! A bind in progress, from the holding it reserves to its settling: committed, aborted, or
+//! A bind in progress, from the holding it takes to its settling: committed, aborted, or
 //! left in doubt until a read back says where the API has the pod.
 
 use std::time::Instant;
@@ -7,7 +7,7 @@ use super::{Assumed, ExtenderState};
 use crate::packing::{Demand, Scorer};
 use crate::sync::lock;
 
-/// A bind in progress: the holding it reserved, shielded in a cluster by an assumption until
+/// A bind in progress: the holding it took, shielded in a cluster by an assumption until
 /// the API shows the pod bound. Settled by [`Binding::commit`] or [`Binding::abort`]. Dropped
 /// unsettled (its request cancelled while the binding call was in flight), the outcome is
 /// unknown: the holding stays, and its assumption frees it after the assume TTL unless the API
@@ -18,17 +18,17 @@ pub struct Binding<'a> {
     uid: String,
     node: String,
     assume: bool,
-    reserved: bool,
+    held: bool,
     /// Whether the pod was marked waiting for a release when its bind began (the watch may
     /// show it bound, and unmark it, before the binding's answer comes back).
     was_waiting: bool,
 }
 
 impl Binding<'_> {
-    /// Re-checks the fit and reserves the demand on the node. In a cluster the pod is assumed
+    /// Re-checks the fit and holds the demand on the node. In a cluster the pod is assumed
     /// there first: a watch event of the still-unbound pod in between must not free it. When
-    /// nothing is reserved, there is nothing to shield and the assumption goes.
-    pub fn reserve(
+    /// nothing is held, there is nothing to shield and the assumption goes.
+    pub fn hold(
         &mut self,
         scorer: &Scorer,
         pod: crate::ledger::PodRef,
@@ -43,9 +43,9 @@ impl Binding<'_> {
                 },
             );
         }
-        let placed = self.ext.ledger.reserve(scorer, &self.node, pod, demand);
-        self.reserved = placed.is_ok();
-        if self.assume && !self.reserved {
+        let placed = self.ext.ledger.hold(scorer, &self.node, pod, demand);
+        self.held = placed.is_ok();
+        if self.assume && !self.held {
             self.ext.assumed.invalidate(&self.uid);
         }
         placed
@@ -58,7 +58,7 @@ impl Binding<'_> {
     pub fn commit(self) -> bool {
         let ext = self.ext;
         let was_waiting = self.was_waiting;
-        if self.assume && self.reserved {
+        if self.assume && self.held {
             ext.assumed.insert(
                 self.uid.clone(),
                 Assumed {
@@ -77,16 +77,16 @@ impl Binding<'_> {
     /// stay, in doubt until [`ExtenderState::resolve`] learns where the API has the pod (freed
     /// now, it could be capacity a bound pod holds that the watch has not shown yet).
     pub fn doubt(self) {
-        if self.reserved {
+        if self.held {
             lock(&self.ext.doubt).insert(self.uid.clone(), self.node.clone());
         }
     }
 
-    /// The binding failed: releases the holding this bind reserved, unless something confirmed
+    /// The binding failed: releases the holding this bind took, unless something confirmed
     /// it since (once the watch records the pod bound, it drops the assumption, and the holding
     /// is the pod's, not this bind's).
     pub fn abort(self) {
-        if !self.reserved {
+        if !self.held {
             return;
         }
         let ext = self.ext;
@@ -103,7 +103,7 @@ impl Binding<'_> {
 }
 
 impl ExtenderState {
-    /// Begins binding pod `uid` to `node`. In a cluster (`assume`), the holding bind reserves is
+    /// Begins binding pod `uid` to `node`. In a cluster (`assume`), the holding bind takes is
     /// assumed until the API shows the pod there. Settle it with [`Binding::commit`] or
     /// [`Binding::abort`].
     pub fn begin_bind(&self, uid: &str, node: &str, assume: bool) -> Binding<'_> {
@@ -112,7 +112,7 @@ impl ExtenderState {
             uid: uid.to_string(),
             node: node.to_string(),
             assume,
-            reserved: false,
+            held: false,
             was_waiting: self.waiting.contains(uid),
         }
     }

@@ -56,7 +56,7 @@ pub fn node_level(node: &GpuNode, demand: &Demand) -> Placement {
             shared: true,
             ..base
         },
-        GpuDemand::Reserve {
+        GpuDemand::ReservationPod {
             gpu,
             mps,
             cdi_device,
@@ -219,7 +219,7 @@ pub fn for_each_candidate(
         }
     };
     match &demand.gpu {
-        GpuDemand::None | GpuDemand::Mig { .. } | GpuDemand::Reserve { .. } => visit(&base),
+        GpuDemand::None | GpuDemand::Mig { .. } | GpuDemand::ReservationPod { .. } => visit(&base),
         GpuDemand::Whole { count } => visit(&Placement {
             gpus: free_indexes(*count),
             whole: true,

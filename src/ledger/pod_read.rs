@@ -310,7 +310,7 @@ pub fn contradiction(claimed: &GpuDemand, totals: &BTreeMap<String, u64>) -> Opt
                     .iter()
                     .all(|(k, v)| *v == 1 && !k.starts_with(MIG_RESOURCE_PREFIX))
         }
-        GpuDemand::None | GpuDemand::Units { .. } | GpuDemand::Reserve { .. } => true,
+        GpuDemand::None | GpuDemand::Units { .. } | GpuDemand::ReservationPod { .. } => true,
     };
     let want = match claimed {
         GpuDemand::Mig { profile, count } => format!(

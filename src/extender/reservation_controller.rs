@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use tokio::sync::watch::Receiver;
 
 use super::state::ExtenderState;
-use crate::cluster::reservations as api;
+use crate::cluster::reservation_api as api;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::reservation::plan::{self, Action, ReservationState, Share, ShareKind};
