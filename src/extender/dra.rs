@@ -128,12 +128,12 @@ impl ExtenderState {
                 }
                 (Some(source), None) if source != ModeSource::Dra => {}
                 (_, Some(g)) => {
-                    self.touch(format!("node/{name}"));
+                    self.touch_node(name);
                     self.set_node(name, Some(g));
                     self.ledger().sync_claims(name, &holdings, &covered);
                 }
                 (Some(_), None) => {
-                    self.touch(format!("node/{name}"));
+                    self.touch_node(name);
                     self.ledger().drop_claims(name);
                     self.set_node(name, None);
                 }

@@ -1,9 +1,9 @@
-//! The extender's live state: one [`NodeLedger`] per node behind its own lock (binds to one node
-//! are serialized, binds to different nodes place in parallel and meet only to record the holding,
-//! [`Ledger::hold`]; no lock is held across I/O), the
-//! pods seen in filter/prioritize (for bind), allocations bound but not yet seen in the API (a
-//! moka cache whose expiry frees them), the pods waiting for capacity (for requeue) and the
-//! recent workload.
+//! The extender's live state: the ledger, one `NodeLedger` per node behind its own lock (binds to
+//! one node are serialized, binds to different nodes place in parallel and meet only to record the
+//! holding, [`Ledger::hold`]; no lock is held across I/O); the nodes and where each pod's bind
+//! stands, one entry each ([`crate::cache`]: assumed until the API shows it, the lapse freeing
+//! it; in doubt; changed lately); the pods seen in filter/prioritize (for bind); the pods waiting
+//! for capacity (for requeue) and the recent workload.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +11,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
-use moka::notification::RemovalCause;
 use tokio::sync::mpsc;
 
 use super::online::warm_memos;
 pub use super::online::{Online, WARM_IN_BACKGROUND_NODES, WORKLOAD_WINDOW};
-use crate::cache::{NodeFacts, Nodes};
+use crate::cache::{NodeFacts, Nodes, Pods};
 use crate::ledger::Ledger;
 use crate::packing::{Demand, Homes, PackingPolicy, Scorer};
 use crate::sync::lock;
@@ -48,13 +47,7 @@ pub enum Mode {
     Cluster,
 }
 
-/// An allocation the extender bound that the API has not shown yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assumed {
-    pub node: String,
-    /// When the API accepted the binding; `None` while the bind call is in flight.
-    pub bound_at: Option<Instant>,
-}
+pub use crate::cache::pod::Assumed;
 
 /// The extender's state. Its fields are its own: filter, prioritize, bind and the API's events
 /// change it through the verbs below (remember a pod, mark one waiting, bind as a
@@ -63,20 +56,20 @@ pub struct ExtenderState {
     mode: Mode,
     ledger: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
-    pods: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
-    /// Bound but not yet seen in the API, by UID. Expiry releases the holding.
-    assumed: moka::sync::Cache<String, Assumed>,
+    seen: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
+    /// Where each pod's bind stands: assumed (its lapse releases the holding), in doubt, or
+    /// changed by the watch lately ([`Pods`]).
+    pods: Mutex<Pods>,
     /// Pods rejected for capacity ([`super::waiting`]).
     waiting: WaitingPods,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
     online: Arc<Mutex<Online>>,
     /// The caches have synced (always true in `--dev`).
     synced: AtomicBool,
-    /// When the watch last changed a pod (by UID) or a node (`node/<name>`): a reconcile that
-    /// works from an older list leaves those alone. Each reconcile forgets what is older than
-    /// its list (a later list is newer still), so this holds the changes of about one reconcile
-    /// period, not every pod.
-    touched: Mutex<std::collections::HashMap<String, Instant>>,
+    /// When the watch last changed a node, by name: a reconcile that works from an older list
+    /// leaves it alone (a pod's is in its entry). Each reconcile forgets what is older than its
+    /// list (a later list is newer still).
+    nodes_touched: Mutex<std::collections::HashMap<String, Instant>>,
     /// Every node the API shows (in `--dev`, the nodes requests and `--nodes` give), one entry
     /// each; the ledger keeps the GPU nodes' inventories.
     nodes: RwLock<Nodes>,
@@ -92,50 +85,33 @@ pub struct ExtenderState {
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
     /// The reservation pods, as the reservation controller's watch sees them.
     pub reservations: crate::cluster::reservation_api::Seen,
-    /// Binds whose outcome the API has not told yet ([`binding::Binding::doubt`]): UID -> node.
-    doubt: Mutex<std::collections::HashMap<String, String>>,
     /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
     dra: Mutex<crate::dra::DraView>,
 }
 
 impl ExtenderState {
     pub fn new(mode: Mode, assume_ttl: Duration) -> Self {
-        let ledger = Arc::new(Ledger::new());
-        let for_expiry = Arc::downgrade(&ledger);
-        let assumed = moka::sync::Cache::builder()
-            .time_to_live(assume_ttl)
-            .eviction_listener(move |uid: Arc<String>, a: Assumed, cause| {
-                if cause == RemovalCause::Expired
-                    && let Some(l) = for_expiry.upgrade()
-                    && l.node_of(&uid).as_deref() == Some(a.node.as_str())
-                {
-                    tracing::warn!(uid = %uid, node = %a.node, "bound allocation never appeared in the API; freeing it");
-                    l.release(&uid);
-                }
-            })
-            .build();
         ExtenderState {
             mode,
-            ledger,
-            pods: moka::sync::Cache::builder()
+            ledger: Arc::new(Ledger::new()),
+            seen: moka::sync::Cache::builder()
                 .max_capacity(POD_CACHE_BYTES)
                 .weigher(|uid: &String, pod: &Arc<crate::ledger::BindPod>| {
                     pod.size().saturating_add(uid.len() as u32 + 64)
                 })
                 .time_to_live(POD_CACHE_TTL)
                 .build(),
-            assumed,
+            pods: Mutex::new(Pods::new(assume_ttl)),
             waiting: WaitingPods::default(),
             online: Arc::new(Mutex::new(Online::default())),
             synced: AtomicBool::new(mode == Mode::Dev),
-            touched: Mutex::new(std::collections::HashMap::new()),
+            nodes_touched: Mutex::new(std::collections::HashMap::new()),
             nodes: RwLock::new(Nodes::default()),
             unscheduled: Mutex::new(std::collections::HashMap::new()),
             contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
             reservations: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
-            doubt: Mutex::new(std::collections::HashMap::new()),
             dra: Mutex::new(crate::dra::DraView::default()),
         }
     }
@@ -369,14 +345,14 @@ impl ExtenderState {
 
     /// Remembers a pod seen in filter or prioritize, for bind. Returns whether it was new.
     pub fn remember_pod(&self, uid: &str, pod: Arc<crate::ledger::BindPod>) -> bool {
-        let new = !self.pods.contains_key(uid);
-        self.pods.insert(uid.to_string(), pod);
+        let new = !self.seen.contains_key(uid);
+        self.seen.insert(uid.to_string(), pod);
         new
     }
 
     /// A pod remembered from filter or prioritize.
     pub fn seen_pod(&self, uid: &str) -> Option<Arc<crate::ledger::BindPod>> {
-        self.pods.get(uid)
+        self.seen.get(uid)
     }
 
     /// The pods waiting for capacity, which the requeuer nudges on a release.
@@ -394,25 +370,42 @@ impl ExtenderState {
 
     /// Releases what pod `uid` holds, and any assumption of it.
     pub fn release(&self, uid: &str) {
-        self.assumed.invalidate(uid);
+        self.confirm(uid);
         self.ledger.release(uid);
     }
 
     /// Records a holding the API shows: no longer merely assumed.
     pub fn record(&self, observed: &crate::ledger::ObservedPod) {
         self.ledger.record(observed);
-        self.assumed.invalidate(&observed.pod.uid);
+        self.confirm(&observed.pod.uid);
     }
 
     /// What is assumed of pod `uid`: bound (or being bound) by this extender, not yet shown by
     /// the API.
     pub fn assumption(&self, uid: &str) -> Option<Assumed> {
-        self.assumed.get(uid)
+        lock(&self.pods).assumption(uid, Instant::now()).cloned()
     }
 
-    /// The API shows pod `uid` bound: it is no longer merely assumed.
+    /// Assumes pod `uid` (again), for the assume TTL from now.
+    pub(super) fn assume(&self, uid: &str, assumed: Assumed) {
+        lock(&self.pods).assume(uid, assumed, Instant::now());
+    }
+
+    /// The API shows pod `uid` bound (or gone): it is no longer merely assumed.
     pub fn confirm(&self, uid: &str) {
-        self.assumed.invalidate(uid);
+        lock(&self.pods).forget_assumption(uid);
+    }
+
+    /// Releases the holdings whose assumption lapsed: bound by this extender, never shown by the
+    /// API for the assume TTL. A holding the pod has on another node since is not its bind's.
+    fn lapse_assumptions(&self) {
+        let lapsed = lock(&self.pods).lapse(Instant::now());
+        for (uid, a) in lapsed {
+            if self.ledger.node_of(&uid).as_deref() == Some(a.node.as_str()) {
+                tracing::warn!(uid = %uid, node = %a.node, "bound allocation never appeared in the API; freeing it");
+                self.ledger.release(&uid);
+            }
+        }
     }
 
     /// The demand seen most often lately (the fragmentation gauge's target), if any.
@@ -432,13 +425,13 @@ impl ExtenderState {
         rx
     }
 
-    /// Runs the caches' pending expiries (assumed allocations free themselves here).
+    /// Runs the pending expiries (lapsed assumptions free their holdings here).
     pub fn run_pending(&self) {
         if let Some(t) = Instant::now().checked_sub(TOUCHED_TTL) {
             self.forget_touches_before(t);
         }
-        self.assumed.run_pending_tasks();
-        self.pods.run_pending_tasks();
+        self.lapse_assumptions();
+        self.seen.run_pending_tasks();
         self.waiting.run_pending();
     }
 
@@ -446,30 +439,38 @@ impl ExtenderState {
     /// it: its bind was still in flight, or the API accepted it after the list began. A list
     /// (a consistent read) begun after the API accepted a binding shows the pod unless it is gone.
     pub fn bound_after(&self, uid: &str, listed_from: Instant) -> bool {
-        self.assumed
-            .get(uid)
+        self.assumption(uid)
             .is_some_and(|a| a.bound_at.is_none_or(|at| at >= listed_from))
     }
 
-    /// Notes that the watch changed `key` (a pod UID, or `node/<name>`) now.
-    pub fn touch(&self, key: String) {
-        lock(&self.touched).insert(key, Instant::now());
+    /// Notes that the watch changed pod `uid` now.
+    pub fn touch(&self, uid: &str) {
+        lock(&self.pods).touch(uid, Instant::now());
     }
 
-    /// Whether the watch changed `key` after `t`.
-    pub fn touched_after(&self, key: &str, t: Instant) -> bool {
-        lock(&self.touched).get(key).is_some_and(|at| *at > t)
+    /// Whether the watch changed pod `uid` after `t`.
+    pub fn touched_after(&self, uid: &str, t: Instant) -> bool {
+        lock(&self.pods).touched_after(uid, t)
+    }
+
+    /// Notes that the watch changed node `name` now.
+    pub fn touch_node(&self, name: &str) {
+        lock(&self.nodes_touched).insert(name.to_string(), Instant::now());
+    }
+
+    /// Whether the watch changed node `name` after `t`.
+    pub fn node_touched_after(&self, name: &str, t: Instant) -> bool {
+        lock(&self.nodes_touched)
+            .get(name)
+            .is_some_and(|at| *at > t)
     }
 
     /// Forgets the changes made before `t`: only lists begun before `t` need them. Returns how
-    /// many changes are still remembered.
+    /// many changes (of pods and nodes) are still remembered.
     pub fn forget_touches_before(&self, t: Instant) -> usize {
-        let mut touched = lock(&self.touched);
-        touched.retain(|_, at| *at >= t);
-        if touched.capacity() > 4 * touched.len().max(1024) {
-            touched.shrink_to_fit();
-        }
-        touched.len()
+        let mut nodes = lock(&self.nodes_touched);
+        nodes.retain(|_, at| *at >= t);
+        nodes.len() + lock(&self.pods).forget_touches_before(t)
     }
 
     /// A pod seen in the API: records or releases its holding.
@@ -477,7 +478,7 @@ impl ExtenderState {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        self.touch(uid.clone());
+        self.touch(&uid);
         match unscheduled_of(pod) {
             Some(u) => self.note_unscheduled(&uid, u),
             None => self.clear_unscheduled(&uid),
@@ -493,7 +494,7 @@ impl ExtenderState {
                     self.warn_bypassed(pod, resources);
                 }
                 self.ledger.record(&o);
-                self.assumed.invalidate(&uid);
+                self.confirm(&uid);
                 self.waiting.stop(&uid);
             }
             Ok(None) => {
@@ -547,10 +548,10 @@ impl ExtenderState {
 
     /// A pod deleted in the API.
     pub fn forget_pod(&self, uid: &str) {
-        self.touch(uid.to_string());
-        self.assumed.invalidate(uid);
+        self.touch(uid);
+        self.confirm(uid);
         self.waiting.stop(uid);
-        self.pods.invalidate(uid);
+        self.seen.invalidate(uid);
         self.clear_unscheduled(uid);
         self.note_contradicted(uid, false);
         self.ledger.release(uid);
@@ -572,8 +573,8 @@ impl ExtenderState {
         for uid in self.ledger.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
                 // Gone as of this list: an older reconcile's list must not bring it back.
-                self.touch(uid.clone());
-                self.assumed.invalidate(&uid);
+                self.touch(&uid);
+                self.confirm(&uid);
                 self.ledger.release(&uid);
                 dropped += 1;
             }
@@ -625,17 +626,22 @@ mod tests {
     fn a_reconcile_forgets_the_changes_older_than_its_list() {
         let e = ExtenderState::new(Mode::Cluster, DEFAULT_ASSUME_TTL);
         for i in 0..10_000 {
-            e.touch(format!("uid-{i}"));
+            e.touch(&format!("uid-{i}"));
         }
+        e.touch_node("n-early");
         std::thread::sleep(Duration::from_millis(2));
         let listed_at = Instant::now();
         std::thread::sleep(Duration::from_millis(2));
-        e.touch("uid-late".into());
+        e.touch("uid-late");
+        e.touch_node("n-late");
         assert!(e.touched_after("uid-1", listed_at - Duration::from_secs(1)));
         assert!(!e.touched_after("uid-1", listed_at));
-        assert_eq!(e.forget_touches_before(listed_at), 1);
+        assert!(!e.node_touched_after("n-early", listed_at));
+        assert_eq!(e.forget_touches_before(listed_at), 2);
         assert!(e.touched_after("uid-late", listed_at));
+        assert!(e.node_touched_after("n-late", listed_at));
         assert!(!e.touched_after("uid-1", listed_at - Duration::from_secs(1)));
+        assert!(!e.node_touched_after("n-early", listed_at - Duration::from_secs(1)));
     }
 
     #[test]
@@ -943,15 +949,15 @@ mod tests {
                 )),
             };
             assert!(pod.size() as usize > reason.len(), "size counts the reason");
-            e.pods.insert(uid, Arc::new(pod));
+            e.seen.insert(uid, Arc::new(pod));
         }
-        e.pods.run_pending_tasks();
-        let held = e.pods.weighted_size();
+        e.seen.run_pending_tasks();
+        let held = e.seen.weighted_size();
         assert!(held <= POD_CACHE_BYTES, "{held} bytes held");
         assert!(
             held > POD_CACHE_BYTES / 2,
             "filled to its budget, not emptied: {held}"
         );
-        assert!(e.pods.entry_count() < 2048);
+        assert!(e.seen.entry_count() < 2048);
     }
 }

@@ -102,7 +102,7 @@ impl ExtenderState {
             }
             Event::Apply(n) => {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                self.touch(format!("node/{name}"));
+                self.touch_node(&name);
                 if let Some(seen) = relist.seen.as_mut() {
                     seen.insert(name.clone());
                 }
@@ -112,7 +112,7 @@ impl ExtenderState {
             }
             Event::Delete(n) => {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
-                self.touch(format!("node/{name}"));
+                self.touch_node(name);
                 self.delete_node(name);
                 false
             }
@@ -188,8 +188,8 @@ impl ExtenderState {
     /// [`ExtenderState::reconcile_with`] over what was kept of the lists.
     pub fn reconcile(&self, listed: Listed, listed_at: Instant) -> Drift {
         let mut drift = Drift::default();
-        let newer = |key: &str| self.touched_after(key, listed_at);
-        let node_newer = |name: &str| newer(&format!("node/{name}"));
+        let newer = |uid: &str| self.touched_after(uid, listed_at);
+        let node_newer = |name: &str| self.node_touched_after(name, listed_at);
         let Listed {
             nodes: mut inv,
             pods: expected,

@@ -35,8 +35,8 @@ impl Binding<'_> {
         demand: Demand,
     ) -> Result<crate::packing::Placement, crate::packing::Reason> {
         if self.assume {
-            self.ext.assumed.insert(
-                self.uid.clone(),
+            self.ext.assume(
+                &self.uid,
                 Assumed {
                     node: self.node.clone(),
                     bound_at: None,
@@ -46,7 +46,7 @@ impl Binding<'_> {
         let placed = self.ext.ledger.hold(scorer, &self.node, pod, demand);
         self.held = placed.is_ok();
         if self.assume && !self.held {
-            self.ext.assumed.invalidate(&self.uid);
+            self.ext.confirm(&self.uid);
         }
         placed
     }
@@ -59,8 +59,8 @@ impl Binding<'_> {
         let ext = self.ext;
         let was_waiting = self.was_waiting;
         if self.assume && self.held {
-            ext.assumed.insert(
-                self.uid.clone(),
+            ext.assume(
+                &self.uid,
                 Assumed {
                     node: self.node.clone(),
                     bound_at: Some(Instant::now()),
@@ -68,7 +68,7 @@ impl Binding<'_> {
             );
         }
         ext.waiting.stop(&self.uid);
-        ext.pods.invalidate(&self.uid);
+        ext.seen.invalidate(&self.uid);
         ext.clear_unscheduled(&self.uid);
         was_waiting
     }
@@ -78,7 +78,7 @@ impl Binding<'_> {
     /// now, it could be capacity a bound pod holds that the watch has not shown yet).
     pub fn doubt(self) {
         if self.held {
-            lock(&self.ext.doubt).insert(self.uid.clone(), self.node.clone());
+            lock(&self.ext.pods).doubt(&self.uid, &self.node);
         }
     }
 
@@ -92,11 +92,10 @@ impl Binding<'_> {
         let ext = self.ext;
         let ours = !self.assume
             || ext
-                .assumed
-                .get(&self.uid)
+                .assumption(&self.uid)
                 .is_some_and(|a| a.node == self.node && a.bound_at.is_none());
         if ours {
-            ext.assumed.invalidate(&self.uid);
+            ext.confirm(&self.uid);
             ext.ledger.release(&self.uid);
         }
     }
@@ -119,7 +118,7 @@ impl ExtenderState {
 
     /// The node an earlier bind of pod `uid` is in doubt on.
     pub fn in_doubt(&self, uid: &str) -> Option<String> {
-        lock(&self.doubt).get(uid).cloned()
+        lock(&self.pods).in_doubt(uid).map(str::to_string)
     }
 
     /// What the API says of a pod in doubt: bound to `bound` (`None`: unbound, gone, replaced,
@@ -127,19 +126,17 @@ impl ExtenderState {
     /// to record, its binding dated now (a list begun later shows the pod unless it is gone);
     /// otherwise it is released, unless the watch recorded the pod since.
     pub fn resolve(&self, uid: &str, bound: Option<&str>) {
-        let Some(node) = lock(&self.doubt).remove(uid) else {
+        let Some(node) = lock(&self.pods).take_doubt(uid) else {
             return;
         };
         let ours = self
-            .assumed
-            .get(uid)
+            .assumption(uid)
             .is_some_and(|a| a.node == node && a.bound_at.is_none());
         if ours && bound == Some(node.as_str()) {
             let bound_at = Some(Instant::now());
-            self.assumed
-                .insert(uid.to_string(), Assumed { node, bound_at });
+            self.assume(uid, Assumed { node, bound_at });
         } else if ours {
-            self.assumed.invalidate(uid);
+            self.confirm(uid);
             self.ledger.release(uid);
         }
     }

@@ -1,0 +1,233 @@
+//! PURE: where each pod's bind stands, one [`PodEntry`] per pod: the assumption of a bind not yet
+//! shown by the API, the doubt of a bind whose outcome is unknown, and when the watch last
+//! changed the pod. Time is passed in (`now`), so the table is tested without a clock.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A pod this extender bound (or is binding) that the API has not shown bound yet: its holding
+/// in the ledger is the bind's, shielded from a watch event older than it, until it lapses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assumed {
+    pub node: String,
+    /// When the API accepted the binding; `None` while the bind call is in flight.
+    pub bound_at: Option<Instant>,
+}
+
+/// What the extender knows of one pod's bind. An entry with nothing in it is dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodEntry {
+    /// Assumed, and until when.
+    assumed: Option<(Assumed, Instant)>,
+    /// The node its bind's outcome is unknown on (no answer and no read back), until a read
+    /// back resolves it.
+    in_doubt: Option<String>,
+    /// When the watch (or a relist) last changed it: a reconcile working from an older list
+    /// leaves it alone.
+    touched: Option<Instant>,
+}
+
+impl PodEntry {
+    fn is_empty(&self) -> bool {
+        self.assumed.is_none() && self.in_doubt.is_none() && self.touched.is_none()
+    }
+}
+
+/// Every pod with a bind in progress, assumed, in doubt or recently changed, by UID.
+#[derive(Debug)]
+pub struct Pods {
+    by_uid: HashMap<String, PodEntry>,
+    /// How long an assumption lives unless the API shows the pod.
+    assume_ttl: Duration,
+}
+
+impl Pods {
+    pub fn new(assume_ttl: Duration) -> Self {
+        Pods {
+            by_uid: HashMap::new(),
+            assume_ttl,
+        }
+    }
+
+    fn entry(&mut self, uid: &str) -> &mut PodEntry {
+        if !self.by_uid.contains_key(uid) {
+            self.by_uid.insert(uid.to_string(), PodEntry::default());
+        }
+        self.by_uid.get_mut(uid).expect("inserted above")
+    }
+
+    /// Drops `uid`'s entry if nothing is left in it.
+    fn tidy(&mut self, uid: &str) {
+        if self.by_uid.get(uid).is_some_and(PodEntry::is_empty) {
+            self.by_uid.remove(uid);
+        }
+    }
+
+    /// Assumes pod `uid` on `node` (again): it lives for the assume TTL from `now`.
+    pub fn assume(&mut self, uid: &str, assumed: Assumed, now: Instant) {
+        let until = now + self.assume_ttl;
+        self.entry(uid).assumed = Some((assumed, until));
+    }
+
+    /// The assumption of pod `uid`, unless it lapsed before `now`.
+    pub fn assumption(&self, uid: &str, now: Instant) -> Option<&Assumed> {
+        self.by_uid
+            .get(uid)?
+            .assumed
+            .as_ref()
+            .filter(|(_, until)| *until > now)
+            .map(|(a, _)| a)
+    }
+
+    /// The API showed the pod (or it went): no longer assumed.
+    pub fn forget_assumption(&mut self, uid: &str) {
+        if let Some(e) = self.by_uid.get_mut(uid) {
+            e.assumed = None;
+        }
+        self.tidy(uid);
+    }
+
+    /// Removes the assumptions that lapsed before `now`: the pods and the nodes they were
+    /// assumed on, by UID.
+    pub fn lapse(&mut self, now: Instant) -> Vec<(String, Assumed)> {
+        let mut lapsed = Vec::new();
+        for (uid, e) in &mut self.by_uid {
+            if e.assumed.as_ref().is_some_and(|(_, until)| *until <= now)
+                && let Some((a, _)) = e.assumed.take()
+            {
+                lapsed.push((uid.clone(), a));
+            }
+        }
+        for (uid, _) in &lapsed {
+            self.tidy(uid);
+        }
+        lapsed.sort_by(|a, b| a.0.cmp(&b.0));
+        lapsed
+    }
+
+    /// Pod `uid`'s bind to `node` ended without an answer.
+    pub fn doubt(&mut self, uid: &str, node: &str) {
+        self.entry(uid).in_doubt = Some(node.to_string());
+    }
+
+    /// The node pod `uid`'s bind is in doubt on.
+    pub fn in_doubt(&self, uid: &str) -> Option<&str> {
+        self.by_uid.get(uid)?.in_doubt.as_deref()
+    }
+
+    /// Ends pod `uid`'s doubt: the node it was on.
+    pub fn take_doubt(&mut self, uid: &str) -> Option<String> {
+        let node = self.by_uid.get_mut(uid)?.in_doubt.take();
+        self.tidy(uid);
+        node
+    }
+
+    /// The watch changed pod `uid` at `now`.
+    pub fn touch(&mut self, uid: &str, now: Instant) {
+        self.entry(uid).touched = Some(now);
+    }
+
+    /// Whether the watch changed pod `uid` after `t`.
+    pub fn touched_after(&self, uid: &str, t: Instant) -> bool {
+        self.by_uid
+            .get(uid)
+            .and_then(|e| e.touched)
+            .is_some_and(|at| at > t)
+    }
+
+    /// Forgets the changes made before `t` (only lists begun before `t` need them). Returns how
+    /// many pods' changes are still remembered.
+    pub fn forget_touches_before(&mut self, t: Instant) -> usize {
+        let mut kept = 0;
+        self.by_uid.retain(|_, e| {
+            if e.touched.is_some_and(|at| at < t) {
+                e.touched = None;
+            }
+            kept += usize::from(e.touched.is_some());
+            !e.is_empty()
+        });
+        if self.by_uid.capacity() > 4 * self.by_uid.len().max(1024) {
+            self.by_uid.shrink_to_fit();
+        }
+        kept
+    }
+
+    /// How many pods have an entry.
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(node: &str, bound_at: Option<Instant>) -> Assumed {
+        Assumed {
+            node: node.into(),
+            bound_at,
+        }
+    }
+
+    #[test]
+    fn an_assumption_lives_its_ttl_from_its_last_assume() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        pods.assume("a", at("n1", None), t0);
+        assert_eq!(pods.assumption("a", t0 + 9 * s), Some(&at("n1", None)));
+        // Bound: assumed again, dated, and its lifetime starts over.
+        pods.assume("a", at("n1", Some(t0 + 5 * s)), t0 + 5 * s);
+        assert!(pods.assumption("a", t0 + 14 * s).is_some());
+        assert!(pods.lapse(t0 + 14 * s).is_empty());
+        assert_eq!(pods.assumption("a", t0 + 15 * s), None, "lapsed when read");
+        assert_eq!(
+            pods.lapse(t0 + 15 * s),
+            [("a".to_string(), at("n1", Some(t0 + 5 * s)))]
+        );
+        assert!(pods.is_empty(), "nothing left in the entry");
+    }
+
+    #[test]
+    fn one_entry_holds_a_pods_assumption_doubt_and_change() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        pods.assume("a", at("n1", None), t0);
+        pods.doubt("a", "n1");
+        pods.touch("a", t0 + s);
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods.in_doubt("a"), Some("n1"));
+        // The assumption lapses; the doubt stays until resolved, the change until forgotten.
+        pods.lapse(t0 + 20 * s);
+        assert_eq!(pods.in_doubt("a"), Some("n1"));
+        assert!(pods.touched_after("a", t0));
+        assert!(!pods.touched_after("a", t0 + s));
+        assert_eq!(pods.take_doubt("a").as_deref(), Some("n1"));
+        assert_eq!(pods.take_doubt("a"), None);
+        assert_eq!(pods.forget_touches_before(t0 + 2 * s), 0);
+        assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn a_reconcile_forgets_the_changes_older_than_its_list() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        for i in 0..10_000 {
+            pods.touch(&format!("uid-{i}"), t0);
+        }
+        pods.touch("uid-late", t0 + 2 * s);
+        pods.assume("kept", at("n1", None), t0);
+        pods.touch("kept", t0);
+        assert!(pods.touched_after("uid-1", t0 - s));
+        assert_eq!(pods.forget_touches_before(t0 + s), 1);
+        assert!(pods.touched_after("uid-late", t0 + s));
+        assert!(!pods.touched_after("uid-1", t0 - s));
+        assert_eq!(pods.len(), 2, "the late change and the assumed pod");
+    }
+}
