@@ -276,16 +276,28 @@ async fn scenario(c: &Cluster, first: &str) -> Check {
     )?;
     let running: Vec<&String> = names.iter().filter(|n| **n != ninth).collect();
     let (a, b, third) = (running[0], running[1], running[2]);
-    kubectl(c, &["-n", NS, "delete", "pod", a, b, "--wait=false"], None)?;
+    let job_held = |wls: &BTreeMap<String, Value>| {
+        wls.get("train").is_some_and(|w| {
+            !admitted(w) && held_because(w).contains(&format!("quota for {MILLI}"))
+        })
+    };
+    // One pod at a time, so that which of the ninth pod and the Job Kueue takes first never
+    // depends on its queue's order: 0.25 GPUs free take the ninth pod only (a run at
+    // ea0dcdc7 saw Kueue admit the Job first when both pods went at once).
+    kubectl(c, &["-n", NS, "delete", "pod", a, "--wait=false"], None)?;
     until(
         c,
         &format!("{ninth} admitted and bound, the Job still held"),
-        |pods, wls| {
-            let job_held = wls.get("train").is_some_and(|w| {
-                !admitted(w) && held_because(w).contains(&format!("quota for {MILLI}"))
-            });
-            bound_to_node(pods.get(&ninth)) && job_held
-        },
+        |pods, wls| bound_to_node(pods.get(&ninth)) && job_held(wls),
+    )
+    .await?;
+    // Seven pods of 250 left: Kueue has counted the release, and 0.25 GPUs are free.
+    kubectl(c, &["-n", NS, "delete", "pod", b, "--wait=false"], None)?;
+    queue_counts(c, "1750").await?;
+    until(
+        c,
+        "the Job still held while 0.25 GPUs are free",
+        |_, wls| job_held(wls),
     )
     .await?;
     let w = &workloads(c)?["train"];
