@@ -13,4 +13,4 @@ pub mod node;
 pub mod pod;
 
 pub use node::{NodeFacts, Nodes};
-pub use pod::{Assumed, PodEntry, Pods};
+pub use pod::{Assumed, PodEntry, Pods, UNSCHEDULED_CAP, Unscheduled};

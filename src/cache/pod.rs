@@ -1,9 +1,28 @@
-//! PURE: where each pod's bind stands, one [`PodEntry`] per pod: the assumption of a bind not yet
-//! shown by the API, the doubt of a bind whose outcome is unknown, and when the watch last
-//! changed the pod. Time is passed in (`now`), so the table is tested without a clock.
+//! PURE: what the extender knows of each pod beyond its holding, one [`PodEntry`] per pod: the
+//! assumption of a bind not yet shown by the API, the doubt of a bind whose outcome is unknown,
+//! when the watch last changed the pod, whether it waits for a node and whether its limits
+//! contradict its request. Time is passed in (`now`), so the table is tested without a clock.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The most pods without a node the table tracks (beyond it new ones are not counted), and the
+/// most pods it counts as contradicted.
+pub const UNSCHEDULED_CAP: usize = 100_000;
+
+/// A gpu-share pod without a node yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unscheduled {
+    pub namespace: String,
+    pub name: String,
+    pub class: &'static str,
+    /// Since when it waits: the pod's creation (from the API), or the first filter that found
+    /// it no node (`--dev`).
+    pub since: SystemTime,
+    /// Why, as the scheduler last said (the pod's PodScheduled condition), or as gpu-share's
+    /// filter found (`--dev`); at most `REASON_MAX` bytes (`extender::pending`).
+    pub reason: Option<String>,
+}
 
 /// A pod this extender bound (or is binding) that the API has not shown bound yet: its holding
 /// in the ledger is the bind's, shielded from a watch event older than it, until it lapses.
@@ -25,11 +44,19 @@ pub struct PodEntry {
     /// When the watch (or a relist) last changed it: a reconcile working from an older list
     /// leaves it alone.
     touched: Option<Instant>,
+    /// A gpu-share pod waiting for a node.
+    unscheduled: Option<Unscheduled>,
+    /// Its limits contradict its `gpu-share.io/request` (it is accounted by its limits).
+    contradicted: bool,
 }
 
 impl PodEntry {
     fn is_empty(&self) -> bool {
-        self.assumed.is_none() && self.in_doubt.is_none() && self.touched.is_none()
+        self.assumed.is_none()
+            && self.in_doubt.is_none()
+            && self.touched.is_none()
+            && self.unscheduled.is_none()
+            && !self.contradicted
     }
 }
 
@@ -39,6 +66,10 @@ pub struct Pods {
     by_uid: HashMap<String, PodEntry>,
     /// How long an assumption lives unless the API shows the pod.
     assume_ttl: Duration,
+    /// How many entries have `unscheduled`, and how many are `contradicted` (each capped at
+    /// [`UNSCHEDULED_CAP`]).
+    unscheduled: usize,
+    contradicted: usize,
 }
 
 impl Pods {
@@ -46,6 +77,8 @@ impl Pods {
         Pods {
             by_uid: HashMap::new(),
             assume_ttl,
+            unscheduled: 0,
+            contradicted: 0,
         }
     }
 
@@ -152,6 +185,82 @@ impl Pods {
         kept
     }
 
+    /// Counts pod `uid` as waiting for a node: keeps the earlier `since` of a pod already
+    /// counted, and its last reason when this one gives none.
+    pub fn note_unscheduled(&mut self, uid: &str, pending: Unscheduled) {
+        if let Some(e) = self.by_uid.get_mut(uid)
+            && let Some(was) = e.unscheduled.as_mut()
+        {
+            let since = was.since.min(pending.since);
+            let reason = pending.reason.or_else(|| was.reason.take());
+            *was = Unscheduled {
+                since,
+                reason,
+                ..pending
+            };
+            return;
+        }
+        if self.unscheduled < UNSCHEDULED_CAP {
+            self.unscheduled += 1;
+            self.entry(uid).unscheduled = Some(pending);
+        }
+    }
+
+    /// Pod `uid` has a node, is gone, or no longer waits.
+    pub fn clear_unscheduled(&mut self, uid: &str) {
+        if let Some(e) = self.by_uid.get_mut(uid)
+            && e.unscheduled.take().is_some()
+        {
+            self.unscheduled -= 1;
+            self.tidy(uid);
+        }
+    }
+
+    /// The pods waiting for a node, in no order.
+    pub fn unscheduled(&self) -> impl Iterator<Item = &Unscheduled> {
+        self.by_uid.values().filter_map(|e| e.unscheduled.as_ref())
+    }
+
+    /// Records whether pod `uid`'s request is contradicted by its limits.
+    pub fn note_contradicted(&mut self, uid: &str, contradicted: bool) {
+        let was = self.by_uid.get(uid).is_some_and(|e| e.contradicted);
+        if was == contradicted || (contradicted && self.contradicted >= UNSCHEDULED_CAP) {
+            return;
+        }
+        if contradicted {
+            self.contradicted += 1;
+            self.entry(uid).contradicted = true;
+        } else if let Some(e) = self.by_uid.get_mut(uid) {
+            e.contradicted = false;
+            self.contradicted -= 1;
+            self.tidy(uid);
+        }
+    }
+
+    /// How many pods known now have a request their limits contradict.
+    pub fn contradicted(&self) -> usize {
+        self.contradicted
+    }
+
+    /// After a relist begun at `listed_from` that showed the pods `listed`: a pod it did not
+    /// show, and the watch has not changed since, no longer waits nor contradicts.
+    pub fn retain_listed(&mut self, listed: &HashSet<String>, listed_from: Instant) {
+        let gone: Vec<String> = self
+            .by_uid
+            .iter()
+            .filter(|(uid, e)| {
+                (e.unscheduled.is_some() || e.contradicted)
+                    && !listed.contains(*uid)
+                    && e.touched.is_none_or(|at| at <= listed_from)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            self.clear_unscheduled(&uid);
+            self.note_contradicted(&uid, false);
+        }
+    }
+
     /// How many pods have an entry.
     pub fn len(&self) -> usize {
         self.by_uid.len()
@@ -210,6 +319,46 @@ mod tests {
         assert_eq!(pods.take_doubt("a").as_deref(), Some("n1"));
         assert_eq!(pods.take_doubt("a"), None);
         assert_eq!(pods.forget_touches_before(t0 + 2 * s), 0);
+        assert!(pods.is_empty());
+    }
+
+    fn waiting(name: &str, at: u64, reason: Option<&str>) -> Unscheduled {
+        Unscheduled {
+            namespace: "ml".into(),
+            name: name.into(),
+            class: "mps",
+            since: SystemTime::UNIX_EPOCH + Duration::from_secs(at),
+            reason: reason.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_waiting_pod_keeps_its_first_wait_and_last_word_until_it_goes() {
+        let t0 = Instant::now();
+        let mut pods = Pods::new(Duration::from_secs(10));
+        pods.note_unscheduled("a", waiting("a", 10, Some("0/3 nodes fit")));
+        pods.note_unscheduled("a", waiting("a", 20, None));
+        pods.note_contradicted("b", true);
+        pods.note_contradicted("b", true);
+        pods.note_unscheduled("c", waiting("c", 5, None));
+        pods.touch("c", t0 + Duration::from_secs(2));
+        assert_eq!(
+            pods.unscheduled()
+                .find(|u| u.name == "a")
+                .map(|u| (u.since, u.reason.clone())),
+            Some((
+                SystemTime::UNIX_EPOCH + Duration::from_secs(10),
+                Some("0/3 nodes fit".into())
+            ))
+        );
+        assert_eq!(pods.contradicted(), 1);
+        // A relist begun at t0 + 1 s shows none of them; c changed after it began and stays.
+        pods.retain_listed(&HashSet::new(), t0 + Duration::from_secs(1));
+        let left: Vec<&str> = pods.unscheduled().map(|u| u.name.as_str()).collect();
+        assert_eq!(left, ["c"]);
+        assert_eq!(pods.contradicted(), 0);
+        pods.clear_unscheduled("c");
+        pods.forget_touches_before(t0 + Duration::from_secs(3));
         assert!(pods.is_empty());
     }
 

@@ -13,22 +13,8 @@ pub struct PendingClass {
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// A gpu-share pod without a node yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unscheduled {
-    pub namespace: String,
-    pub name: String,
-    pub class: &'static str,
-    /// Since when it waits: the pod's creation (from the API), or the first filter that found
-    /// it no node (`--dev`).
-    pub since: SystemTime,
-    /// Why, as the scheduler last said (the pod's PodScheduled condition), or as gpu-share's
-    /// filter found (`--dev`); at most [`REASON_MAX`] bytes.
-    pub reason: Option<String>,
-}
+pub use crate::cache::pod::{UNSCHEDULED_CAP, Unscheduled};
 
-/// The most pods without a node the pending gauges track (beyond it new ones are not counted).
-pub const UNSCHEDULED_CAP: usize = 100_000;
 /// The longest reason kept per pod (kube-scheduler's message names node counts per reason; a
 /// longer one is cut at a character boundary, with an ellipsis).
 pub const REASON_MAX: usize = 1024;

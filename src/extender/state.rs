@@ -57,8 +57,10 @@ pub struct ExtenderState {
     ledger: Arc<Ledger>,
     /// Pods seen in filter/prioritize, by UID.
     seen: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
-    /// Where each pod's bind stands: assumed (its lapse releases the holding), in doubt, or
-    /// changed by the watch lately ([`Pods`]).
+    /// What is known of each pod beyond its holding ([`Pods`]): its bind assumed (its lapse
+    /// releases the holding) or in doubt, its last change by the watch, whether it waits for a
+    /// node (from the pod watch, or in `--dev` from filter) and whether its limits contradict
+    /// its request (from filter and the pod watch).
     pods: Mutex<Pods>,
     /// Pods rejected for capacity ([`super::waiting`]).
     waiting: WaitingPods,
@@ -73,12 +75,6 @@ pub struct ExtenderState {
     /// Every node the API shows (in `--dev`, the nodes requests and `--nodes` give), one entry
     /// each; the ledger keeps the GPU nodes' inventories.
     nodes: RwLock<Nodes>,
-    /// gpu-share pods without a node, by UID: from the pod watch (every such pod, whichever
-    /// filter turned it away), or in `--dev` from filter.
-    unscheduled: Mutex<std::collections::HashMap<String, Unscheduled>>,
-    /// Pods whose `gpu-share.io/request` their limits contradict (accounted by their limits),
-    /// by UID: from filter and the pod watch.
-    contradicted: Mutex<std::collections::HashSet<String>>,
     /// Why pods kube-scheduler refused without asking gpu-share wait (events on them).
     explainer: super::explain::Explainer,
     /// The resource sets already warned about as bound without the extender (once each).
@@ -107,8 +103,6 @@ impl ExtenderState {
             synced: AtomicBool::new(mode == Mode::Dev),
             nodes_touched: Mutex::new(std::collections::HashMap::new()),
             nodes: RwLock::new(Nodes::default()),
-            unscheduled: Mutex::new(std::collections::HashMap::new()),
-            contradicted: Mutex::new(std::collections::HashSet::new()),
             explainer: super::explain::Explainer::default(),
             reservations: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
@@ -128,54 +122,36 @@ impl ExtenderState {
 
     /// Records whether pod `uid`'s request annotation is contradicted by its limits.
     pub fn note_contradicted(&self, uid: &str, contradicted: bool) {
-        let mut c = lock(&self.contradicted);
-        if !contradicted {
-            c.remove(uid);
-        } else if c.len() < UNSCHEDULED_CAP {
-            c.insert(uid.to_string());
-        }
+        lock(&self.pods).note_contradicted(uid, contradicted);
     }
 
     /// How many pods known now have a request annotation their limits contradict.
     pub fn contradicted_pods(&self) -> usize {
-        lock(&self.contradicted).len()
+        lock(&self.pods).contradicted()
     }
 
     /// Counts a gpu-share pod as waiting for a node (keeps the earlier `since` of a pod already
     /// counted, and its last reason when this one gives none).
     pub fn note_unscheduled(&self, uid: &str, pending: Unscheduled) {
-        let mut u = lock(&self.unscheduled);
-        if let Some(e) = u.get_mut(uid) {
-            let since = e.since.min(pending.since);
-            let reason = pending.reason.or_else(|| e.reason.take());
-            *e = Unscheduled {
-                since,
-                reason,
-                ..pending
-            };
-            return;
-        }
-        if u.len() < UNSCHEDULED_CAP {
-            u.insert(uid.to_string(), pending);
-        }
+        lock(&self.pods).note_unscheduled(uid, pending);
     }
 
     /// The gpu-share pods waiting for a node, longest waiting first.
     pub fn pending_pods(&self) -> Vec<Unscheduled> {
-        let mut out: Vec<Unscheduled> = lock(&self.unscheduled).values().cloned().collect();
+        let mut out: Vec<Unscheduled> = lock(&self.pods).unscheduled().cloned().collect();
         out.sort_by(|a, b| (a.since, &a.namespace, &a.name).cmp(&(b.since, &b.namespace, &b.name)));
         out
     }
 
     /// The pod has a node, is gone, or no longer waits.
     pub fn clear_unscheduled(&self, uid: &str) {
-        lock(&self.unscheduled).remove(uid);
+        lock(&self.pods).clear_unscheduled(uid);
     }
 
     /// Pending gpu-share pods by class, with the oldest's wait at `now`; sorted by class.
     pub fn pending_by_class(&self, now: SystemTime) -> Vec<PendingClass> {
         let mut by: BTreeMap<&'static str, PendingClass> = BTreeMap::new();
-        for u in lock(&self.unscheduled).values() {
+        for u in lock(&self.pods).unscheduled() {
             let waited = now
                 .duration_since(u.since)
                 .unwrap_or_default()
@@ -565,10 +541,7 @@ impl ExtenderState {
         seen: &std::collections::HashSet<String>,
         listed_from: Instant,
     ) -> usize {
-        lock(&self.unscheduled)
-            .retain(|uid, _| seen.contains(uid) || self.touched_after(uid, listed_from));
-        lock(&self.contradicted)
-            .retain(|uid| seen.contains(uid) || self.touched_after(uid, listed_from));
+        lock(&self.pods).retain_listed(seen, listed_from);
         let mut dropped = 0;
         for uid in self.ledger.uids() {
             if !seen.contains(&uid) && !self.bound_after(&uid, listed_from) {
