@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 
+use crate::cache::NodeFacts;
 use crate::cluster::watch;
 use crate::inventory;
 use crate::ledger::{self, ObservedPod};
@@ -26,17 +27,29 @@ pub struct Listed {
     /// Nodes a `nodeModes` rule declares `time-slicing`, by their labels: on a DRA node, the
     /// opt-in for time-sliced shares ([`crate::dra::DraView::declare_shares`]).
     pub(super) shares_declared: std::collections::BTreeSet<String>,
+    /// The nodes cordoned (`gpu-share status` straight from the cluster says so).
+    cordoned: std::collections::BTreeSet<String>,
 }
 
 impl Listed {
+    /// Keeps what a reconcile compares of a node, read as the node watch reads it
+    /// ([`NodeFacts::read`]).
     pub fn node(&mut self, n: &Node, reading: &inventory::Reading) {
-        if let Some(g) = inventory::read_node(n, reading) {
-            self.nodes.insert(g.name.clone(), g);
-        } else if let (Some(name), Some(labels)) = (&n.metadata.name, &n.metadata.labels)
-            && inventory::declares_time_slicing(labels, &reading.declared)
-        {
-            self.shares_declared.insert(name.clone());
+        let (facts, inventory) = NodeFacts::read(n, reading);
+        let name = n.metadata.name.clone().unwrap_or_default();
+        if facts.cordoned {
+            self.cordoned.insert(name.clone());
         }
+        if let Some(g) = inventory {
+            self.nodes.insert(g.name.clone(), g);
+        } else if facts.shares_declared {
+            self.shares_declared.insert(name);
+        }
+    }
+
+    /// The nodes the list showed cordoned.
+    pub fn cordoned(&self) -> &std::collections::BTreeSet<String> {
+        &self.cordoned
     }
 
     pub fn pod(&mut self, p: &Pod) {

@@ -477,6 +477,7 @@ pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
 /// The reports for what a list kept.
 pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec<NodeReport> {
     let reservations = by_node(listed.reservations().to_vec());
+    let cordoned = listed.cordoned().clone();
     let (inventory, observed) = listed.into_parts();
     let l = Ledger::rebuild(inventory, &observed);
     let mig = policy.mig_table();
@@ -484,7 +485,10 @@ pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec
         .values()
         .map(|nl| {
             let r = reservations.get(&nl.node.name).map(Vec::as_slice);
-            report(nl, &mig, r.unwrap_or_default())
+            NodeReport {
+                cordoned: cordoned.contains(&nl.node.name),
+                ..report(nl, &mig, r.unwrap_or_default())
+            }
         })
         .collect()
 }
@@ -557,6 +561,40 @@ mod tests {
         );
         let json = format(&reports, None, Some(&Ok(vec![])), Output::Json);
         assert!(!json.contains("NAMESPACE"), "JSON is /v1/nodes' shape");
+    }
+
+    /// A node cordoned (`kubectl cordon`) is said to be so, straight from the cluster as from
+    /// a service: read where the node's other facts are (`cache::NodeFacts::read`).
+    #[test]
+    fn a_cordoned_node_says_so() {
+        let mut nodes =
+            crate::server::parse_nodes(include_str!("../../tests/fixtures/extender/nodes.yaml"))
+                .unwrap();
+        let name = nodes[0].metadata.name.clone().unwrap();
+        nodes[0]
+            .spec
+            .get_or_insert_with(Default::default)
+            .unschedulable = Some(true);
+        let reports = reports_from(&Policy::default_policy(), &nodes, &[]);
+        let cordoned: Vec<&str> = reports
+            .iter()
+            .filter(|r| r.cordoned)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(cordoned, [name.as_str()]);
+        let table = format(&reports, None, None, Output::Table);
+        let row = table.lines().find(|l| l.starts_with(&name)).unwrap();
+        assert!(row.contains(", cordoned"), "{row}");
+        let others = table.lines().filter(|l| l.contains("cordoned")).count();
+        assert_eq!(others, 1, "{table}");
+        let json = serde_json::to_value(&reports).unwrap();
+        let flagged = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.get("cordoned").is_some())
+            .count();
+        assert_eq!(flagged, 1, "only a cordoned node carries the field");
     }
 
     #[test]

@@ -56,6 +56,15 @@ pub fn format(
     }
 }
 
+/// A node's kind, and whether it is cordoned (kubectl's `SchedulingDisabled`).
+fn kind(r: &NodeReport) -> String {
+    if r.cordoned {
+        format!("{}, cordoned", r.kind)
+    } else {
+        r.kind.clone()
+    }
+}
+
 /// The table with more columns.
 pub fn render_wide(reports: &[NodeReport]) -> String {
     let mut rows = vec![
@@ -68,7 +77,7 @@ pub fn render_wide(reports: &[NodeReport]) -> String {
     for r in reports {
         rows.push([
             r.name.clone(),
-            r.kind.clone(),
+            kind(r),
             format!("{:?}", r.mode_source).to_lowercase(),
             r.product.clone().unwrap_or_else(|| "-".into()),
             r.gpus.to_string(),
@@ -148,7 +157,7 @@ pub fn render(reports: &[NodeReport]) -> String {
     for r in reports {
         rows.push([
             r.name.clone(),
-            r.kind.clone(),
+            kind(r),
             r.product.clone().unwrap_or_else(|| "-".into()),
             r.gpus.to_string(),
             format!("{:.2}", r.used_gpus),
