@@ -14,15 +14,17 @@
 //!
 //! It prints a table; docs/performance.md keeps the run's numbers and the machine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpu_share::extender::state::{ExtenderState, Mode};
-use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
+use gpu_share::inventory::GpuNode;
 use gpu_share::ledger::{NodeLedger, PodRef};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
+
+mod nodes;
 
 const NODES: usize = 5000;
 /// Binds per thread per round.
@@ -39,26 +41,7 @@ fn kinds(i: usize) -> &'static [&'static str] {
 }
 
 fn node(i: usize) -> GpuNode {
-    let name = format!("node-{i:05}");
-    let mut n = match i % 10 {
-        0..=3 => GpuNode::shared(
-            &name,
-            "NVIDIA-H100-80GB-HBM3",
-            8,
-            81559,
-            Sharing::TimeSlicing { replicas: 8 },
-        ),
-        4..=6 => GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 8, 81920),
-        7..=8 => GpuNode::shared(&name, "NVIDIA-L40S", 4, 46068, Sharing::Mps { replicas: 4 }),
-        _ => {
-            let mut n = GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 0, 81920);
-            n.slots = 0;
-            n.mig = MigLayout::Mixed {
-                instances: BTreeMap::from([("1g.10gb".into(), 14), ("3g.40gb".into(), 4)]),
-            };
-            n
-        }
-    };
+    let mut n = nodes::gpu_node(i);
     n.cpu_milli = Some(192_000);
     n
 }

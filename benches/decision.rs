@@ -13,7 +13,6 @@
 //! classes, each bound before the next (the steady state), and with every node's fragmentation
 //! memo emptied before each decision (the worst case).
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +22,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::extender::wire::{ExtenderArgs, HostPriority};
 use gpu_share::extender::{handlers, wire};
-use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
+use gpu_share::inventory::GpuNode;
 use gpu_share::ledger::PodRef;
 use gpu_share::metrics::Metrics;
 use gpu_share::packing::TYPICAL_COVERAGE;
@@ -36,6 +35,9 @@ use k8s_openapi::api::core::v1::Pod;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod nodes;
+use nodes::gpu_node;
+
 const NODES: usize = 5000;
 
 /// Node `i`, with its allocatable CPU (the `gpu-share` measure reads it).
@@ -47,29 +49,6 @@ fn node(i: usize) -> GpuNode {
         192_000
     });
     n
-}
-
-fn gpu_node(i: usize) -> GpuNode {
-    let name = format!("node-{i:05}");
-    match i % 10 {
-        0..=3 => GpuNode::shared(
-            &name,
-            "NVIDIA-H100-80GB-HBM3",
-            8,
-            81559,
-            Sharing::TimeSlicing { replicas: 8 },
-        ),
-        4..=6 => GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 8, 81920),
-        7..=8 => GpuNode::shared(&name, "NVIDIA-L40S", 4, 46068, Sharing::Mps { replicas: 4 }),
-        _ => {
-            let mut n = GpuNode::whole(&name, "NVIDIA-A100-SXM4-80GB", 0, 81920);
-            n.slots = 0;
-            n.mig = MigLayout::Mixed {
-                instances: BTreeMap::from([("1g.10gb".into(), 14), ("3g.40gb".into(), 4)]),
-            };
-            n
-        }
-    }
 }
 
 fn request(text: &str, cpu_milli: u64) -> Demand {
