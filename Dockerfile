@@ -33,13 +33,17 @@ ENV CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc \
 
 # Dependencies first, in their own layer: it is rebuilt only when Cargo.toml or Cargo.lock change.
 # Stub sources stand in for every target Cargo.toml declares (the library, the gpu-share binary,
-# the benchmark and the examples), or cargo refuses the manifest; the benchmark's and examples'
-# stubs stay (only the binary is built).
+# each [[bench]] and each example's path under benches/), or cargo refuses the manifest. The list
+# is read from Cargo.toml itself, so a new benchmark needs no edit here. The benchmarks' and
+# examples' stubs stay (only the binary is built).
 COPY Cargo.toml Cargo.lock build.rs ./
 RUN mkdir src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
- && for f in decision load floor; do echo 'fn main() {}' > benches/$f.rs; done \
+ && for f in $(sed -n -e '/^\[\[bench\]\]/{n;s|^name = "\(.*\)"|benches/\1.rs|p}' \
+                      -e 's|^path = "\(benches/.*\.rs\)"|\1|p' Cargo.toml); do \
+      echo 'fn main() {}' > "$f"; \
+    done \
  && cargo build --profile "$CARGO_PROFILE" --locked --target "$(cat /target)" --bin gpu-share \
  && rm -rf src
 
