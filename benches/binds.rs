@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::inventory::GpuNode;
-use gpu_share::ledger::{NodeLedger, PodRef};
+use gpu_share::ledger::{Holder, NodeLedger, PodRef};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
 
 mod nodes;
@@ -60,6 +60,7 @@ fn pod_ref(uid: String) -> PodRef {
         uid,
         namespace: "bench".into(),
         priority: 0,
+        holder: Holder::Pod,
     }
 }
 

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 use crate::cli::Role;
 use crate::inventory::{GpuNode, MigLayout, Sharing};
-use crate::ledger::{Ledger, PodRef};
+use crate::ledger::{Holder, Ledger, PodRef};
 use crate::packing::{Demand, GpuDemand, PackingPolicy, Scorer};
 use crate::policy::Policy;
 use crate::request::{self, GpuRequest};
@@ -261,6 +261,7 @@ pub fn binds(data: &[u8]) {
                     namespace: "ml".into(),
                     name: uid,
                     priority: 0,
+                    holder: Holder::Pod,
                 };
                 let _ = live.hold(&scorer, node, pref, Demand::gpu(demand_of(a / 8, d)));
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpu_share::extender::handlers;
 use gpu_share::extender::state::{ExtenderState, Mode};
-use gpu_share::ledger::PodRef;
+use gpu_share::ledger::{Holder, PodRef};
 use gpu_share::packing::{self, PackingPolicy};
 use gpu_share::simulate::driver;
 
@@ -91,6 +91,7 @@ fn replay(inputs: &driver::Inputs) -> Counts {
             namespace: "trace".into(),
             name: pod.name.clone(),
             priority: 0,
+            holder: Holder::Pod,
         };
         if ext
             .ledger()

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use gpu_share::inventory::{GpuNode, Sharing};
-use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
+use gpu_share::ledger::{Holder, Ledger, ObservedPod, PodRef};
 use gpu_share::packing::{self, Demand, GpuDemand, Homes, OnlineWorkload, PackingPolicy, Scorer};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
@@ -181,6 +181,7 @@ const PLAIN: Api = Api {
             namespace: "ml".into(),
             name: uid.to_string(),
             priority: 0,
+            holder: Holder::Pod,
         };
         (pref, Demand::gpu(gpu))
     },
@@ -457,7 +458,7 @@ proptest! {
                     let mut ok = Vec::new();
                     for (i, (node, demand)) in binds.into_iter().enumerate() {
                         let uid = format!("t{t}-{i}");
-                        let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid.clone(), priority: 0 };
+                        let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid.clone(), priority: 0, holder: Holder::Pod };
                         if ledger.hold(&scorer, &nodes[node as usize].name, pref, Demand::gpu(demand)).is_ok() {
                             ok.push(uid);
                         }
@@ -505,7 +506,7 @@ proptest! {
                     scorer = Scorer::with_workload(PackingPolicy::GpuShare, Arc::new(t));
                 }
                 let uid = format!("p{pod}");
-                let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0 };
+                let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0, holder: Holder::Pod };
                 let _ = live.hold(&scorer, &nodes[node as usize].name, pref, demand);
             } else if let Op::Delete { pod } = op {
                 live.release(&format!("p{pod}"));

@@ -4,12 +4,18 @@
 //! - binds with every outcome the API can give: done, refused, timed out but landed, timed out
 //!   and lost, each read back or left in doubt until a later read answers;
 //! - the reservation creates a share's bind makes, with the same outcomes;
-//! - pods finishing and deleted (reservations too, as by hand), and restarts.
+//! - pods finishing and deleted (reservations too, as by hand), and restarts;
+//! - a node whose GPUs NVIDIA's DRA driver publishes: a pod bound there is given its device by
+//!   kube-scheduler's DRA plugin, in a ResourceClaim allocated before the binding and deleted
+//!   when the pod is done or its binding did not happen; the claims' watch is late and cut
+//!   apart from the pods'.
 //!
 //! After every step: no GPU of the API's pods past its capacity (the extender decides every
 //! bind, so an overcommit there is the state's fault), the ledger within capacity, and no
 //! holding for a pod the API never had. Once every bind is answered, every doubt read back,
-//! every event delivered and a fresh list reconciled, the ledger holds what the API says.
+//! every event delivered and a fresh list reconciled, the ledger holds what the API says: each
+//! device-plugin pod on its node, each claim on its device, and nothing of their own for the
+//! pods the claims stand for.
 //!
 //! Bind's steps (reserve, hold the reservation on its way, create it, call the API, settle) are
 //! replayed here in the order `bind::bind` takes them, each API answer chosen by the case.
@@ -19,22 +25,29 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use gpu_share::dra::{ResourceClaim, ResourceSlice};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use gpu_share::cluster::reservation_api::CreateError;
+use gpu_share::dra::claim::EXTENDED_RESOURCE_CLAIM;
+use gpu_share::extender::dra::Relisted;
 use gpu_share::extender::handlers::{BindPlan, hold_for_bind};
 use gpu_share::extender::on_its_way;
 use gpu_share::extender::state::binding::Binding;
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::extender::sync::Relist;
-use gpu_share::ledger::{ANNOTATION_GPUS, BindPod, STAND_IN};
+use gpu_share::ledger::{ANNOTATION_GPUS, BindPod, Holder};
 use gpu_share::policy::Policy;
 use gpu_share::shared::{LoadedPolicy, PolicyStore};
 
-const NODES: [&str; 2] = ["n1", "n2"];
+/// The device plugin's nodes (per-GPU sharing), then the DRA node.
+const NODES: [&str; 3] = ["n1", "n2", DRA_NODE];
+/// A node of two whole GPUs whose ResourceSlices NVIDIA's DRA driver's own code published
+/// (`tests/fixtures/nvidia-dra/`).
+const DRA_NODE: &str = "dra-h100-2gpu-whole";
 const GPUS: u32 = 2;
 /// Longer than any case runs: an assumption never lapses mid-case (expiry is time's, not the
 /// case's, to choose).
@@ -92,6 +105,10 @@ enum Step {
     Deliver(usize),
     /// The watch is cut: what it had not delivered is lost, and it lists again.
     Cut,
+    /// The claims' watch delivers its next events.
+    DeliverClaims(usize),
+    /// The claims' watch is cut and lists again.
+    CutClaims,
     /// A reconcile lists the API now.
     List,
     /// ... and applies its oldest list now.
@@ -108,6 +125,14 @@ enum Step {
 struct ApiPod {
     pod: Value,
     deleted: bool,
+}
+
+/// A ResourceClaim as the API has it: allocated on the DRA node for one pod.
+#[derive(Debug, Clone)]
+struct ApiClaim {
+    pod: String,
+    /// The device's index on the DRA node (`gpu-<i>`).
+    gpu: u32,
 }
 
 /// A bind whose call is in flight.
@@ -129,12 +154,20 @@ struct World {
     lists: VecDeque<(Vec<Pod>, Instant)>,
     /// The UIDs of pods in doubt.
     doubt: Vec<String>,
+    /// The claims by UID, and what the claims' watch has not delivered yet.
+    claims: BTreeMap<String, ApiClaim>,
+    claim_watch: VecDeque<Event<ResourceClaim>>,
+    slices: Vec<ResourceSlice>,
     serial: u32,
     policy: std::sync::Arc<LoadedPolicy>,
     nodes: Vec<Node>,
 }
 
 fn node(name: &str) -> Node {
+    if name == DRA_NODE {
+        // The DRA driver's node: no device plugin's labels or resources.
+        return serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    }
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {
             "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
@@ -168,6 +201,43 @@ fn new_pod(uid: &str, kind: Kind) -> Value {
     }
 }
 
+/// The DRA node's slices, as the driver's code published them.
+fn dra_slices() -> Vec<ResourceSlice> {
+    let path = format!(
+        "{}/tests/fixtures/nvidia-dra/{DRA_NODE}.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    gpu_share::documents::objects(&text)
+        .unwrap()
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect()
+}
+
+/// The claim kube-scheduler writes for a pod's `nvidia.com/gpu` on the DRA node (KEP-5004),
+/// allocated device `gpu-<gpu>`.
+fn claim_object(uid: &str, c: &ApiClaim) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-extended-resources-x", c.pod), "namespace": "ml",
+            "uid": uid, "annotations": {EXTENDED_RESOURCE_CLAIM: "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": c.pod,
+                                 "uid": c.pod, "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+                        "count": 1}}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{"request": "container-0-request-0",
+                "driver": gpu_share::dra::DRIVER, "pool": DRA_NODE,
+                "device": format!("gpu-{}", c.gpu)}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name",
+                    "operator": "In", "values": [DRA_NODE]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": c.pod, "uid": c.pod}]
+        }
+    }))
+    .unwrap()
+}
+
 fn typed(v: &Value) -> Pod {
     serde_json::from_value(v.clone()).unwrap()
 }
@@ -188,6 +258,9 @@ impl World {
             watch: VecDeque::new(),
             lists: VecDeque::new(),
             doubt: Vec::new(),
+            claims: BTreeMap::new(),
+            claim_watch: VecDeque::new(),
+            slices: dra_slices(),
             serial: 0,
             policy: PolicyStore::new(Policy::default_policy()).current(),
             nodes: NODES.iter().map(|n| node(n)).collect(),
@@ -203,6 +276,13 @@ impl World {
             e.apply_node_event(&mut r, Event::InitApply(n.clone()), &self.policy.reading);
         }
         e.apply_node_event(&mut r, Event::InitDone, &self.policy.reading);
+        let mut r = Relisted::default();
+        e.apply_slice_event(&mut r, Event::Init);
+        for s in &self.slices {
+            e.apply_slice_event(&mut r, Event::InitApply(s.clone()));
+        }
+        e.apply_slice_event(&mut r, Event::InitDone);
+        self.relist_claims(&e);
         let mut r = Relist::default();
         e.apply_pod_event(&mut r, Event::Init);
         for p in self.listed() {
@@ -211,6 +291,58 @@ impl World {
         e.apply_pod_event(&mut r, Event::InitDone);
         e.mark_synced();
         e
+    }
+
+    /// The claims' watch lists again (after a cut, or at start).
+    fn relist_claims(&self, e: &ExtenderState) {
+        let mut r = Relisted::default();
+        e.apply_claim_event(&mut r, Event::Init);
+        for (uid, c) in &self.claims {
+            e.apply_claim_event(&mut r, Event::InitApply(claim_object(uid, c)));
+        }
+        e.apply_claim_event(&mut r, Event::InitDone);
+    }
+
+    /// kube-scheduler's DRA plugin allocates `pod` a free device of the DRA node (first fit):
+    /// the claim's UID, or `None` when every device is taken (the plugin filters the node out).
+    fn allocate(&mut self, pod: &str) -> Option<String> {
+        let gpu = (0..GPUS).find(|g| !self.claims.values().any(|c| c.gpu == *g))?;
+        self.serial += 1;
+        let uid = format!("c{}", self.serial);
+        let c = ApiClaim {
+            pod: pod.to_string(),
+            gpu,
+        };
+        self.claim_watch
+            .push_back(Event::Apply(claim_object(&uid, &c)));
+        self.claims.insert(uid.clone(), c);
+        Some(uid)
+    }
+
+    /// The claims of `pod` go: it is done, gone, or its binding did not happen.
+    fn deallocate(&mut self, pod: &str) {
+        let gone: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.pod == pod)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in gone {
+            let c = self.claims.remove(&uid).unwrap();
+            self.claim_watch
+                .push_back(Event::Delete(claim_object(&uid, &c)));
+        }
+    }
+
+    /// Deallocates the claim of `pod` unless the API has it bound and unfinished.
+    fn deallocate_unless_running(&mut self, pod: &str) {
+        let running = self
+            .api
+            .get(pod)
+            .is_some_and(|p| !p.deleted && node_of(&p.pod).is_some() && !finished(&p.pod));
+        if !running {
+            self.deallocate(pod);
+        }
     }
 
     /// The API's pods, as a list shows them.
@@ -319,7 +451,10 @@ impl World {
         let mut whole: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
         let mut shares: BTreeMap<(String, u32), u32> = BTreeMap::new();
         for (uid, p) in self.live().filter(|(_, p)| !finished(p)) {
-            let Some(n) = node_of(p) else { continue };
+            // The DRA node's devices are the claims', one device each (first fit).
+            let Some(n) = node_of(p).filter(|n| *n != DRA_NODE) else {
+                continue;
+            };
             let ann = &p["metadata"]["annotations"];
             if let Some(g) = ann["gpu-share.io/reserve-gpu"].as_str() {
                 let g: u32 = g.parse().unwrap();
@@ -351,20 +486,28 @@ impl World {
     }
 }
 
+/// Whether the ledger's holding `uid` is a pod's, not a stand-in's (the ledger says which).
+fn holds_as_pod(e: &ExtenderState, uid: &str) -> bool {
+    e.ledger()
+        .holding(uid)
+        .is_none_or(|h| h.pod.holder == Holder::Pod)
+}
+
 /// The invariants of every step. The ledger itself is held to its capacity once the watch has
 /// delivered everything: an event older than what a read back learned (a pod bound, read back
 /// gone, released; then the watch's event of its binding) places the pod again until the
 /// deletion's event comes, on the safe side (more held, nothing given twice in the API).
 fn check(w: &World, e: &ExtenderState) -> Result<(), String> {
     w.api_within_capacity()?;
-    for n in NODES.iter().filter(|_| w.watch.is_empty()) {
+    let delivered = |n: &&&str| w.watch.is_empty() && (**n != DRA_NODE || w.claim_watch.is_empty());
+    for n in NODES.iter().filter(delivered) {
         let ok = e.ledger().with_node(n, |nl| nl.within_capacity());
         if ok != Some(true) {
             return Err(format!("the ledger's {n} past its capacity ({ok:?})"));
         }
     }
-    for uid in e.ledger().uids() {
-        if !uid.starts_with(STAND_IN) && !w.ever.contains(&uid) {
+    for uid in e.ledger().uids().into_iter().filter(|u| holds_as_pod(e, u)) {
+        if !w.ever.contains(&uid) {
             return Err(format!("the ledger holds {uid}, which the API never had"));
         }
     }
@@ -398,9 +541,11 @@ fn run(steps: &[Step]) -> Result<(), String> {
                     if landed {
                         w.bind(&b.uid, &b.node, &b.annotations);
                     }
+                    w.deallocate_unless_running(&b.uid);
                     drop(b.binding);
                 }
                 w.watch.clear();
+                w.claim_watch.clear();
                 w.lists.clear();
                 w.doubt.clear();
                 from = at + 1;
@@ -434,7 +579,15 @@ fn apply<'a>(
             if e.in_doubt(&uid).is_some() {
                 return Ok(());
             }
-            let p = BindPod::of(&typed(&w.api[&uid].pod));
+            let pod = typed(&w.api[&uid].pod);
+            // On the DRA node, the DRA plugin allocates an exclusive pod's claim before the
+            // binding; with no device free it filters the node out.
+            let asks_gpu =
+                w.api[&uid].pod["metadata"]["annotations"]["gpu-share.io/request"] == "exclusive";
+            if node == DRA_NODE && asks_gpu && w.allocate(&uid).is_none() {
+                return Ok(());
+            }
+            let p = BindPod::of(&pod);
             let mut binding = e.begin_bind(&uid, node, true);
             let (annotations, reservation) =
                 match hold_for_bind(e, &mut binding, &w.policy, &p, node) {
@@ -443,8 +596,11 @@ fn apply<'a>(
                         reservation,
                     }) => (annotations, reservation),
                     Ok(BindPlan::Plain) => return Err("a GPU pod read as plain".into()),
-                    // Refused in words: nothing reserved.
-                    Err(_) => return Ok(()),
+                    // Refused in words: nothing reserved (and the claim unreserved).
+                    Err(_) => {
+                        w.deallocate(&uid);
+                        return Ok(());
+                    }
                 };
             if let Some((gpu, mps)) = reservation {
                 let scorer = e.scorer(w.policy.policy.packing.policy.into());
@@ -464,6 +620,7 @@ fn apply<'a>(
                 hold.settle(&created);
                 if created.is_err() {
                     binding.abort();
+                    w.deallocate(&uid);
                     return Ok(());
                 }
             }
@@ -486,6 +643,8 @@ fn apply<'a>(
             if matches!(answer, Answer::Done | Answer::Landed) {
                 w.bind(&b.uid, &b.node, &b.annotations);
             }
+            // kube-scheduler unreserves a claim whose binding it did not see done.
+            w.deallocate_unless_running(&b.uid);
             match answer {
                 Answer::Done => {
                     b.binding.commit();
@@ -521,12 +680,15 @@ fn apply<'a>(
                 let mut pod = w.api[&uid].pod.clone();
                 pod["status"]["phase"] = json!("Succeeded");
                 w.put(&uid, pod);
+                w.deallocate(&uid);
             }
         }
         Step::Delete(i) => {
             let live: Vec<String> = w.live().map(|(u, _)| u.clone()).collect();
             if !live.is_empty() {
-                w.remove(&live[i % live.len()].clone());
+                let uid = live[i % live.len()].clone();
+                w.remove(&uid);
+                w.deallocate(&uid);
             }
         }
         Step::Deliver(n) => {
@@ -545,6 +707,19 @@ fn apply<'a>(
                 e.apply_pod_event(&mut r, Event::InitApply(p));
             }
             e.apply_pod_event(&mut r, Event::InitDone);
+        }
+        Step::DeliverClaims(n) => {
+            let mut r = Relisted::default();
+            for _ in 0..n {
+                let Some(ev) = w.claim_watch.pop_front() else {
+                    break;
+                };
+                e.apply_claim_event(&mut r, ev);
+            }
+        }
+        Step::CutClaims => {
+            w.claim_watch.clear();
+            w.relist_claims(e);
         }
         Step::List => {
             let at = listed_at();
@@ -570,7 +745,8 @@ fn listed_at() -> Instant {
 /// Every bind answered (lost, read back), every doubt read back, every event delivered, a
 /// fresh list reconciled: the ledger holds exactly the API's bound, unfinished pods, each on
 /// its node (stand-ins aside: a create that got no answer and made nothing is held until its
-/// assumption lapses).
+/// assumption lapses), but for the DRA node's: there it holds the API's claims, each on its
+/// device, and the pods they stand for hold nothing of their own.
 fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> Result<(), String> {
     for b in busy {
         b.binding.abort();
@@ -582,6 +758,10 @@ fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> R
     while let Some(ev) = w.watch.pop_front() {
         e.apply_pod_event(&mut r, ev);
     }
+    let mut r = Relisted::default();
+    while let Some(ev) = w.claim_watch.pop_front() {
+        e.apply_claim_event(&mut r, ev);
+    }
     check(w, e)?;
     let at = listed_at();
     e.reconcile_with(&w.nodes, &w.listed(), &w.policy.reading, at);
@@ -590,12 +770,41 @@ fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> R
         .ledger()
         .uids()
         .into_iter()
-        .filter(|u| !u.starts_with(STAND_IN))
+        .filter(|u| holds_as_pod(e, u))
         .filter_map(|u| e.ledger().node_of(&u).map(|n| (u, n)))
         .collect();
-    let api = w.holders();
+    let mut api = w.holders();
+    api.retain(|_, n| n != DRA_NODE);
     if held != api {
         return Err(format!("the ledger holds {held:?}, the API {api:?}"));
+    }
+    let claimed: Vec<(String, u32)> = e
+        .ledger()
+        .with_node(DRA_NODE, |nl| {
+            nl.holdings
+                .values()
+                .filter(|h| h.pod.holder == Holder::Claim)
+                .flat_map(|h| {
+                    h.placement
+                        .gpus
+                        .iter()
+                        .map(|(g, _)| (h.pod.name.clone(), *g))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut api: Vec<(String, u32)> = w
+        .claims
+        .values()
+        .map(|c| (format!("{}-extended-resources-x", c.pod), c.gpu))
+        .collect();
+    api.sort();
+    let mut claimed = claimed;
+    claimed.sort();
+    if claimed != api {
+        return Err(format!(
+            "the ledger's claims on the DRA node are {claimed:?}, the API's {api:?}"
+        ));
     }
     Ok(())
 }
@@ -621,6 +830,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<usize>().prop_map(Step::Delete),
         4 => (1usize..4).prop_map(Step::Deliver),
         1 => Just(Step::Cut),
+        2 => (1usize..4).prop_map(Step::DeliverClaims),
+        1 => Just(Step::CutClaims),
         2 => Just(Step::List),
         2 => Just(Step::Reconcile),
         1 => any::<bool>().prop_map(|landed| Step::Restart { landed }),

@@ -5,7 +5,7 @@
 //! against the one packing implementation.
 
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
-use gpu_share::ledger::{Ledger, PodRef, demand_of_request};
+use gpu_share::ledger::{Holder, Ledger, PodRef, demand_of_request};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
 use gpu_share::quota::advertise;
 use gpu_share::request::GpuRequest;
@@ -119,6 +119,7 @@ proptest! {
                 namespace: "ml".into(),
                 name: format!("p{i}"),
                 priority: 0,
+                holder: Holder::Pod,
             };
             let demand = Demand::gpu(demand_of_request(&request));
             if ledger.hold(&scorer, &nodes[*n].name, pod, demand).is_ok() {

@@ -15,7 +15,6 @@ pub mod node;
 pub mod slice;
 pub mod view;
 
-pub use crate::ledger::{CLAIM_HOLDING, is_claim_holding};
 pub use claim::{Claim, ClaimedDevice, ResourceClaim};
 pub use node::{DraDevice, DraNode, Kind};
 pub use slice::ResourceSlice;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::inventory::{MigLayout, ModeSource, Sharing};
-use crate::ledger::{Ledger, ObservedPod, PodRef};
+use crate::ledger::{Holder, Ledger, ObservedPod, PodRef};
 use crate::packing::{Demand, GpuDemand, PackingPolicy, Reason, Scorer};
 
 /// The driver's slices for one node (`tests/fixtures/nvidia-dra/<name>.yaml`).
@@ -188,6 +188,7 @@ fn the_ledger_equals_the_claims() {
             namespace: "ml".into(),
             name: "p".into(),
             priority: 0,
+            holder: Holder::Pod,
         },
         node: node.into(),
         demand: Demand::gpu(GpuDemand::Units {
@@ -203,8 +204,8 @@ fn the_ledger_equals_the_claims() {
     ledger.sync_claims(node, &v.holdings(node), &v.covered_on(node));
     let held = ledger.snapshot().remove(node).unwrap();
     assert_eq!(held.holdings.len(), 1, "{:?}", held.holdings.keys());
-    let (uid, h) = held.holdings.iter().next().unwrap();
-    assert!(is_claim_holding(uid));
+    let h = held.holdings.values().next().unwrap();
+    assert_eq!(h.pod.holder, Holder::Claim);
     assert_eq!(h.placement.gpus, vec![(1, 1000)], "the GPU DRA chose");
     assert_eq!(held.usage.free_gpus(), 1);
     // The pod's watch event again: still nothing of its own.
@@ -297,6 +298,7 @@ fn exclusive_pods_fit_free_gpus_and_a_full_node_says_so() {
             namespace: "ml".into(),
             name: "p".into(),
             priority: 0,
+            holder: Holder::Pod,
         },
         one,
     );

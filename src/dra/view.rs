@@ -9,7 +9,7 @@ use super::claim::Claim;
 use super::node::{DraNode, Kind};
 use super::slice::ResourceSlice;
 use crate::inventory::GpuNode;
-use crate::ledger::{CLAIM_HOLDING, ObservedPod, PodRef};
+use crate::ledger::{Holder, ObservedPod, PodRef, claim_key};
 use crate::packing::{Demand, GpuDemand};
 
 /// The DRA side of the cluster.
@@ -239,10 +239,11 @@ impl DraView {
                 }
             }
             let pod = |kind: &str| PodRef {
-                uid: format!("{CLAIM_HOLDING}{}/{node}/{kind}", c.uid),
+                uid: claim_key(&c.uid, node, kind),
                 namespace: c.namespace.clone(),
                 name: c.name.clone(),
                 priority: 0,
+                holder: Holder::Claim,
             };
             if !whole.is_empty() {
                 whole.sort();

@@ -736,6 +736,7 @@ mod tests {
                 namespace: "ml".into(),
                 name: "w".into(),
                 priority: 0,
+                holder: ledger::Holder::Pod,
             },
             crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 2 }),
         );

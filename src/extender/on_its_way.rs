@@ -6,7 +6,7 @@
 //! be made). Held only from the watch, the GPU would look free in between, and a whole-GPU pod
 //! could be given the GPU a reservation then runs on.
 //!
-//! The hold is a stand-in holding ([`crate::ledger::STAND_IN`]), assumed like a bind's: a
+//! The hold is a stand-in holding ([`crate::ledger::Holder::StandIn`]), assumed like a bind's: a
 //! reconcile keeps it, the reservation's pod takes its place when the API shows it, a refused
 //! create releases it, and otherwise it lapses with the assumption (the pod never appeared).
 
@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::state::ExtenderState;
 use super::state::binding::Binding;
 use crate::cluster::reservation_api::CreateError;
-use crate::ledger::{PodRef, stand_in_uid};
+use crate::ledger::{Holder, PodRef, stand_in_key};
 use crate::packing::{Demand, GpuDemand, Reason, Scorer};
 
 /// Numbers the stand-ins, so that two creates for one GPU (a bind and the controller) hold
@@ -44,7 +44,7 @@ pub fn hold<'a>(
     mps: bool,
     cdi_device: bool,
 ) -> Result<OnItsWay<'a>, Reason> {
-    let uid = stand_in_uid(node, gpu, SERIAL.fetch_add(1, Ordering::Relaxed));
+    let uid = stand_in_key(node, gpu, SERIAL.fetch_add(1, Ordering::Relaxed));
     let mut binding = ext.begin_bind(&uid, node, true);
     binding.hold(
         scorer,
@@ -53,6 +53,7 @@ pub fn hold<'a>(
             namespace: crate::reservation::NAMESPACE.to_string(),
             name: crate::reservation::name(node, gpu),
             priority: 0,
+            holder: Holder::StandIn,
         },
         Demand::gpu(GpuDemand::ReservationPod {
             gpu,
@@ -90,8 +91,8 @@ impl OnItsWay<'_> {
         self.ext
             .ledger()
             .with_node(&self.node, |nl| {
-                nl.holdings.iter().any(|(uid, h)| {
-                    !uid.starts_with(crate::ledger::STAND_IN)
+                nl.holdings.values().any(|h| {
+                    h.pod.holder != Holder::StandIn
                         && matches!(h.demand.gpu, GpuDemand::ReservationPod { gpu, .. } if gpu == self.gpu)
                 })
             })
@@ -134,6 +135,7 @@ mod tests {
                 namespace: "ml".into(),
                 name: uid.into(),
                 priority: 0,
+                holder: Holder::Pod,
             },
             Demand::gpu(GpuDemand::Whole { count: 1 }),
         )?;
@@ -148,6 +150,7 @@ mod tests {
                 namespace: crate::reservation::NAMESPACE.into(),
                 name: crate::reservation::name("n1", gpu),
                 priority: 0,
+                holder: Holder::Pod,
             },
             node: "n1".into(),
             demand: Demand::gpu(GpuDemand::ReservationPod {

@@ -331,7 +331,7 @@ pub fn report(
                 } else {
                     h.placement.gpus_text()
                 },
-                kind: if crate::ledger::is_claim_holding(&h.pod.uid) {
+                kind: if h.pod.holder == crate::ledger::Holder::Claim {
                     "dra-claim".to_string()
                 } else {
                     h.demand.gpu.class().to_string()

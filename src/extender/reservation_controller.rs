@@ -505,7 +505,7 @@ async fn move_share(
 mod tests {
     use super::*;
     use crate::inventory::{GpuNode, Sharing};
-    use crate::ledger::{ObservedPod, PodRef};
+    use crate::ledger::{Holder, ObservedPod, PodRef};
     use crate::packing::{Demand, GpuDemand};
 
     fn per_gpu_node() -> GpuNode {
@@ -521,6 +521,7 @@ mod tests {
                 namespace: "ml".into(),
                 name: format!("p-{uid}"),
                 priority: 0,
+                holder: Holder::Pod,
             },
             node: "n1".into(),
             demand: Demand {

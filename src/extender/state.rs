@@ -563,7 +563,7 @@ mod tests {
     use crate::extender::report::{fragmented_gpus, report};
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::NodeLedger;
-    use crate::ledger::PodRef;
+    use crate::ledger::{Holder, PodRef};
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
 
     /// A node whose sharing no label states says so in `/v1/nodes` (and so in `gpu-share
@@ -748,6 +748,7 @@ mod tests {
             namespace: "ml".into(),
             name: "x".into(),
             priority: 0,
+            holder: Holder::Pod,
         };
         a.hold(&scorer, pref, d(70)).unwrap();
         // A 50% request no longer fits on a (30% free there); b is empty; the plain node is of
@@ -914,6 +915,7 @@ mod tests {
                     namespace: "ml".into(),
                     name: format!("p{i}"),
                     priority: 0,
+                    holder: Holder::Pod,
                 },
                 key: format!("ml/p{i}"),
                 demand: Err(crate::ledger::DemandError::BadRequestAnnotation(

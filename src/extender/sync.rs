@@ -718,6 +718,7 @@ mod tests {
             namespace: "ml".into(),
             name: format!("pod-{uid}"),
             priority: 0,
+            holder: crate::ledger::Holder::Pod,
         };
         let mut b = e.begin_bind(uid, "n1", true);
         b.hold(

@@ -37,8 +37,8 @@ pub type NodeVictim = (String, String);
 pub struct Ledger {
     /// By name, as prioritize looks up every candidate node of a decision.
     nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::quality::RandomState>>,
-    /// uid -> node for every placed holding.
-    index: Mutex<HashMap<String, String>>,
+    /// uid -> node (and what holds) for every placed holding.
+    index: Mutex<HashMap<String, (String, Holder)>>,
     /// Pods bound to nodes not (yet) in the inventory.
     unplaced: Mutex<HashMap<String, ObservedPod>>,
     on_release: RwLock<Option<ReleaseListener>>,
@@ -245,7 +245,7 @@ impl Ledger {
             .with_node(node, |nl| {
                 nl.holdings
                     .iter()
-                    .filter(|(uid, _)| is_claim_holding(uid))
+                    .filter(|(_, h)| h.pod.holder == Holder::Claim)
                     .map(|(u, h)| (u.clone(), (**h).clone()))
                     .collect()
             })
@@ -260,7 +260,7 @@ impl Ledger {
             }
         }
         lock(&self.unplaced).retain(|uid, o| {
-            !(is_claim_holding(uid) && o.node == node && !want.contains_key(uid.as_str()))
+            !(o.pod.holder == Holder::Claim && o.node == node && !want.contains_key(uid.as_str()))
         });
         for o in holdings {
             if self.node_of(&o.pod.uid).is_none() {
@@ -284,7 +284,7 @@ impl Ledger {
 
     /// The node a pod holds something on.
     pub fn node_of(&self, uid: &str) -> Option<String> {
-        lock(&self.index).get(uid).cloned()
+        lock(&self.index).get(uid).map(|(node, _)| node.clone())
     }
 
     /// Records what the API says a pod holds (nothing, for a pod a DRA claim stands for).
@@ -294,7 +294,7 @@ impl Ledger {
     /// something did, it is planned again there. Two updates of one pod cannot interleave and
     /// leave a holding the index does not point to.
     pub fn record(&self, o: &ObservedPod) {
-        if !is_claim_holding(&o.pod.uid) && lock(&self.claimed).contains_key(&o.pod.uid) {
+        if o.pod.holder != Holder::Claim && lock(&self.claimed).contains_key(&o.pod.uid) {
             return;
         }
         let n = self.node(&o.node);
@@ -302,7 +302,7 @@ impl Ledger {
         let moved = {
             let mut index = lock(&self.index);
             let moved = match index.get(&o.pod.uid) {
-                Some(prev) if *prev != o.node => self.take(&mut index, &o.pod.uid),
+                Some((prev, _)) if *prev != o.node => self.take(&mut index, &o.pod.uid),
                 _ => None,
             };
             match self.node(&o.node) {
@@ -312,7 +312,7 @@ impl Ledger {
                     for stand_in in lock(&now).record_planned(o, planned) {
                         index.remove(&stand_in);
                     }
-                    index.insert(o.pod.uid.clone(), o.node.clone());
+                    index.insert(o.pod.uid.clone(), (o.node.clone(), o.pod.holder));
                 }
                 None => {
                     lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
@@ -353,7 +353,7 @@ impl Ledger {
         {
             return Err(Reason::ReservationFailed { why });
         }
-        let uid = pod.uid.clone();
+        let (uid, holder) = (pod.uid.clone(), pod.holder);
         let mut tries = 0;
         loop {
             tries += 1;
@@ -370,7 +370,7 @@ impl Ledger {
             };
             let mut index = lock(&self.index);
             let moved = match index.get(&uid) {
-                Some(prev) if prev != node => self.take(&mut index, &uid),
+                Some((prev, _)) if prev != node => self.take(&mut index, &uid),
                 _ => None,
             };
             let mut nl = lock(&n);
@@ -394,7 +394,7 @@ impl Ledger {
             };
             drop(nl);
             if result.is_ok() {
-                index.insert(uid, node.to_string());
+                index.insert(uid, (node.to_string(), holder));
             }
             drop(index);
             if let Some(h) = moved {
@@ -500,8 +500,8 @@ impl Ledger {
     }
 
     /// Removes a holding from the index (held by the caller) and from its node.
-    fn take(&self, index: &mut HashMap<String, String>, uid: &str) -> Option<Holding> {
-        let node = index.remove(uid)?;
+    fn take(&self, index: &mut HashMap<String, (String, Holder)>, uid: &str) -> Option<Holding> {
+        let (node, _) = index.remove(uid)?;
         let n = self.node(&node)?;
         lock(&n).release(uid)
     }
@@ -528,13 +528,13 @@ impl Ledger {
         lock(&self.index).len() + lock(&self.unplaced).len()
     }
 
-    /// Every pod's UID held (placed or not): DRA claims' holdings are not pods'
-    /// ([`Ledger::sync_claims`] keeps them).
+    /// The key of every holding (placed or not) but DRA claims' ([`Ledger::sync_claims`] keeps
+    /// those): pods' UIDs, and stand-ins' keys, which lapse with their assumption.
     pub fn uids(&self) -> Vec<String> {
         let mut v: Vec<String> = lock(&self.index)
-            .keys()
-            .filter(|u| !is_claim_holding(u))
-            .cloned()
+            .iter()
+            .filter(|(_, (_, holder))| *holder != Holder::Claim)
+            .map(|(u, _)| u.clone())
             .collect();
         v.extend(lock(&self.unplaced).keys().cloned());
         v.sort();
@@ -557,6 +557,7 @@ mod tests {
             namespace: "ml".into(),
             name: uid.into(),
             priority: 0,
+            holder: Holder::Pod,
         }
     }
 
@@ -668,7 +669,7 @@ mod tests {
         l.for_each_node(|nl| {
             for uid in nl.holdings.keys() {
                 assert_eq!(
-                    index.get(uid).map(String::as_str),
+                    index.get(uid).map(|(n, _)| n.as_str()),
                     Some(nl.node.name.as_str()),
                     "{uid} held on {} but indexed elsewhere",
                     nl.node.name

@@ -189,6 +189,7 @@ mod tests {
             namespace: "ml".into(),
             name: uid.into(),
             priority: 0,
+            holder: Holder::Pod,
         }
     }
 

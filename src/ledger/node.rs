@@ -19,28 +19,6 @@ pub struct Holding {
     pub placement: Placement,
 }
 
-/// How the UID of a stand-in begins: a reservation pod whose create has been sent and whose pod
-/// the API has not shown yet. The ledger holds its GPU from before the create leaves, so no
-/// whole-GPU pod is given a GPU a reservation is about to run on; the reservation itself, once
-/// recorded, takes its place ([`NodeLedger::record`]). No pod's UID looks like it.
-pub const STAND_IN: &str = "reservation-on-its-way/";
-
-/// How the UID of a DRA claim's holding begins (`dra-claim/<claim UID>/<node>/<kind>`): what a
-/// ResourceClaim's allocation holds on a node whose GPUs NVIDIA's DRA driver publishes
-/// ([`crate::dra`]). It stands for the pods the claim is reserved for, which hold nothing
-/// themselves there ([`super::Ledger::sync_claims`]). No pod's UID looks like it.
-pub const CLAIM_HOLDING: &str = "dra-claim/";
-
-/// Whether a ledger UID is a DRA claim's holding, not a pod's.
-pub fn is_claim_holding(uid: &str) -> bool {
-    uid.starts_with(CLAIM_HOLDING)
-}
-
-/// The UID of stand-in number `serial` for a reservation of GPU `gpu` of `node`.
-pub fn stand_in_uid(node: &str, gpu: u32, serial: u64) -> String {
-    format!("{STAND_IN}{node}/{gpu}/{serial}")
-}
-
 /// One node's capacity, usage and holders.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -160,7 +138,7 @@ impl NodeLedger {
         let uid = &observed.pod.uid;
         let replaced = match observed.demand.gpu {
             GpuDemand::ReservationPod { gpu, .. }
-                if !uid.starts_with(STAND_IN) && !self.holdings.contains_key(uid) =>
+                if observed.pod.holder != Holder::StandIn && !self.holdings.contains_key(uid) =>
             {
                 self.drop_stand_ins(gpu)
             }
@@ -178,8 +156,8 @@ impl NodeLedger {
         let gone: Vec<String> = self
             .holdings
             .iter()
-            .filter(|(uid, h)| {
-                uid.starts_with(STAND_IN)
+            .filter(|(_, h)| {
+                h.pod.holder == Holder::StandIn
                     && matches!(h.demand.gpu, GpuDemand::ReservationPod { gpu: g, .. } if g == gpu)
             })
             .map(|(uid, _)| uid.clone())

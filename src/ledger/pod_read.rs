@@ -14,7 +14,8 @@ use crate::request::{ANNOTATION_REQUEST, GpuClass, GpuRequest};
 /// The per-GPU model of a bound pod (`index:milli,...`), written with the binding.
 pub const ANNOTATION_GPUS: &str = "gpu-share.io/gpus";
 
-/// A pod's identity and priority.
+/// A holder's identity and priority: a pod's, or that of what holds in pods' stead ([`Holder`]).
+/// `uid` is the ledger's key for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRef {
@@ -22,6 +23,46 @@ pub struct PodRef {
     pub namespace: String,
     pub name: String,
     pub priority: i32,
+    /// What holds: a pod, unless said otherwise.
+    #[serde(skip_serializing_if = "Holder::is_pod")]
+    pub holder: Holder,
+}
+
+/// What holds a share in the ledger. The kind is said here, never read from the key: a claim's
+/// and a stand-in's keys are made so that no pod's UID is one ([`claim_key`], [`stand_in_key`]),
+/// and nothing parses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Holder {
+    /// A pod the API shows (or one bound here and not yet shown), keyed by its UID.
+    #[default]
+    Pod,
+    /// A DRA ResourceClaim's allocation on a node whose GPUs NVIDIA's DRA driver publishes
+    /// ([`crate::dra`]): it stands for the pods the claim is reserved for, which hold nothing
+    /// themselves there ([`super::Ledger::sync_claims`]).
+    Claim,
+    /// A reservation pod whose create has been sent and which the API has not shown yet. The
+    /// ledger holds its GPU from before the create leaves, so no whole-GPU pod is given a GPU a
+    /// reservation is about to run on; the reservation itself, once recorded, takes its place
+    /// ([`super::NodeLedger::record`]).
+    StandIn,
+}
+
+impl Holder {
+    pub fn is_pod(&self) -> bool {
+        *self == Holder::Pod
+    }
+}
+
+/// The ledger's key for the holding of DRA claim `claim` (its UID) on `node`, of one `kind` of
+/// its devices (`gpu`, `share-<i>`, `mig-<profile>`).
+pub fn claim_key(claim: &str, node: &str, kind: &str) -> String {
+    format!("dra-claim/{claim}/{node}/{kind}")
+}
+
+/// The ledger's key for stand-in number `serial` for a reservation of GPU `gpu` of `node`.
+pub fn stand_in_key(node: &str, gpu: u32, serial: u64) -> String {
+    format!("reservation-on-its-way/{node}/{gpu}/{serial}")
 }
 
 /// How a demand is expressed by a request annotation.
@@ -411,6 +452,7 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+        holder: Holder::Pod,
     }
 }
 
