@@ -6,37 +6,29 @@
 //! and the Kubernetes API are a thin shell around them ([`server`], [`cluster`]).
 #![forbid(unsafe_code)]
 
+// The pure core (crates/core), at the paths the service and its tests have always used.
+pub use gpu_share_core::{
+    cache, documents, dra, enforcement, inventory, ledger, mig, nvidia, packing, policy, request,
+    skew, sync, workloads,
+};
+
 pub mod admission;
-pub mod cache;
 pub mod certs;
 pub mod cli;
 pub mod cluster;
-pub mod documents;
-pub mod dra;
-pub mod enforcement;
 pub mod extender;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod inventory;
-pub mod ledger;
 pub mod metrics;
-pub mod mig;
-pub mod nvidia;
-pub mod packing;
-pub mod policy;
 pub mod quota;
-pub mod request;
 pub mod reservation;
 pub mod server;
 pub mod shared;
 pub mod signal;
 pub mod simulate;
-pub mod skew;
 pub mod status;
-pub mod sync;
 pub mod telemetry;
 pub mod ui;
-pub mod workloads;
 
 /// Errors that stop the service at start, each naming what to fix.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,13 @@
 //! The source stays in files a reader can hold, and its modules import one way:
-//! - no file in src/ has more than 700 lines before its `#[cfg(test)] mod tests` (tests beside
-//!   the code do not count);
+//! - no file of either crate (the service's src/, the pure core's crates/core/src/) has more
+//!   than 700 lines before its `#[cfg(test)] mod tests` (tests beside the code do not count);
 //! - `admission`, `extender` and `cluster` never import `server` (it wires them together);
-//! - no module imports one that imports it back, directly or around a longer loop, between the
-//!   crate's top-level modules and between its files (ARCHITECTURE.md).
+//! - no module imports one that imports it back, directly or around a longer loop, between a
+//!   crate's top-level modules and between its files (ARCHITECTURE.md);
+//! - the core does no I/O: Cargo keeps the Kubernetes client, the async runtime and HTTP out of
+//!   its dependencies, and this checks that its manifest still leaves them out and that its code
+//!   opens no file or socket; the service's own pure modules import only each other and the
+//!   core.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,8 +25,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The service's sources.
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The pure core's sources (crates/core).
+fn core_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src")
 }
 
 /// The code of a file before its `#[cfg(test)] mod tests`.
@@ -39,10 +49,10 @@ fn code_of(text: &str) -> String {
     out
 }
 
-/// A file's module path: `src/extender/state.rs` is `extender::state`, `src/extender/mod.rs`
-/// is `extender`, `src/lib.rs` the crate root (empty).
-fn module_of(file: &Path) -> Vec<String> {
-    let rel = file.strip_prefix(src()).unwrap();
+/// A file's module path under its crate's `root`: `src/extender/state.rs` is
+/// `extender::state`, `src/extender/mod.rs` is `extender`, `src/lib.rs` the crate root (empty).
+fn module_of(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).unwrap();
     let mut parts: Vec<String> = rel
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -60,6 +70,7 @@ fn module_of(file: &Path) -> Vec<String> {
 fn no_source_file_is_over_700_lines_before_its_tests() {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
+    rust_files(&core_src(), &mut files);
     assert!(
         files.len() > 30,
         "found only {} files under src/",
@@ -157,17 +168,54 @@ fn without_comments(code: &str) -> String {
         .join("\n")
 }
 
-/// Every file module and the modules its code names (`crate::`, `super::`, `self::` and child
-/// paths), resolved to the longest module path that is a file.
-fn import_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+/// The core's file modules, at the paths the service names them by: its lib.rs re-exports each
+/// at its own name, and `reservation` as `reservation::model`.
+fn core_modules() -> BTreeSet<Vec<String>> {
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let modules: BTreeMap<Vec<String>, PathBuf> =
-        files.iter().map(|f| (module_of(f), f.clone())).collect();
+    rust_files(&core_src(), &mut files);
+    files
+        .iter()
+        .map(|f| module_of(&core_src(), f))
+        .filter(|m| !m.is_empty())
+        .map(|mut m| {
+            if m[0] == "reservation" {
+                m.insert(1, "model".into());
+            }
+            m
+        })
+        .collect()
+}
+
+/// The service's file modules and the modules each one's code names: the core's, at the paths
+/// the service names them by, are targets without edges of their own (the core's graph is
+/// [`core_graph`]).
+fn import_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    graph_of(&src(), &core_modules())
+}
+
+/// The core's file modules and the modules each one's code names.
+fn core_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    graph_of(&core_src(), &BTreeSet::new())
+}
+
+/// Every file module of the crate at `root` and the modules its code names (`crate::`,
+/// `super::`, `self::` and child paths), resolved to the longest module path that is a file
+/// there or in `elsewhere` (modules another crate gives it at those paths).
+fn graph_of(
+    root: &Path,
+    elsewhere: &BTreeSet<Vec<String>>,
+) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_of(root, f), f.clone()))
+        .collect();
+    let known: BTreeSet<Vec<String>> = modules.keys().chain(elsewhere).cloned().collect();
     let mut graph = BTreeMap::new();
     for (module, file) in &modules {
-        let children: BTreeSet<String> = modules
-            .keys()
+        let children: BTreeSet<String> = known
+            .iter()
             .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
             .map(|m| m.last().unwrap().clone())
             .collect();
@@ -214,7 +262,7 @@ fn import_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
                 let target = (0..=at.len())
                     .rev()
                     .map(|n| at[..n].to_vec())
-                    .find(|m| modules.contains_key(m))
+                    .find(|m| known.contains(m))
                     .unwrap_or_default();
                 if !target.is_empty() && &target != module {
                     targets.insert(target);
@@ -318,38 +366,37 @@ fn admission_extender_and_cluster_never_import_server() {
 
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
-    let files = import_graph();
-    assert!(files.len() > 30);
-    if let Some(cycle) = find_loop(&files) {
-        let shown: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
-        panic!("files import each other around: {}", shown.join(" -> "));
-    }
-    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (m, targets) in &files {
-        let Some(a) = m.first() else { continue };
-        let entry = top.entry(a.clone()).or_default();
-        for t in targets {
-            if t[0] != *a {
-                entry.insert(t[0].clone());
+    for (name, files) in [("service", import_graph()), ("core", core_graph())] {
+        assert!(files.len() > 30, "{name}: {} files", files.len());
+        if let Some(cycle) = find_loop(&files) {
+            let shown: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
+            panic!(
+                "{name}: files import each other around: {}",
+                shown.join(" -> ")
+            );
+        }
+        let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (m, targets) in &files {
+            let Some(a) = m.first() else { continue };
+            let entry = top.entry(a.clone()).or_default();
+            for t in targets {
+                if t[0] != *a {
+                    entry.insert(t[0].clone());
+                }
             }
         }
-    }
-    if let Some(cycle) = find_loop(&top) {
-        panic!("modules import each other around: {}", cycle.join(" -> "));
+        if let Some(cycle) = find_loop(&top) {
+            panic!(
+                "{name}: modules import each other around: {}",
+                cycle.join(" -> ")
+            );
+        }
     }
 }
 
-/// The modules that decide: pure functions over plain data (ARCHITECTURE.md).
-const PURE: [&str; 26] = [
-    "cache",
-    "request",
-    "skew",
-    "workloads",
-    "mig",
-    "nvidia",
-    "policy",
-    "inventory",
-    "packing",
+/// The service's own modules that decide: pure functions over plain data (ARCHITECTURE.md),
+/// beside the core's (crates/core), which are all pure.
+const PURE: [&str; 13] = [
     "admission::plan",
     "admission::steps",
     "admission::patch",
@@ -357,26 +404,44 @@ const PURE: [&str; 26] = [
     "admission::template",
     "admission::devices",
     "admission::limits",
-    "reservation::model",
+    "admission::guard",
     "reservation::plan",
     "reservation::cdi",
     "reservation::view",
-    "enforcement",
     "quota::advertise",
     "quota::usage",
-    "dra",
-    "ledger",
-    "documents",
 ];
+
+/// What a pure module never names: the Kubernetes client, the async runtime, HTTP, files and
+/// sockets.
+const IO: [&str; 6] = [
+    "kube::", "axum::", "tokio::", "hyper::", "std::fs", "std::net",
+];
+
+/// The code (before its tests, without comments) of the file of `module` under `root`.
+fn module_code(root: &Path, module: &[String]) -> String {
+    // `a/mod.rs`, or `a.rs` (whose children may live in `a/`); the root is `lib.rs`.
+    let mut p = root.join(module.join("/"));
+    if module.is_empty() {
+        p = root.join("lib.rs");
+    } else if p.join("mod.rs").is_file() {
+        p = p.join("mod.rs");
+    } else {
+        p.set_extension("rs");
+    }
+    without_comments(&code_of(&std::fs::read_to_string(&p).unwrap()))
+}
 
 #[test]
 fn the_pure_modules_import_only_each_other_and_no_io() {
+    let core = core_modules();
     let graph = import_graph();
     let pure = |m: &[String]| {
         let name = m.join("::");
-        PURE.iter()
-            .any(|p| name == *p || name.starts_with(&format!("{p}::")))
-            || name == "admission::guard"
+        core.contains(m)
+            || PURE
+                .iter()
+                .any(|p| name == *p || name.starts_with(&format!("{p}::")))
     };
     let mut seen = 0;
     let mut broken = Vec::new();
@@ -386,31 +451,56 @@ fn the_pure_modules_import_only_each_other_and_no_io() {
         }
         seen += 1;
         for t in targets {
-            // `sync`: the poison-tolerant lock of the warned-once set in `inventory`.
-            if !pure(t) && t.join("::") != "sync" {
+            if !pure(t) {
                 broken.push(format!("{} imports {}", module.join("::"), t.join("::")));
             }
         }
-        let file = {
-            // `a/mod.rs`, or `a.rs` (whose children may live in `a/`).
-            let mut p = src().join(module.join("/"));
-            if p.join("mod.rs").is_file() {
-                p = p.join("mod.rs");
-            } else {
-                p.set_extension("rs");
-            }
-            p
-        };
-        let code = without_comments(&code_of(&std::fs::read_to_string(&file).unwrap()));
-        for io in [
-            "kube::", "axum::", "tokio::", "hyper::", "std::fs", "std::net",
-        ] {
-            if code.contains(io) {
-                broken.push(format!("{} uses {io}", module.join("::")));
-            }
+        let code = module_code(&src(), module);
+        for io in IO.iter().filter(|io| code.contains(*io)) {
+            broken.push(format!("{} uses {io}", module.join("::")));
         }
     }
-    assert!(seen >= 14, "only {seen} pure modules found");
+    assert!(
+        seen >= 12,
+        "only {seen} of the service's pure modules found"
+    );
+    // The core: every file, and what its manifest lets it depend on.
+    for module in core_graph().keys() {
+        let code = module_code(&core_src(), module);
+        for io in IO.iter().filter(|io| code.contains(*io)) {
+            broken.push(format!("core {} uses {io}", module.join("::")));
+        }
+    }
+    let manifest = std::fs::read_to_string(core_src().join("../Cargo.toml")).unwrap();
+    let deps: Vec<&str> = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .unwrap_or_default()
+        .split("\n[")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(
+        deps.contains(&"serde"),
+        "the core's dependencies, read: {deps:?}"
+    );
+    for io in [
+        "kube",
+        "kube-runtime",
+        "tokio",
+        "axum",
+        "hyper",
+        "hyper-util",
+        "tower",
+        "reqwest",
+    ] {
+        if deps.contains(&io) {
+            broken.push(format!("the core (crates/core/Cargo.toml) depends on {io}"));
+        }
+    }
     assert!(broken.is_empty(), "{broken:#?}");
 }
 
@@ -473,6 +563,7 @@ fn no_result_has_a_bare_string_for_its_error() {
     assert!(string_errors("Result<BTreeMap<String, String>, Error>").is_empty());
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
+    rust_files(&core_src(), &mut files);
     let mut found = Vec::new();
     for f in files {
         let text = without_comments(&std::fs::read_to_string(&f).unwrap());

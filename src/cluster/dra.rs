@@ -13,7 +13,29 @@ use kube::{Api, Client};
 
 use crate::dra::{API_GROUP, API_VERSION, DRIVER, ResourceClaim, ResourceSlice};
 
-impl kube::Resource for ResourceSlice {
+/// The API's ResourceSlice as kube reads it: the core's [`ResourceSlice`], with the
+/// `kube::Resource` the core (which knows no client) cannot implement.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(transparent)]
+struct SliceObject(ResourceSlice);
+
+/// The API's ResourceClaim as kube reads it ([`SliceObject`]'s reason).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(transparent)]
+struct ClaimObject(ResourceClaim);
+
+/// An event of a wrapped object, as one of the object itself.
+fn unwrapped<W, T>(event: Event<W>, inner: fn(W) -> T) -> Event<T> {
+    match event {
+        Event::Apply(o) => Event::Apply(inner(o)),
+        Event::Delete(o) => Event::Delete(inner(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(inner(o)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+impl kube::Resource for SliceObject {
     type DynamicType = ();
     type Scope = k8s_openapi::ClusterResourceScope;
     fn kind(_: &()) -> Cow<'_, str> {
@@ -29,14 +51,14 @@ impl kube::Resource for ResourceSlice {
         "resourceslices".into()
     }
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        &self.0.metadata
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        &mut self.0.metadata
     }
 }
 
-impl kube::Resource for ResourceClaim {
+impl kube::Resource for ClaimObject {
     type DynamicType = ();
     type Scope = k8s_openapi::NamespaceResourceScope;
     fn kind(_: &()) -> Cow<'_, str> {
@@ -52,10 +74,10 @@ impl kube::Resource for ResourceClaim {
         "resourceclaims".into()
     }
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        &self.0.metadata
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        &mut self.0.metadata
     }
 }
 
@@ -79,10 +101,11 @@ pub fn slice_events(
     client: Client,
 ) -> BoxStream<'static, Result<Event<ResourceSlice>, watcher::Error>> {
     watcher::watcher(
-        Api::<ResourceSlice>::all(client),
+        Api::<SliceObject>::all(client),
         watcher::Config::default().fields(&format!("spec.driver={DRIVER}")),
     )
     .default_backoff()
+    .map(|r| r.map(|e| unwrapped(e, |o: SliceObject| o.0)))
     .boxed()
 }
 
@@ -90,28 +113,26 @@ pub fn slice_events(
 pub fn claim_events(
     client: Client,
 ) -> BoxStream<'static, Result<Event<ResourceClaim>, watcher::Error>> {
-    watcher::watcher(
-        Api::<ResourceClaim>::all(client),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .boxed()
+    watcher::watcher(Api::<ClaimObject>::all(client), watcher::Config::default())
+        .default_backoff()
+        .map(|r| r.map(|e| unwrapped(e, |o: ClaimObject| o.0)))
+        .boxed()
 }
 
 /// The DRA side as a list shows it: the driver's slices and every claim, a page at a time.
 pub async fn list(client: &Client) -> Result<crate::dra::DraView, kube::Error> {
     let mut slices = Vec::new();
     crate::cluster::watch::list_pages(
-        &Api::<ResourceSlice>::all(client.clone()),
+        &Api::<SliceObject>::all(client.clone()),
         kube::api::ListParams::default().fields(&format!("spec.driver={DRIVER}")),
-        |s| slices.push(s.clone()),
+        |s| slices.push(s.0.clone()),
     )
     .await?;
     let mut claims = Vec::new();
     crate::cluster::watch::list_pages(
-        &Api::<ResourceClaim>::all(client.clone()),
+        &Api::<ClaimObject>::all(client.clone()),
         kube::api::ListParams::default(),
-        |c| claims.extend(crate::dra::Claim::read(c)),
+        |c| claims.extend(crate::dra::Claim::read(&c.0)),
     )
     .await?;
     let mut view = crate::dra::DraView::default();

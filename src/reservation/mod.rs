@@ -3,9 +3,11 @@
 //! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
 pub mod agent;
 pub mod cdi;
-pub mod model;
 pub mod mps;
 pub mod plan;
 pub mod view;
+
+/// The model: the pure core's (crates/core).
+pub use gpu_share_core::reservation as model;
 
 pub use model::*;

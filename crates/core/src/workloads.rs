@@ -153,7 +153,7 @@ mod tests {
     /// The examples `policies/default.yaml` gives in its comments are valid policy.
     #[test]
     fn the_default_policys_examples_load() {
-        let text = include_str!("../policies/default.yaml");
+        let text = include_str!("../../../policies/default.yaml");
         let examples: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("# Workload kinds whose pod templates"))

@@ -25,7 +25,7 @@ pub use per_gpu::PerGpuPolicy;
 pub use resources::{ResourceName, ResourcesPolicy, Violation};
 
 /// The embedded default policy.
-pub const DEFAULT_POLICY_YAML: &str = include_str!("../policies/default.yaml");
+pub const DEFAULT_POLICY_YAML: &str = include_str!("../../../policies/default.yaml");
 
 #[derive(Debug, Error)]
 pub enum PolicyError {

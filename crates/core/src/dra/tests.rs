@@ -13,7 +13,7 @@ fn fixture(name: &str) -> Vec<ResourceSlice> {
     macro_rules! fixtures {
         ($($n:literal),*) => {
             match name {
-                $($n => include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nvidia-dra/", $n, ".yaml")),)*
+                $($n => include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/nvidia-dra/", $n, ".yaml")),)*
                 other => panic!("no fixture {other}"),
             }
         };

@@ -555,7 +555,7 @@ pub fn observed_holding(pod: &Pod) -> Result<Option<ObservedPod>, DemandError> {
     // A reservation (gpu-share's own, in its namespace) holds its GPU for shares, not whole.
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     if let Some(reserved) =
-        crate::reservation::model::reserved_gpu(namespace, pod.metadata.annotations.as_ref())
+        crate::reservation::reserved_gpu(namespace, pod.metadata.annotations.as_ref())
     {
         return Ok(Some(ObservedPod {
             pod: pod_ref(pod),

@@ -43,7 +43,7 @@ pub enum Candidates {
     /// prioritize. The whole tier, as under `best`, when kube-scheduler's scores would tell the
     /// tied nodes apart by what the pod or the nodes ask (preferred affinity, soft topology
     /// spread, a controller-owned pod's default spread, differing `PreferNoSchedule` taints;
-    /// [`crate::extender::tie_break`]).
+    /// the extender's `tie_break`).
     #[default]
     One,
     /// The fitting nodes with the best packing score ([`crate::packing::best_tier`]):
