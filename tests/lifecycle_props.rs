@@ -82,11 +82,13 @@ enum Step {
     Create(Kind),
     /// kube-scheduler binds a pending pod to a node: bind reserves, and for a share on a GPU
     /// with no reservation, holds it and creates the reservation (`create` answers at once).
-    /// The binding call then is in flight.
+    /// The binding call then is in flight. On the DRA node the pod's claim is allocated first,
+    /// and with `claim_seen` the claims' watch has delivered it before bind is asked.
     Bind {
         pod: usize,
         node: usize,
         create: Answer,
+        claim_seen: bool,
     },
     /// The binding call in flight answers; with no answer, bind reads the pod back
     /// (`read_back`) or leaves it in doubt.
@@ -569,7 +571,12 @@ fn apply<'a>(
             let uid = format!("p{}", w.serial);
             w.put(&uid, new_pod(&uid, kind));
         }
-        Step::Bind { pod, node, create } => {
+        Step::Bind {
+            pod,
+            node,
+            create,
+            claim_seen,
+        } => {
             let pending = w.pending(busy);
             if pending.is_empty() {
                 return Ok(());
@@ -584,8 +591,16 @@ fn apply<'a>(
             // binding; with no device free it filters the node out.
             let asks_gpu =
                 w.api[&uid].pod["metadata"]["annotations"]["gpu-share.io/request"] == "exclusive";
-            if node == DRA_NODE && asks_gpu && w.allocate(&uid).is_none() {
-                return Ok(());
+            if node == DRA_NODE && asks_gpu {
+                if w.allocate(&uid).is_none() {
+                    return Ok(());
+                }
+                if claim_seen {
+                    let mut r = Relisted::default();
+                    while let Some(ev) = w.claim_watch.pop_front() {
+                        e.apply_claim_event(&mut r, ev);
+                    }
+                }
             }
             let p = BindPod::of(&pod);
             let mut binding = e.begin_bind(&uid, node, true);
@@ -821,8 +836,9 @@ fn answer() -> impl Strategy<Value = Answer> {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => prop_oneof![Just(Kind::Exclusive), Just(Kind::Share)].prop_map(Step::Create),
-        5 => (any::<usize>(), any::<usize>(), answer())
-            .prop_map(|(pod, node, create)| Step::Bind { pod, node, create }),
+        5 => (any::<usize>(), any::<usize>(), answer(), any::<bool>()).prop_map(
+            |(pod, node, create, claim_seen)| Step::Bind { pod, node, create, claim_seen }
+        ),
         4 => (any::<usize>(), answer(), any::<bool>())
             .prop_map(|(bind, answer, read_back)| Step::Answer { bind, answer, read_back }),
         1 => any::<usize>().prop_map(Step::Resolve),
@@ -857,6 +873,7 @@ fn bind_n1(pod: usize) -> Step {
         pod,
         node: 0,
         create: Answer::Done,
+        claim_seen: false,
     }
 }
 
@@ -905,6 +922,7 @@ fn a_reservation_created_without_an_answer_keeps_its_gpu() {
             pod: 0,
             node: 0,
             create: Answer::Landed,
+            claim_seen: false,
         },
         Step::Create(Kind::Exclusive),
         Step::Create(Kind::Exclusive),
