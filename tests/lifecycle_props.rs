@@ -217,11 +217,16 @@ fn dra_slices() -> Vec<ResourceSlice> {
         .collect()
 }
 
+/// The name of the claim kube-scheduler makes for `pod`'s extended resources.
+fn claim_name(pod: &str) -> String {
+    format!("{pod}-extended-resources-x")
+}
+
 /// The claim kube-scheduler writes for a pod's `nvidia.com/gpu` on the DRA node (KEP-5004),
 /// allocated device `gpu-<gpu>`.
 fn claim_object(uid: &str, c: &ApiClaim) -> ResourceClaim {
     serde_json::from_value(json!({
-        "metadata": {"name": format!("{}-extended-resources-x", c.pod), "namespace": "ml",
+        "metadata": {"name": claim_name(&c.pod), "namespace": "ml",
             "uid": uid, "annotations": {EXTENDED_RESOURCE_CLAIM: "true"},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": c.pod,
                                  "uid": c.pod, "controller": true}]},
@@ -793,7 +798,7 @@ fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> R
     if held != api {
         return Err(format!("the ledger holds {held:?}, the API {api:?}"));
     }
-    let claimed: Vec<(String, u32)> = e
+    let mut claimed: Vec<(String, u32)> = e
         .ledger()
         .with_node(DRA_NODE, |nl| {
             nl.holdings
@@ -811,10 +816,9 @@ fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> R
     let mut api: Vec<(String, u32)> = w
         .claims
         .values()
-        .map(|c| (format!("{}-extended-resources-x", c.pod), c.gpu))
+        .map(|c| (claim_name(&c.pod), c.gpu))
         .collect();
     api.sort();
-    let mut claimed = claimed;
     claimed.sort();
     if claimed != api {
         return Err(format!(
