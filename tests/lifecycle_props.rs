@@ -17,8 +17,10 @@
 //! device-plugin pod on its node, each claim on its device, and nothing of their own for the
 //! pods the claims stand for.
 //!
-//! Bind's steps (reserve, hold the reservation on its way, create it, call the API, settle) are
-//! replayed here in the order `bind::bind` takes them, each API answer chosen by the case.
+//! Bind's steps are bind's own: its decision (`bind::decide`: reserve, and hold the reservation
+//! on its way), the create's settling (`Decision::created`) and the binding's
+//! (`Decision::settle`, with `read_back_needed` saying when the pod is read back), each API
+//! answer chosen by the case. Only the calls between them are the case's.
 //! The replays at the end are the two races the fault runner found; each fails with its fix
 //! taken out (docs/lifecycle.md says how).
 
@@ -33,10 +35,10 @@ use serde_json::{Value, json};
 
 use gpu_share::cluster::reservation_api::CreateError;
 use gpu_share::dra::claim::EXTENDED_RESOURCE_CLAIM;
+use gpu_share::extender::bind::{
+    BindCallError, Decision, Ended, ReadBackError, Settled, decide, read_back_needed,
+};
 use gpu_share::extender::dra::Relisted;
-use gpu_share::extender::handlers::{BindPlan, hold_for_bind};
-use gpu_share::extender::on_its_way;
-use gpu_share::extender::state::binding::Binding;
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::extender::sync::Relist;
 use gpu_share::ledger::{ANNOTATION_GPUS, BindPod, Holder};
@@ -139,10 +141,8 @@ struct ApiClaim {
 
 /// A bind whose call is in flight.
 struct InFlight<'a> {
-    binding: Binding<'a>,
+    decision: Decision<'a>,
     uid: String,
-    node: String,
-    annotations: BTreeMap<String, String>,
 }
 
 /// The API and the extender, step by step.
@@ -546,10 +546,10 @@ fn run(steps: &[Step]) -> Result<(), String> {
                 };
                 for b in busy.drain(..) {
                     if landed {
-                        w.bind(&b.uid, &b.node, &b.annotations);
+                        w.bind(&b.uid, &b.decision.node, &b.decision.annotations);
                     }
                     w.deallocate_unless_running(&b.uid);
-                    drop(b.binding);
+                    drop(b.decision);
                 }
                 w.watch.clear();
                 w.claim_watch.clear();
@@ -608,26 +608,17 @@ fn apply<'a>(
                 }
             }
             let p = BindPod::of(&pod);
-            let mut binding = e.begin_bind(&uid, node, true);
-            let (annotations, reservation) =
-                match hold_for_bind(e, &mut binding, &w.policy, &p, node) {
-                    Ok(BindPlan::Held {
-                        annotations,
-                        reservation,
-                    }) => (annotations, reservation),
-                    Ok(BindPlan::Plain) => return Err("a GPU pod read as plain".into()),
-                    // Refused in words: nothing reserved (and the claim unreserved).
-                    Err(_) => {
-                        w.deallocate(&uid);
-                        return Ok(());
-                    }
-                };
-            if let Some((gpu, mps)) = reservation {
-                let scorer = e.scorer(w.policy.policy.packing.policy.into());
-                let Ok(hold) = on_its_way::hold(e, &scorer, node, gpu, mps, false) else {
-                    binding.abort();
-                    return Ok(());
-                };
+            if p.demand.as_ref().is_ok_and(|d| d.is_none()) {
+                return Err("a GPU pod read as plain".into());
+            }
+            let template = gpu_share::reservation::Template::default();
+            // Refused in words: nothing reserved (and the claim unreserved).
+            let Ok(mut decision) = decide(e, &w.policy, &template, &p, node, true) else {
+                w.deallocate(&uid);
+                return Ok(());
+            };
+            if let Some(c) = &decision.create {
+                let gpu = c.gpu;
                 let created = match create {
                     Answer::Done => Ok(w.create_reservation(node, gpu)),
                     Answer::Refused => Err(CreateError::NoImage),
@@ -637,19 +628,13 @@ fn apply<'a>(
                     }
                     Answer::Lost => Err(CreateError::Unanswered),
                 };
-                hold.settle(&created);
-                if created.is_err() {
-                    binding.abort();
+                if decision.created(created).is_err() {
+                    decision.abort();
                     w.deallocate(&uid);
                     return Ok(());
                 }
             }
-            busy.push(InFlight {
-                binding,
-                uid,
-                node: node.to_string(),
-                annotations,
-            });
+            busy.push(InFlight { decision, uid });
         }
         Step::Answer {
             bind,
@@ -660,27 +645,36 @@ fn apply<'a>(
                 return Ok(());
             }
             let b = busy.remove(bind % busy.len());
+            let node = b.decision.node.clone();
             if matches!(answer, Answer::Done | Answer::Landed) {
-                w.bind(&b.uid, &b.node, &b.annotations);
+                w.bind(&b.uid, &node, &b.decision.annotations);
             }
             // kube-scheduler unreserves a claim whose binding it did not see done.
             w.deallocate_unless_running(&b.uid);
-            match answer {
-                Answer::Done => {
-                    b.binding.commit();
+            let why = match answer {
+                Answer::Done => None,
+                Answer::Refused => Some(BindCallError::Api(kube::Error::Api(
+                    kube::core::Status::failure("pods \"p\" is forbidden", "Forbidden")
+                        .with_code(403)
+                        .boxed(),
+                ))),
+                Answer::Landed | Answer::Lost => Some(BindCallError::Unanswered),
+            };
+            let ended = match why {
+                None => Ended::Bound,
+                Some(why) => {
+                    let read = read_back_needed(&why).then(|| {
+                        if read_back {
+                            Ok(w.bound_to(&b.uid))
+                        } else {
+                            Err(ReadBackError::Unanswered)
+                        }
+                    });
+                    Ended::Failed { why, read }
                 }
-                Answer::Refused => b.binding.abort(),
-                Answer::Landed | Answer::Lost if read_back => {
-                    if w.bound_to(&b.uid).as_deref() == Some(b.node.as_str()) {
-                        b.binding.commit();
-                    } else {
-                        b.binding.abort();
-                    }
-                }
-                Answer::Landed | Answer::Lost => {
-                    b.binding.doubt();
-                    w.doubt.push(b.uid);
-                }
+            };
+            if let Settled::InDoubt(_) = b.decision.settle(ended) {
+                w.doubt.push(b.uid);
             }
         }
         Step::Resolve(i) => {
@@ -769,7 +763,7 @@ fn listed_at() -> Instant {
 /// device, and the pods they stand for hold nothing of their own.
 fn settle<'a>(w: &mut World, e: &'a ExtenderState, busy: Vec<InFlight<'a>>) -> Result<(), String> {
     for b in busy {
-        b.binding.abort();
+        b.decision.abort();
     }
     for uid in std::mem::take(&mut w.doubt) {
         e.resolve(&uid, w.bound_to(&uid).as_deref());

@@ -1,7 +1,6 @@
-//! `POST /scheduler/{filter,prioritize,bind}` and `GET /v1/nodes` (preempt is `super::preempt`).
-//! filter and prioritize are plain functions over [`ExtenderState`] with no I/O; bind also calls the API
-//! (the binding, and a read of the pod when its outcome is unknown). The axum handlers around
-//! them parse, time and reply.
+//! `POST /scheduler/{filter,prioritize}` and `GET /v1/nodes` (bind is `super::bind`, preempt
+//! `super::preempt`). filter and prioritize are plain functions over [`ExtenderState`] with no
+//! I/O; the axum handlers around them parse, time and reply.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +14,6 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
 use super::report::{NodeReport, report};
-use super::state::binding::Binding;
 use super::state::{ExtenderState, Mode};
 use super::tie_break;
 
@@ -440,100 +438,6 @@ pub fn raw_scores(
         .into_iter()
         .map(Option::flatten)
         .collect()
-}
-
-/// What bind has to do after the ledger said yes.
-#[derive(Debug)]
-pub enum BindPlan {
-    /// Nothing to account (the pod asks no GPU); bind as is.
-    Plain,
-    /// Held; bind with these annotations, after creating the reservation of GPU
-    /// `reservation` of the node when it has none yet (a share in per-GPU form on a GPU that
-    /// holds no share).
-    Held {
-        annotations: BTreeMap<String, String>,
-        /// The GPU, and whether its reservation runs the GPU's MPS daemon (an MPS share).
-        reservation: Option<(u32, bool)>,
-    },
-}
-
-/// Why bind cannot hold a pod on its node.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HoldError {
-    #[error(transparent)]
-    Demand(#[from] ledger::DemandError),
-    #[error("node {node} can no longer hold pod {key}: {}", .reason.message())]
-    NoLongerFits {
-        node: String,
-        key: String,
-        reason: Reason,
-    },
-}
-
-/// The ledger half of bind: re-check the fit and reserve the holding.
-pub fn hold_for_bind(
-    ext: &ExtenderState,
-    binding: &mut Binding<'_>,
-    policy: &LoadedPolicy,
-    pod: &ledger::BindPod,
-    node: &str,
-) -> Result<BindPlan, HoldError> {
-    let Some(mut demand) = pod.demand.clone()? else {
-        return Ok(BindPlan::Plain);
-    };
-    let requirement = policy.policy.enforcement.budgets;
-    demand.enforcement = requirement;
-    let scorer = ext.scorer(policy.policy.packing.policy.into());
-    let pointed = demand.pointed();
-    let mps = matches!(demand.gpu, packing::GpuDemand::Mps { .. });
-    // What holds the share's memory there, said on the pod (not under `off`).
-    let held_by = (requirement != crate::enforcement::Requirement::Off)
-        .then(|| {
-            ext.ledger()
-                .with_node(node, |nl| {
-                    packing::memory_hold(&nl.node, &demand).annotation()
-                })
-                .flatten()
-        })
-        .flatten();
-    // On a DRA node the DRA plugin chose the devices (its claim is allocated before bind):
-    // gpu-share chose the node only, and writes no per-GPU choice.
-    let dra = ext
-        .ledger()
-        .with_node(node, |nl| {
-            nl.node.mode_source == crate::inventory::ModeSource::Dra
-        })
-        .unwrap_or(false);
-    match binding.hold(&scorer, pod.pod.clone(), demand) {
-        Ok(p) => Ok(BindPlan::Held {
-            annotations: (!dra)
-                .then(|| (ledger::ANNOTATION_GPUS.to_string(), p.gpus_text()))
-                .into_iter()
-                .chain(held_by.map(|h| (crate::enforcement::ANNOTATION_HELD_BY.to_string(), h)))
-                .collect(),
-            // The ledger now holds this share on the GPU, so no whole-GPU pod gets it while
-            // the reservation starts; a bind racing this one meets it on AlreadyExists.
-            reservation: p
-                .gpus
-                .first()
-                .map(|(i, _)| *i)
-                .filter(|i| {
-                    pointed
-                        && ext
-                            .ledger()
-                            .with_node(node, |nl| {
-                                nl.usage.reserved.get(*i as usize).is_none_or(|r| *r == 0)
-                            })
-                            .unwrap_or(false)
-                })
-                .map(|i| (i, mps)),
-        }),
-        Err(reason) => Err(HoldError::NoLongerFits {
-            node: node.to_string(),
-            key: pod.key.clone(),
-            reason,
-        }),
-    }
 }
 
 // ---- axum glue -------------------------------------------------------------------------------

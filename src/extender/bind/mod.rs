@@ -1,0 +1,213 @@
+//! `POST /scheduler/bind`: decide over the cache and hold the pod on its node
+//! ([`decision`]), carry the decision out through an [`Executor`] (the API server, or nothing in
+//! `--dev`), and settle the holding by how each call ended (accepted, refused, or unknown: read
+//! back, and held in doubt while the read gets no answer either).
+
+pub mod decision;
+mod error;
+pub mod executor;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::Context;
+use super::handlers::begin;
+use super::state::{ExtenderState, Mode};
+use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
+use crate::ledger;
+pub use decision::{Decision, Ended, Settled, decide, read_back_needed};
+pub use error::{
+    BIND_API_TIMEOUT, BIND_READBACK_TIMEOUT, BindCallError, BindError, HoldError, ReadBackError,
+};
+pub use executor::{Api, Dev, Executor};
+
+pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let (ext, args) = match begin(&state, "bind", start, wire::parse_binding(&body)) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let error = match bind(&state, ext, &args).await {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    let outcome = if error.is_empty() { "ok" } else { "error" };
+    state.metrics.observe("bind", outcome, start.elapsed());
+    if !error.is_empty() {
+        tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %error, "bind refused");
+    }
+    axum::Json(ExtenderBindingResult { error }).into_response()
+}
+
+/// Binds as the context allows: through the API server in a cluster, in `--dev` without one.
+async fn bind(
+    state: &Context,
+    ext: &ExtenderState,
+    args: &ExtenderBindingArgs,
+) -> Result<(), BindError> {
+    match (ext.mode(), &state.cluster) {
+        (Mode::Cluster, Some(c)) => run(state, ext, &Api(c.client().clone()), args).await,
+        _ => run(state, ext, &Dev, args).await,
+    }
+}
+
+/// Bind: decides over the cache ([`decide`], which holds the pod on the node), has `io` create
+/// the reservation the decision needs and bind the pod, reads the pod back where the binding's
+/// outcome is unknown, and settles the holding by the answers.
+pub async fn run<E: Executor>(
+    state: &Context,
+    ext: &ExtenderState,
+    io: &E,
+    args: &ExtenderBindingArgs,
+) -> Result<(), BindError> {
+    if !ext.is_synced() {
+        return Err(BindError::NotSynced);
+    }
+    let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+    if args.node.is_empty() || args.pod_name.is_empty() {
+        return Err(BindError::NoPodOrNode { key });
+    }
+    if let Some(node) = ext.in_doubt(&args.pod_uid) {
+        return Err(BindError::InDoubt { key, node });
+    }
+    let pod = match ext.seen_pod(&args.pod_uid) {
+        Some(p) => p,
+        None => {
+            let pod = match io.get_pod(&args.pod_namespace, &args.pod_name).await {
+                Ok(pod) => pod,
+                Err(ReadBackError::NoApi) => {
+                    return Err(BindError::Unseen {
+                        key,
+                        uid: args.pod_uid.clone(),
+                    });
+                }
+                Err(ReadBackError::Unanswered) => return Err(BindError::ReadTimeout { key }),
+                Err(ReadBackError::Api(source)) => return Err(BindError::Read { key, source }),
+            };
+            if !args.pod_uid.is_empty() && pod.metadata.uid.as_deref() != Some(&args.pod_uid) {
+                return Err(BindError::Replaced {
+                    key,
+                    found: pod.metadata.uid.unwrap_or_default(),
+                    asked: args.pod_uid.clone(),
+                });
+            }
+            Arc::new(ledger::BindPod::of(&pod))
+        }
+    };
+    let policy = state.policy.current();
+    let mut decision = decide(
+        ext,
+        &policy,
+        &state.reservations,
+        &pod,
+        &args.node,
+        E::ASKS_API,
+    )?;
+    if let Some(c) = &decision.create {
+        let created = io
+            .create_reservation(&args.node, c.gpu, c.mps, &c.template)
+            .await;
+        if let Err(e) = decision.created(created) {
+            decision.abort();
+            return Err(e);
+        }
+    }
+    let annotations = std::mem::take(&mut decision.annotations);
+    let ended = match io
+        .bind_pod(
+            &args.pod_namespace,
+            &args.pod_name,
+            &args.pod_uid,
+            &args.node,
+            annotations,
+        )
+        .await
+    {
+        Ok(()) => Ended::Bound,
+        Err(why) => {
+            let read = if read_back_needed(&why) {
+                Some(read_back(io, &args.pod_namespace, &args.pod_name, &args.pod_uid).await)
+            } else {
+                None
+            };
+            Ended::Failed { why, read }
+        }
+    };
+    match decision.settle(ended) {
+        Settled::Bound { retried_first } => {
+            if retried_first {
+                state.metrics.retried_first();
+            }
+            tracing::info!(pod = %key, node = %args.node, "bound");
+            if let Some(fill) = decision::fill(ext, &pod.pod.uid) {
+                io.fill(fill);
+            }
+            Ok(())
+        }
+        Settled::InDoubt(e) => {
+            if let Some(ext) = state.extender.clone() {
+                resolve_later(ext, io.clone(), args, key);
+            }
+            Err(e)
+        }
+        Settled::Failed(e) => Err(e),
+    }
+}
+
+/// Where the API has pod `uid`: the node it is bound to, `None` if unbound, gone or replaced;
+/// `Err` when the API gave no answer.
+async fn read_back<E: Executor>(
+    io: &E,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Option<String>, ReadBackError> {
+    let pod = match io.get_pod(namespace, name).await {
+        Err(ReadBackError::Api(kube::Error::Api(s))) if s.code == 404 => return Ok(None),
+        Err(e) => return Err(e),
+        Ok(pod) => pod,
+    };
+    if pod.metadata.uid.as_deref() != Some(uid) {
+        return Ok(None);
+    }
+    Ok(pod.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()))
+}
+
+/// How often a pod in doubt is read again.
+const DOUBT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads a pod in doubt back every second until the API answers (or its assumption is gone:
+/// the watch recorded it, or it expired), and settles what the ledger holds by the answer.
+fn resolve_later<E: Executor>(
+    ext: Arc<ExtenderState>,
+    io: E,
+    args: &ExtenderBindingArgs,
+    key: String,
+) {
+    let (namespace, name, uid) = (
+        args.pod_namespace.clone(),
+        args.pod_name.clone(),
+        args.pod_uid.clone(),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(DOUBT_RETRY).await;
+            if ext.assumption(&uid).is_none() {
+                ext.resolve(&uid, None);
+                return;
+            }
+            if let Ok(bound) = read_back(&io, &namespace, &name, &uid).await {
+                tracing::info!(pod = %key, bound = bound.as_deref().unwrap_or("nowhere"), "a binding in doubt is settled by reading the pod back");
+                ext.resolve(&uid, bound.as_deref());
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;
