@@ -10,9 +10,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
+use super::pending::Found;
 use super::report::{NodeReport, report};
 use super::state::{ExtenderState, Mode};
 use super::tie_break;
@@ -97,20 +97,6 @@ fn node_name(v: &Value) -> String {
         .to_string()
 }
 
-/// `--dev`: learns the inventory from full Node objects (in a cluster the watch has it).
-fn learn_nodes(ext: &ExtenderState, items: &[Value], reading: &crate::inventory::Reading) {
-    use serde::Deserialize;
-    // Parsing up to thousands of Nodes per call would duplicate what the watch keeps.
-    if ext.mode() == Mode::Cluster {
-        return;
-    }
-    let nodes: Vec<Node> = items
-        .iter()
-        .filter_map(|i| Node::deserialize(i).ok())
-        .collect();
-    ext.learn_nodes(&nodes, reading);
-}
-
 /// The fit of a demand on each named node (in order), with its packing score where a scorer is
 /// given and finds a placement; nodes outside the inventory are not GPU nodes (cluster mode, or
 /// known as such) or unknown.
@@ -156,10 +142,13 @@ pub fn filter(
     policy: &LoadedPolicy,
     metrics: &Metrics,
     mut args: ExtenderArgs,
-) -> ExtenderFilterResult {
-    let error = |e: String| ExtenderFilterResult {
-        error: e,
-        ..Default::default()
+) -> Filtered {
+    let error = |e: String| Filtered {
+        reply: ExtenderFilterResult {
+            error: e,
+            ..Default::default()
+        },
+        found: None,
     };
     if !ext.is_synced() {
         return error(NOT_SYNCED.to_string());
@@ -174,10 +163,7 @@ pub fn filter(
     };
     let full_names: Vec<String> = match &set {
         NodeSet::Names(_) => Vec::new(),
-        NodeSet::Full(items) => {
-            learn_nodes(ext, items, &policy.reading);
-            items.iter().map(node_name).collect()
-        }
+        NodeSet::Full(items) => items.iter().map(node_name).collect(),
     };
     let names: &[String] = match &set {
         NodeSet::Names(n) => n,
@@ -188,12 +174,6 @@ pub fn filter(
     // A request annotation the pod's limits contradict: accounted by the limits, and said so in
     // every node's reason.
     let contradicted = ledger::request_contradiction(&pod);
-    // In a cluster the pod watch keeps the count (it also sees the pod go); in `--dev`, filter.
-    if ext.mode() == Mode::Dev
-        && let Some(uid) = &pod.metadata.uid
-    {
-        ext.note_contradicted(uid, contradicted.is_some());
-    }
     let first_seen = match &pod.metadata.uid {
         Some(uid) => ext.remember_pod(uid, seen.clone()),
         None => true,
@@ -266,26 +246,15 @@ pub fn filter(
     {
         tracing::warn!(pod = %key, reason = %why, "request annotation contradicted by the pod's limits");
     }
-    // Without a pod watch (`--dev`), a pod this filter found no node for counts as pending.
-    if ext.mode() == Mode::Dev
-        && let (Some(uid), Ok(Some(demand))) = (&pod.metadata.uid, &seen.demand)
-    {
-        if fit == 0 && !names.is_empty() {
-            let pending = super::pending::Unscheduled {
-                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                name: pod.metadata.name.clone().unwrap_or_default(),
-                class: demand.gpu.class(),
-                since: std::time::SystemTime::now(),
-                reason: Some(super::pending::bounded(&summary(
-                    &tags,
-                    bad_request.as_deref(),
-                ))),
-            };
-            ext.note_unscheduled(uid, pending);
-        } else {
-            ext.clear_unscheduled(uid);
-        }
-    }
+    // Whether a gpu-share pod found a node, and if not, why (its pending reason).
+    let found = match &seen.demand {
+        Ok(Some(demand)) if fit == 0 && !names.is_empty() => Some(Found::None {
+            class: demand.gpu.class(),
+            why: summary(&tags, bad_request.as_deref()),
+        }),
+        Ok(Some(_)) => Some(Found::Nodes),
+        _ => None,
+    };
     // Under `best`, once a node fits: the best tier only, and no reasons (kube-scheduler reports
     // them only for a pod no node takes). A fitting node the scorer finds no placement on is
     // passed when no fitting node scores at all.
@@ -368,7 +337,17 @@ pub fn filter(
     }
     result.failed_nodes = Some(failed);
     result.failed_and_unresolvable_nodes = Some(unresolvable);
-    result
+    Filtered {
+        reply: result,
+        found,
+    }
+}
+
+/// Filter's reply, and whether the gpu-share pod it was asked about found a node.
+pub struct Filtered {
+    pub reply: ExtenderFilterResult,
+    /// `None` for a pod that asks no GPU, or whose request cannot be read.
+    pub found: Option<Found>,
 }
 
 /// Prioritize: 0..=10 per node from the policy's packing score; nodes that do not fit get 0,
@@ -390,10 +369,7 @@ pub fn prioritize(
     let set = NodeSet::take(&mut args)?;
     let names: Vec<String> = match set {
         NodeSet::Names(n) => n,
-        NodeSet::Full(items) => {
-            learn_nodes(ext, &items, &policy.reading);
-            items.iter().map(node_name).collect()
-        }
+        NodeSet::Full(items) => items.iter().map(node_name).collect(),
     };
     let kept = Arc::new(ledger::BindPod::of(&pod));
     if let Some(uid) = &pod.metadata.uid {
@@ -491,7 +467,21 @@ pub async fn filter_handler(State(state): State<Context>, body: Bytes) -> Respon
         Ok(x) => x,
         Err(r) => return r,
     };
-    let result = filter(ext, &state.policy.current(), &state.metrics, args);
+    let policy = state.policy.current();
+    // `--dev` learns from the request what a cluster's watches would feed the cache.
+    let asked = (ext.mode() == Mode::Dev)
+        .then(|| {
+            super::dev::learn_nodes(ext, &args, &policy.reading);
+            super::dev::asked(ext, &args)
+        })
+        .flatten();
+    let Filtered {
+        reply: result,
+        found,
+    } = filter(ext, &policy, &state.metrics, args);
+    if let (Some(pod), Some(found)) = (asked, &found) {
+        super::dev::filtered(ext, pod, found);
+    }
     let fitting = match (&result.node_names, &result.nodes) {
         (Some(n), _) => n.len(),
         (None, Some(list)) => list.items.len(),
@@ -510,7 +500,11 @@ pub async fn prioritize_handler(State(state): State<Context>, body: Bytes) -> Re
     let start = Instant::now();
     match begin(&state, "prioritize", start, wire::parse_args(&body)) {
         Ok((ext, args)) => {
-            let result = prioritize(ext, &state.policy.current(), args);
+            let policy = state.policy.current();
+            if ext.mode() == Mode::Dev {
+                super::dev::learn_nodes(ext, &args, &policy.reading);
+            }
+            let result = prioritize(ext, &policy, args);
             reply(&state, "prioritize", start, result)
         }
         Err(r) => r,

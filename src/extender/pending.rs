@@ -82,3 +82,14 @@ pub fn unscheduled_of(pod: &Pod) -> Option<Unscheduled> {
         reason: scheduling_reason(pod).as_deref().map(bounded),
     })
 }
+
+/// Whether filter found a gpu-share pod a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Nodes,
+    /// None fit: the pod's class, and why, in words.
+    None {
+        class: &'static str,
+        why: String,
+    },
+}
