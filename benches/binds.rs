@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::inventory::GpuNode;
-use gpu_share::ledger::{Holder, NodeLedger, PodRef};
+use gpu_share::ledger::{NodeLedger, PodRef};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
 
 mod nodes;
@@ -55,13 +55,7 @@ fn request(text: &str) -> Demand {
 }
 
 fn pod_ref(uid: String) -> PodRef {
-    PodRef {
-        name: uid.clone(),
-        uid,
-        namespace: "bench".into(),
-        priority: 0,
-        holder: Holder::Pod,
-    }
+    PodRef::new(uid.clone(), "bench", uid)
 }
 
 /// Each node's demands, by the node's index.

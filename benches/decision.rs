@@ -23,7 +23,7 @@ use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::extender::wire::{ExtenderArgs, HostPriority};
 use gpu_share::extender::{handlers, wire};
 use gpu_share::inventory::GpuNode;
-use gpu_share::ledger::{Holder, PodRef};
+use gpu_share::ledger::PodRef;
 use gpu_share::metrics::Metrics;
 use gpu_share::packing::TYPICAL_COVERAGE;
 use gpu_share::packing::frag::TargetWorkload;
@@ -75,13 +75,7 @@ fn pod_with_cpu(uid: &str, request: &str, cpu_milli: u64) -> Pod {
 }
 
 fn pod_ref(uid: &str) -> PodRef {
-    PodRef {
-        uid: uid.into(),
-        namespace: "bench".into(),
-        name: uid.into(),
-        priority: 0,
-        holder: Holder::Pod,
-    }
+    PodRef::new(uid, "bench", uid)
 }
 
 /// The requests the bench's pods carry.

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 use crate::cli::Role;
 use crate::inventory::{GpuNode, MigLayout, Sharing};
-use crate::ledger::{Holder, Ledger, PodRef};
+use crate::ledger::{Ledger, PodRef};
 use crate::packing::{Demand, GpuDemand, PackingPolicy, Scorer};
 use crate::policy::Policy;
 use crate::request::{self, GpuRequest};
@@ -256,13 +256,7 @@ pub fn binds(data: &[u8]) {
         match a % 8 {
             0..=4 => {
                 let node = &nodes[usize::from(c) % nodes.len()].name;
-                let pref = PodRef {
-                    uid: uid.clone(),
-                    namespace: "ml".into(),
-                    name: uid,
-                    priority: 0,
-                    holder: Holder::Pod,
-                };
+                let pref = PodRef::new(uid.clone(), "ml", uid);
                 let _ = live.hold(&scorer, node, pref, Demand::gpu(demand_of(a / 8, d)));
             }
             5 | 6 => {

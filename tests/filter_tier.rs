@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpu_share::extender::handlers;
 use gpu_share::extender::state::{ExtenderState, Mode};
-use gpu_share::ledger::{Holder, PodRef};
+use gpu_share::ledger::PodRef;
 use gpu_share::packing::{self, PackingPolicy};
 use gpu_share::simulate::driver;
 
@@ -86,13 +86,7 @@ fn replay(inputs: &driver::Inputs) -> Counts {
         counts.sent += names.len();
         counts.fitting += raw.iter().filter(|r| r.is_some()).count();
         counts.tier += kept.len();
-        let who = PodRef {
-            uid: format!("uid-{i}"),
-            namespace: "trace".into(),
-            name: pod.name.clone(),
-            priority: 0,
-            holder: Holder::Pod,
-        };
+        let who = PodRef::new(format!("uid-{i}"), "trace", pod.name.clone());
         if ext
             .ledger()
             .hold(&scorer, &names[best], who, pod.demand.clone())

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use gpu_share::inventory::{GpuNode, Sharing};
-use gpu_share::ledger::{Holder, Ledger, ObservedPod, PodRef};
+use gpu_share::ledger::{Ledger, ObservedPod, PodRef};
 use gpu_share::packing::{self, Demand, GpuDemand, Homes, OnlineWorkload, PackingPolicy, Scorer};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
@@ -176,13 +176,7 @@ struct Api {
 /// Pods as plain demands, and the API as the ledger's own view of its holdings.
 const PLAIN: Api = Api {
     admit: |uid, _, gpu| {
-        let pref = PodRef {
-            uid: uid.to_string(),
-            namespace: "ml".into(),
-            name: uid.to_string(),
-            priority: 0,
-            holder: Holder::Pod,
-        };
+        let pref = PodRef::new(uid.to_string(), "ml", uid.to_string());
         (pref, Demand::gpu(gpu))
     },
     list: api_view,
@@ -458,7 +452,7 @@ proptest! {
                     let mut ok = Vec::new();
                     for (i, (node, demand)) in binds.into_iter().enumerate() {
                         let uid = format!("t{t}-{i}");
-                        let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid.clone(), priority: 0, holder: Holder::Pod };
+                        let pref = PodRef::new(uid.clone(), "ml", uid.clone());
                         if ledger.hold(&scorer, &nodes[node as usize].name, pref, Demand::gpu(demand)).is_ok() {
                             ok.push(uid);
                         }
@@ -506,7 +500,7 @@ proptest! {
                     scorer = Scorer::with_workload(PackingPolicy::GpuShare, Arc::new(t));
                 }
                 let uid = format!("p{pod}");
-                let pref = PodRef { uid: uid.clone(), namespace: "ml".into(), name: uid, priority: 0, holder: Holder::Pod };
+                let pref = PodRef::new(uid.clone(), "ml", uid);
                 let _ = live.hold(&scorer, &nodes[node as usize].name, pref, demand);
             } else if let Op::Delete { pod } = op {
                 live.release(&format!("p{pod}"));

@@ -5,7 +5,7 @@
 //! against the one packing implementation.
 
 use gpu_share::inventory::{GpuNode, MigLayout, Sharing};
-use gpu_share::ledger::{Holder, Ledger, PodRef, demand_of_request};
+use gpu_share::ledger::{Ledger, PodRef, demand_of_request};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
 use gpu_share::quota::advertise;
 use gpu_share::request::GpuRequest;
@@ -114,13 +114,7 @@ proptest! {
         let mut requested = vec![0u64; nodes.len()];
         for (i, (ask, n)) in asks.iter().enumerate() {
             let request = GpuRequest::parse_normalized(ask).unwrap();
-            let pod = PodRef {
-                uid: format!("p{i}"),
-                namespace: "ml".into(),
-                name: format!("p{i}"),
-                priority: 0,
-                holder: Holder::Pod,
-            };
+            let pod = PodRef::new(format!("p{i}"), "ml", format!("p{i}"));
             let demand = Demand::gpu(demand_of_request(&request));
             if ledger.hold(&scorer, &nodes[*n].name, pod, demand).is_ok() {
                 let quantity = u64::from(request.gpu_milli());

@@ -48,13 +48,12 @@ pub fn hold<'a>(
     let mut binding = ext.begin_bind(&uid, node, true);
     binding.hold(
         scorer,
-        PodRef {
-            uid: uid.clone(),
-            namespace: crate::reservation::NAMESPACE.to_string(),
-            name: crate::reservation::name(node, gpu),
-            priority: 0,
-            holder: Holder::StandIn,
-        },
+        PodRef::new(
+            uid.clone(),
+            crate::reservation::NAMESPACE.to_string(),
+            crate::reservation::name(node, gpu),
+        )
+        .held_by(Holder::StandIn),
         Demand::gpu(GpuDemand::ReservationPod {
             gpu,
             mps,
@@ -130,13 +129,7 @@ mod tests {
         let mut b = ext.begin_bind(uid, "n1", true);
         let p = b.hold(
             &scorer,
-            PodRef {
-                uid: uid.into(),
-                namespace: "ml".into(),
-                name: uid.into(),
-                priority: 0,
-                holder: Holder::Pod,
-            },
+            PodRef::new(uid, "ml", uid),
             Demand::gpu(GpuDemand::Whole { count: 1 }),
         )?;
         b.commit();
@@ -145,13 +138,11 @@ mod tests {
 
     fn reservation(uid: &str, gpu: u32) -> ObservedPod {
         ObservedPod {
-            pod: PodRef {
-                uid: uid.into(),
-                namespace: crate::reservation::NAMESPACE.into(),
-                name: crate::reservation::name("n1", gpu),
-                priority: 0,
-                holder: Holder::Pod,
-            },
+            pod: PodRef::new(
+                uid,
+                crate::reservation::NAMESPACE,
+                crate::reservation::name("n1", gpu),
+            ),
             node: "n1".into(),
             demand: Demand::gpu(GpuDemand::ReservationPod {
                 gpu,

@@ -505,7 +505,7 @@ async fn move_share(
 mod tests {
     use super::*;
     use crate::inventory::{GpuNode, Sharing};
-    use crate::ledger::{Holder, ObservedPod, PodRef};
+    use crate::ledger::{ObservedPod, PodRef};
     use crate::packing::{Demand, GpuDemand};
 
     fn per_gpu_node() -> GpuNode {
@@ -516,13 +516,7 @@ mod tests {
 
     fn share(uid: &str, gpu: u32, milli: u32) -> ObservedPod {
         ObservedPod {
-            pod: PodRef {
-                uid: uid.into(),
-                namespace: "ml".into(),
-                name: format!("p-{uid}"),
-                priority: 0,
-                holder: Holder::Pod,
-            },
+            pod: PodRef::new(uid, "ml", format!("p-{uid}")),
             node: "n1".into(),
             demand: Demand {
                 devices: Some(crate::packing::Devices {

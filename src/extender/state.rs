@@ -563,7 +563,7 @@ mod tests {
     use crate::extender::report::{fragmented_gpus, report};
     use crate::inventory::{GpuNode, Sharing};
     use crate::ledger::NodeLedger;
-    use crate::ledger::{Holder, PodRef};
+    use crate::ledger::PodRef;
     use crate::packing::{GpuDemand, PackingPolicy, Scorer};
 
     /// A node whose sharing no label states says so in `/v1/nodes` (and so in `gpu-share
@@ -743,13 +743,7 @@ mod tests {
                 memory_mib: None,
             })
         };
-        let pref = PodRef {
-            uid: "x".into(),
-            namespace: "ml".into(),
-            name: "x".into(),
-            priority: 0,
-            holder: Holder::Pod,
-        };
+        let pref = PodRef::new("x", "ml", "x");
         a.hold(&scorer, pref, d(70)).unwrap();
         // A 50% request no longer fits on a (30% free there); b is empty; the plain node is of
         // another class and does not count.
@@ -910,13 +904,7 @@ mod tests {
         for i in 0..2048 {
             let uid = format!("u{i}");
             let pod = crate::ledger::BindPod {
-                pod: PodRef {
-                    uid: uid.clone(),
-                    namespace: "ml".into(),
-                    name: format!("p{i}"),
-                    priority: 0,
-                    holder: Holder::Pod,
-                },
+                pod: PodRef::new(uid.clone(), "ml", format!("p{i}")),
                 key: format!("ml/p{i}"),
                 demand: Err(crate::ledger::DemandError::BadRequestAnnotation(
                     format!("ml/p{i}"),

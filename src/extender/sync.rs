@@ -713,13 +713,7 @@ mod tests {
     /// API: still in flight (keep it unsettled), or [`Binding::commit`] it.
     fn bind<'a>(e: &'a ExtenderState, uid: &str) -> Binding<'a> {
         let scorer = crate::packing::Scorer::new(crate::packing::PackingPolicy::Binpack);
-        let pref = crate::ledger::PodRef {
-            uid: uid.into(),
-            namespace: "ml".into(),
-            name: format!("pod-{uid}"),
-            priority: 0,
-            holder: crate::ledger::Holder::Pod,
-        };
+        let pref = crate::ledger::PodRef::new(uid, "ml", format!("pod-{uid}"));
         let mut b = e.begin_bind(uid, "n1", true);
         b.hold(
             &scorer,

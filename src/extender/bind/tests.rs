@@ -290,13 +290,7 @@ async fn a_reservation_whose_create_got_no_answer_keeps_its_gpu_held() {
     let mut b = ext.begin_bind("w", "n1", false);
     let placed = b.hold(
         &scorer,
-        ledger::PodRef {
-            uid: "w".into(),
-            namespace: "ml".into(),
-            name: "w".into(),
-            priority: 0,
-            holder: ledger::Holder::Pod,
-        },
+        ledger::PodRef::new("w", "ml", "w"),
         crate::packing::Demand::gpu(crate::packing::GpuDemand::Whole { count: 2 }),
     );
     assert!(placed.is_err(), "{placed:?} with {whole:?}");

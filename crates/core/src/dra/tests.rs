@@ -183,13 +183,7 @@ fn the_ledger_equals_the_claims() {
     ledger.upsert_node(v.gpu_node(node).unwrap());
     // The pod is seen bound before its claim: it holds by its demand meanwhile.
     let pod = ObservedPod {
-        pod: PodRef {
-            uid: "pod-a".into(),
-            namespace: "ml".into(),
-            name: "p".into(),
-            priority: 0,
-            holder: Holder::Pod,
-        },
+        pod: PodRef::new("pod-a", "ml", "p"),
         node: node.into(),
         demand: Demand::gpu(GpuDemand::Units {
             resource: "nvidia.com/gpu".into(),
@@ -290,18 +284,7 @@ fn exclusive_pods_fit_free_gpus_and_a_full_node_says_so() {
     assert_eq!(refused, Reason::NoFreeGpus);
     assert_eq!(refused.message(), "not enough free whole GPUs");
     // Bind of a pod its claim already stands for holds nothing more.
-    let placed = ledger.hold(
-        &scorer,
-        node,
-        PodRef {
-            uid: "pod-0".into(),
-            namespace: "ml".into(),
-            name: "p".into(),
-            priority: 0,
-            holder: Holder::Pod,
-        },
-        one,
-    );
+    let placed = ledger.hold(&scorer, node, PodRef::new("pod-0", "ml", "p"), one);
     assert_eq!(placed, Ok(crate::packing::Placement::default()));
 }
 

@@ -238,12 +238,13 @@ impl DraView {
                     (Kind::Mig { profile, .. }, _) => *mig.entry(profile.clone()).or_insert(0) += 1,
                 }
             }
-            let pod = |kind: &str| PodRef {
-                uid: claim_key(&c.uid, node, kind),
-                namespace: c.namespace.clone(),
-                name: c.name.clone(),
-                priority: 0,
-                holder: Holder::Claim,
+            let pod = |kind: &str| {
+                PodRef::new(
+                    claim_key(&c.uid, node, kind),
+                    c.namespace.clone(),
+                    c.name.clone(),
+                )
+                .held_by(Holder::Claim)
             };
             if !whole.is_empty() {
                 whole.sort();

@@ -552,13 +552,7 @@ mod tests {
     use crate::packing::{GpuDemand, PackingPolicy};
 
     fn pod(uid: &str) -> PodRef {
-        PodRef {
-            uid: uid.into(),
-            namespace: "ml".into(),
-            name: uid.into(),
-            priority: 0,
-            holder: Holder::Pod,
-        }
+        PodRef::new(uid, "ml", uid)
     }
 
     fn share(milli: u32) -> Demand {

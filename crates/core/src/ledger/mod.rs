@@ -184,13 +184,7 @@ mod tests {
     }
 
     fn pref(uid: &str) -> PodRef {
-        PodRef {
-            uid: uid.into(),
-            namespace: "ml".into(),
-            name: uid.into(),
-            priority: 0,
-            holder: Holder::Pod,
-        }
+        PodRef::new(uid, "ml", uid)
     }
 
     #[test]
@@ -819,10 +813,7 @@ mod tests {
             profile: "3g.40gb".into(),
             count: 1,
         });
-        let with_prio = |uid: &str, p: i32| PodRef {
-            priority: p,
-            ..pref(uid)
-        };
+        let with_prio = |uid: &str, p: i32| pref(uid).with_priority(p);
         nl.hold(&scorer, with_prio("s1", 5), small.clone()).unwrap();
         nl.hold(&scorer, with_prio("s2", 1), small.clone()).unwrap();
         nl.hold(&scorer, with_prio("b1", 3), big.clone()).unwrap();
@@ -868,10 +859,7 @@ mod tests {
         nl.set_node(mixed("3g.40gb", 4));
         assert_eq!(nl.holdings.len(), 1, "the pod on the old layout is kept");
         assert_eq!(crate::packing::stale_mig_devices(&nl.node, &nl.usage), 1);
-        let important = |uid: &str| PodRef {
-            priority: 20,
-            ..pref(uid)
-        };
+        let important = |uid: &str| pref(uid).with_priority(20);
         nl.hold(&scorer, important("new1"), mig("3g.40gb")).unwrap();
         nl.hold(&scorer, important("new2"), mig("3g.40gb")).unwrap();
         assert_eq!(

@@ -26,6 +26,40 @@ pub struct PodRef {
     /// What holds: a pod, unless said otherwise.
     #[serde(skip_serializing_if = "Holder::is_pod")]
     pub holder: Holder,
+    /// The UID of the controller kube-scheduler's default topology spread spreads the pod's
+    /// siblings by ([`spread_controller`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<String>,
+}
+
+impl PodRef {
+    /// A pod's identity, at priority 0, held by the pod itself, with no controller.
+    pub fn new(
+        uid: impl Into<String>,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> PodRef {
+        PodRef {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            priority: 0,
+            holder: Holder::Pod,
+            controller: None,
+        }
+    }
+
+    pub fn with_priority(self, priority: i32) -> PodRef {
+        PodRef { priority, ..self }
+    }
+
+    pub fn held_by(self, holder: Holder) -> PodRef {
+        PodRef { holder, ..self }
+    }
+
+    pub fn controlled_by(self, controller: Option<String>) -> PodRef {
+        PodRef { controller, ..self }
+    }
 }
 
 /// What holds a share in the ledger. The kind is said here, never read from the key: a claim's
@@ -447,13 +481,32 @@ pub fn pod_key(pod: &Pod) -> String {
 
 /// The identity of a pod.
 pub fn pod_ref(pod: &Pod) -> PodRef {
-    PodRef {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
-        holder: Holder::Pod,
-    }
+    let m = &pod.metadata;
+    PodRef::new(
+        m.uid.clone().unwrap_or_default(),
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
+    )
+    .with_priority(pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0))
+    .controlled_by(spread_controller(pod))
+}
+
+/// The UID of the ReplicaSet, StatefulSet or ReplicationController controlling the pod: the
+/// controllers whose pods kube-scheduler's default topology spread (`defaultingType: System`)
+/// spreads over hosts and zones. A Deployment's pods are its ReplicaSets'.
+pub fn spread_controller(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.controller == Some(true)
+                && matches!(
+                    o.kind.as_str(),
+                    "ReplicaSet" | "StatefulSet" | "ReplicationController"
+                )
+        })
+        .map(|o| o.uid.clone())
 }
 
 /// What the extender keeps of a pod seen in filter or prioritize until it binds it: its
