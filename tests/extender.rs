@@ -219,13 +219,32 @@ async fn filter_passes_one_node_of_a_tie_unless_kube_schedulers_scores_would_cho
             {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}});
     assert_eq!(filter(twins(json!([])), preferring).await, both);
     // A Deployment's pod (the fixture's is its ReplicaSet's): kube-scheduler's default spread
-    // weighs it.
+    // weighs it, and filter ranks the tie as that spread scores it. With no sibling anywhere,
+    // the twins rank alike: the first in the fixed order.
     let replica = ts_pod("one-3", 25);
     assert_eq!(
         replica["metadata"]["ownerReferences"][0]["kind"],
         "ReplicaSet"
     );
-    assert_eq!(filter(twins(json!([])), replica).await, both);
+    assert_eq!(filter(twins(json!([])), replica).await, vec![first]);
+    // A sibling on the first twin and a stranger of the same size on the other: packed alike,
+    // so they still tie, and the default spread puts the next replica where it has none.
+    let s = twins(json!([]));
+    let other = if first == "h100-ts" {
+        "h100-ts-b"
+    } else {
+        "h100-ts"
+    };
+    assert_eq!(filter_and_bind(&s, &ts_pod("sibling", 25), first).await, "");
+    assert_eq!(
+        filter_and_bind(&s, &bare_ts_pod("stranger", 25), other).await,
+        ""
+    );
+    assert_eq!(filter(s.clone(), ts_pod("one-6", 25)).await, vec![other]);
+    // A pod of another ReplicaSet has no sibling on either: the first again.
+    let mut cousin = ts_pod("one-7", 25);
+    cousin["metadata"]["ownerReferences"][0]["uid"] = json!("another-replicaset");
+    assert_eq!(filter(s, cousin).await, vec![first]);
     // One twin tainted PreferNoSchedule: TaintToleration tells them apart, so both go on.
     let soft = json!([{"key": "spot", "value": "true", "effect": "PreferNoSchedule"}]);
     assert_eq!(

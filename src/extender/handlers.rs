@@ -268,9 +268,29 @@ pub fn filter(
         } else {
             let nodes = ext.nodes();
             let preference = tie_break::pod_preference(&pod);
-            match tie_break::pick(names, &tier, preference, |n| {
-                nodes.get(n).map(|f| f.soft_taints.as_slice())
-            }) {
+            // A spread pod: the tier ranked as kube-scheduler's default spread would rank it.
+            let spread = match &preference {
+                Some(tie_break::Preference::Spread(controller)) => {
+                    let members: Vec<&str> = names
+                        .iter()
+                        .zip(&tier)
+                        .filter(|(_, t)| **t)
+                        .map(|(n, _)| n.as_str())
+                        .collect();
+                    let counts = ext.ledger().spread_counts(controller);
+                    Some(tie_break::spread_scores(&members, &counts, |n| {
+                        nodes.get(n).map(|f| &f.labels)
+                    }))
+                }
+                _ => None,
+            };
+            match tie_break::pick(
+                names,
+                &tier,
+                preference.as_ref(),
+                |n| nodes.get(n).map(|f| f.soft_taints.as_slice()),
+                spread.as_deref(),
+            ) {
                 tie_break::Pass::One(i) => ((0..names.len()).map(|j| j == i).collect(), ""),
                 tie_break::Pass::Tier(why) => (tier, why),
             }

@@ -8,35 +8,54 @@
 //! paper's) breaks ties by the first node of a fixed permutation. kube-scheduler skips scoring
 //! a pod that one node fits.
 //!
+//! A pod of a ReplicaSet (a Deployment's), StatefulSet or ReplicationController is spread by
+//! kube-scheduler's default topology spread (`defaultingType: System`: hosts with `maxSkew` 3,
+//! zones with 5, both `ScheduleAnyway`). The ledger counts each such controller's pods per node,
+//! so filter ranks the tier as that plugin's score would ([`spread_scores`]) and passes one node
+//! of the best rank, the first in the fixed order.
+//!
 //! Where kube-scheduler's scores *would* tell the tied nodes apart by what the pod or the nodes
 //! ask for, the whole tier goes on, and those scores choose, as under `best`:
 //! - the pod prefers (preferred node affinity, preferred pod affinity or anti-affinity, a
-//!   topology spread constraint with `whenUnsatisfiable: ScheduleAnyway`);
-//! - the pod belongs to a ReplicaSet, StatefulSet or ReplicationController, whose pods
-//!   kube-scheduler's default topology spread (`defaultingType: System`) spreads over hosts and
-//!   zones;
+//!   topology spread constraint with `whenUnsatisfiable: ScheduleAnyway`, which replaces the
+//!   default spread);
 //! - the tied nodes differ in their `PreferNoSchedule` taints.
 //!
 //! What one node leaves out: kube-scheduler's resource scores (MostAllocated as shipped,
 //! balanced allocation) and image locality among equally well packed nodes, and the preferred
 //! terms of pods already running toward this one (inter-pod affinity's symmetric half).
 
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// Why kube-scheduler's own scores should choose among the tied nodes, read from the pod alone
+/// The node label kube-scheduler's default spread over hosts reads.
+pub const HOSTNAME: &str = "kubernetes.io/hostname";
+/// The node label its spread over zones reads.
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// What kube-scheduler's scores weigh among the tied nodes for a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Preference {
+    /// Its default topology spread of this controller's pods (its UID,
+    /// [`crate::ledger::spread_controller`]): filter ranks the tier by it.
+    Spread(String),
+    /// Something filter does not rank: the whole tier goes on, and why.
+    Scores(&'static str),
+}
+
+/// What kube-scheduler's own scores weigh among the tied nodes, read from the pod alone
 /// (`None`: nothing of the pod's for them to weigh).
-pub fn pod_preference(pod: &Pod) -> Option<&'static str> {
-    if pod.metadata.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true)
-            && matches!(
-                o.kind.as_str(),
-                "ReplicaSet" | "StatefulSet" | "ReplicationController"
-            )
-    }) {
-        return Some("default topology spread (controller-owned pod)");
+pub fn pod_preference(pod: &Pod) -> Option<Preference> {
+    if let Some(why) = spec_preference(pod) {
+        return Some(Preference::Scores(why));
     }
+    crate::ledger::spread_controller(pod).map(Preference::Spread)
+}
+
+/// What the pod's spec asks kube-scheduler's scores to weigh.
+fn spec_preference(pod: &Pod) -> Option<&'static str> {
     let spec = pod.spec.as_ref()?;
     if let Some(a) = &spec.affinity {
         let preferred = [
@@ -74,6 +93,49 @@ pub fn pod_preference(pod: &Pod) -> Option<&'static str> {
     None
 }
 
+/// kube-scheduler's PodTopologySpread score, before normalizing (lower is preferred), for each
+/// node of the tier (`tier`: the nodes filter would pass under `best`, which kube-scheduler
+/// then scores), under the system default constraints: per constraint whose label the node
+/// has, `count × ln(domains + 2) + maxSkew − 1`, where `count` is the controller's pods on the
+/// node (hosts) or in its zone (zones, counted on every node), and `domains` the tier's nodes
+/// (hosts) or the tier's zones. `counts`: the controller's pods per node
+/// ([`crate::ledger::Ledger::spread_counts`]); `labels_of`: a node's labels.
+pub fn spread_scores<'a>(
+    tier: &[&str],
+    counts: &HashMap<String, u32>,
+    labels_of: impl Fn(&str) -> Option<&'a BTreeMap<String, String>>,
+) -> Vec<f64> {
+    let label = |node: &str, key: &str| labels_of(node).and_then(|l| l.get(key)).cloned();
+    let zones_in_tier: std::collections::HashSet<String> =
+        tier.iter().filter_map(|n| label(n, ZONE)).collect();
+    let mut per_zone: HashMap<String, u32> = HashMap::new();
+    for (node, n) in counts {
+        if let Some(z) = label(node, ZONE).filter(|z| zones_in_tier.contains(z)) {
+            *per_zone.entry(z).or_default() += n;
+        }
+    }
+    let host_weight = (tier.len() as f64 + 2.0).ln();
+    let zone_weight = (zones_in_tier.len() as f64 + 2.0).ln();
+    tier.iter()
+        .map(|node| {
+            let mut score = 0.0;
+            if label(node, HOSTNAME).is_some() {
+                let on_node = counts.get(*node).copied().unwrap_or(0);
+                score += f64::from(on_node) * host_weight + f64::from(HOST_MAX_SKEW - 1);
+            }
+            if let Some(z) = label(node, ZONE) {
+                let in_zone = per_zone.get(&z).copied().unwrap_or(0);
+                score += f64::from(in_zone) * zone_weight + f64::from(ZONE_MAX_SKEW - 1);
+            }
+            score
+        })
+        .collect()
+}
+
+/// The system default constraints' `maxSkew`: hosts, then zones.
+const HOST_MAX_SKEW: u32 = 3;
+const ZONE_MAX_SKEW: u32 = 5;
+
 /// How many terms an optional list holds.
 fn terms<T>(list: &Option<Vec<T>>) -> usize {
     list.as_ref().map_or(0, Vec::len)
@@ -97,14 +159,17 @@ pub enum Pass {
     Tier(&'static str),
 }
 
-/// One node of the tier (the first in [`tie_order`]), unless the pod prefers something
-/// kube-scheduler's scores weigh (`preference`, from [`pod_preference`]) or the tied nodes differ
-/// in their [`crate::cache::node::soft_taints`] (`taints_of`). A tier of one is passed as one.
+/// One node of the tier (the first in [`tie_order`]; for a spread pod, the first of the best
+/// spread rank, `spread`: each tier member's [`spread_scores`] in the tier's order), unless the
+/// pod prefers something else kube-scheduler's scores weigh (`preference`) or the tied nodes
+/// differ in their [`crate::cache::node::soft_taints`] (`taints_of`). A tier of one is passed as
+/// one.
 pub fn pick<'a>(
     names: &[String],
     tier: &[bool],
-    preference: Option<&'static str>,
+    preference: Option<&Preference>,
     taints_of: impl Fn(&str) -> Option<&'a [String]>,
+    spread: Option<&[f64]>,
 ) -> Pass {
     let mut members = names.iter().zip(tier).enumerate().filter(|(_, (_, t))| **t);
     let Some((first, (first_name, _))) = members.next() else {
@@ -114,17 +179,28 @@ pub fn pick<'a>(
     if rest.peek().is_none() {
         return Pass::One(first);
     }
-    if let Some(why) = preference {
+    if let Some(Preference::Scores(why)) = preference {
         return Pass::Tier(why);
     }
+    // Ranked by spread (when the pod is spread), then by the fixed order.
+    let rank = |k: usize, name: &str| {
+        let s = spread.and_then(|s| s.get(k)).copied().unwrap_or(0.0);
+        (s, tie_order(name))
+    };
     let taints = taints_of(first_name);
-    let mut best = (tie_order(first_name), first);
-    for (i, (name, _)) in rest {
+    let mut best = (rank(0, first_name), first);
+    for (k, (i, (name, _))) in rest.enumerate() {
         if taints_of(name) != taints {
             return Pass::Tier("the tied nodes differ in PreferNoSchedule taints");
         }
-        let key = (tie_order(name), i);
-        if key < best {
+        let key = (rank(k + 1, name), i);
+        let ((score, order), at) = key;
+        let ((best_score, best_order), best_at) = best;
+        if score
+            .total_cmp(&best_score)
+            .then((order, at).cmp(&(best_order, best_at)))
+            .is_lt()
+        {
             best = key;
         }
     }
@@ -152,14 +228,14 @@ mod tests {
             .into_iter()
             .min_by_key(|i| tie_order(&names[*i]))
             .unwrap();
-        assert_eq!(pick(&names, &tier, None, |_| None), Pass::One(want));
+        assert_eq!(pick(&names, &tier, None, |_| None, None), Pass::One(want));
         // The order is the names', not the positions': the same nodes sent in another order give
         // the same node.
         let mut reversed = names.clone();
         reversed.reverse();
         let mut rtier = tier;
         rtier.reverse();
-        match pick(&reversed, &rtier, None, |_| None) {
+        match pick(&reversed, &rtier, None, |_| None, None) {
             Pass::One(i) => assert_eq!(reversed[i], names[want]),
             other => panic!("{other:?}"),
         }
@@ -168,8 +244,9 @@ mod tests {
             pick(
                 &names,
                 &[false, false, false, true, false, false],
-                Some("x"),
-                |_| None
+                Some(&Preference::Scores("x")),
+                |_| None,
+                None
             ),
             Pass::One(3)
         );
@@ -182,21 +259,35 @@ mod tests {
         let names = names(3);
         let tier = [true, true, true];
         assert_eq!(
-            pick(&names, &tier, Some("preferred node affinity"), |_| None),
+            pick(
+                &names,
+                &tier,
+                Some(&Preference::Scores("preferred node affinity")),
+                |_| None,
+                None
+            ),
             Pass::Tier("preferred node affinity")
         );
         let tainted = vec!["dedicated=gpu".to_string()];
-        let differ = pick(&names, &tier, None, |n| {
-            (n == "gpu-1").then_some(tainted.as_slice())
-        });
+        let differ = pick(
+            &names,
+            &tier,
+            None,
+            |n| (n == "gpu-1").then_some(tainted.as_slice()),
+            None,
+        );
         assert!(matches!(differ, Pass::Tier(_)), "{differ:?}");
         // Every tied node alike tainted: one node.
-        let alike = pick(&names, &tier, None, |_| Some(tainted.as_slice()));
+        let alike = pick(&names, &tier, None, |_| Some(tainted.as_slice()), None);
         assert!(matches!(alike, Pass::One(_)), "{alike:?}");
         // A tainted node outside the tier does not matter.
-        let outside = pick(&names, &[true, false, true], None, |n| {
-            (n == "gpu-1").then_some(tainted.as_slice())
-        });
+        let outside = pick(
+            &names,
+            &[true, false, true],
+            None,
+            |n| (n == "gpu-1").then_some(tainted.as_slice()),
+            None,
+        );
         assert!(matches!(outside, Pass::One(_)), "{outside:?}");
     }
 
@@ -210,15 +301,24 @@ mod tests {
         let preferred = pod(json!({"containers": [], "affinity": {"nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference":
                 {"matchExpressions": [{"key": "k", "operator": "Exists"}]}}]}}}));
-        assert_eq!(pod_preference(&preferred), Some("preferred node affinity"));
+        assert_eq!(
+            pod_preference(&preferred),
+            Some(Preference::Scores("preferred node affinity"))
+        );
         let apart = pod(json!({"containers": [], "affinity": {"podAntiAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm":
                 {"topologyKey": "kubernetes.io/hostname"}}]}}}));
-        assert_eq!(pod_preference(&apart), Some("preferred pod anti-affinity"));
+        assert_eq!(
+            pod_preference(&apart),
+            Some(Preference::Scores("preferred pod anti-affinity"))
+        );
         let together = pod(json!({"containers": [], "affinity": {"podAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm":
                 {"topologyKey": "zone"}}]}}}));
-        assert_eq!(pod_preference(&together), Some("preferred pod affinity"));
+        assert_eq!(
+            pod_preference(&together),
+            Some(Preference::Scores("preferred pod affinity"))
+        );
         let empty_list = pod(json!({"containers": [], "affinity": {"nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": []}}}));
         assert_eq!(pod_preference(&empty_list), None);
@@ -234,9 +334,78 @@ mod tests {
                  "controller": true}]}, "spec": {"containers": []}}))
             .unwrap()
         };
-        assert!(pod_preference(&owned("ReplicaSet")).is_some());
-        assert!(pod_preference(&owned("StatefulSet")).is_some());
+        assert_eq!(
+            pod_preference(&owned("ReplicaSet")),
+            Some(Preference::Spread("u".into()))
+        );
+        assert_eq!(
+            pod_preference(&owned("StatefulSet")),
+            Some(Preference::Spread("u".into()))
+        );
         // A Job's pods are not spread by default.
         assert_eq!(pod_preference(&owned("Job")), None);
+    }
+
+    /// A spread pod's node is the one kube-scheduler's PodTopologySpread scores best: fewest of
+    /// its controller's pods on the node, then in its zone, each weighed by how many hosts and
+    /// zones the tier spans; the fixed order among equals.
+    #[test]
+    fn a_spread_pod_goes_where_the_default_spread_scores_best() {
+        let labels = |host: &str, zone: Option<&str>| -> BTreeMap<String, String> {
+            let mut l = BTreeMap::from([(HOSTNAME.to_string(), host.to_string())]);
+            if let Some(z) = zone {
+                l.insert(ZONE.to_string(), z.to_string());
+            }
+            l
+        };
+        // Hosts only: the node with the fewest pods of the controller.
+        let nodes: BTreeMap<String, BTreeMap<String, String>> = (0..4)
+            .map(|i| (format!("gpu-{i}"), labels(&format!("gpu-{i}"), None)))
+            .collect();
+        let names: Vec<String> = nodes.keys().cloned().collect();
+        let tier: Vec<&str> = names.iter().map(String::as_str).collect();
+        let counts = HashMap::from([
+            ("gpu-0".to_string(), 2),
+            ("gpu-1".to_string(), 1),
+            ("gpu-3".to_string(), 1),
+        ]);
+        let scores = spread_scores(&tier, &counts, |n| nodes.get(n));
+        let w = 6f64.ln();
+        assert_eq!(scores, [2.0 * w + 2.0, w + 2.0, 2.0, w + 2.0]);
+        let spread = Preference::Spread("rs".into());
+        assert_eq!(
+            pick(&names, &[true; 4], Some(&spread), |_| None, Some(&scores)),
+            Pass::One(2)
+        );
+        // Equal scores: the fixed order, as for any pod.
+        let even = spread_scores(&tier, &HashMap::new(), |n| nodes.get(n));
+        assert_eq!(
+            pick(&names, &[true; 4], Some(&spread), |_| None, Some(&even)),
+            pick(&names, &[true; 4], None, |_| None, None)
+        );
+        // Zones: a zone holding the controller's pods on nodes outside the tier weighs against
+        // its empty nodes in the tier.
+        let mut zoned: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for (n, z) in [("a-0", "a"), ("a-1", "a"), ("b-0", "b"), ("b-1", "b")] {
+            zoned.insert(n.to_string(), labels(n, Some(z)));
+        }
+        let counts = HashMap::from([("a-1".to_string(), 3), ("b-1".to_string(), 1)]);
+        // a-1 and b-1 are full (not in the tier): a-0 and b-0 hold none of the pods.
+        let tier = ["a-0", "b-0"];
+        let scores = spread_scores(&tier, &counts, |n| zoned.get(n));
+        // Two hosts and two zones in the tier: both weigh ln(4).
+        let zone_w = 4f64.ln();
+        assert_eq!(scores, [2.0 + 3.0 * zone_w + 4.0, 2.0 + zone_w + 4.0]);
+        let names: Vec<String> = tier.iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            pick(
+                &names,
+                &[true, true],
+                Some(&spread),
+                |_| None,
+                Some(&scores)
+            ),
+            Pass::One(1)
+        );
     }
 }

@@ -8,6 +8,7 @@ use crate::inventory::GpuNode;
 use crate::packing::{Demand, Placement, Reason, Scorer};
 use crate::sync::lock;
 
+use super::index::Index;
 use super::node::*;
 use super::pod_read::*;
 
@@ -37,8 +38,8 @@ pub type NodeVictim = (String, String);
 pub struct Ledger {
     /// By name, as prioritize looks up every candidate node of a decision.
     nodes: RwLock<HashMap<String, Arc<Mutex<NodeLedger>>, foldhash::quality::RandomState>>,
-    /// uid -> node (and what holds) for every placed holding.
-    index: Mutex<HashMap<String, (String, Holder)>>,
+    /// Which node holds each placed holding ([`Index`]).
+    index: Mutex<Index>,
     /// Pods bound to nodes not (yet) in the inventory.
     unplaced: Mutex<HashMap<String, ObservedPod>>,
     on_release: RwLock<Option<ReleaseListener>>,
@@ -284,7 +285,13 @@ impl Ledger {
 
     /// The node a pod holds something on.
     pub fn node_of(&self, uid: &str) -> Option<String> {
-        lock(&self.index).get(uid).map(|(node, _)| node.clone())
+        lock(&self.index).get(uid).map(|(node, _)| node.to_string())
+    }
+
+    /// How many pods of spread controller `controller` ([`spread_controller`]) each node holds;
+    /// nodes holding none are left out.
+    pub fn spread_counts(&self, controller: &str) -> HashMap<String, u32> {
+        lock(&self.index).spread_counts(controller)
     }
 
     /// Records what the API says a pod holds (nothing, for a pod a DRA claim stands for).
@@ -302,7 +309,7 @@ impl Ledger {
         let moved = {
             let mut index = lock(&self.index);
             let moved = match index.get(&o.pod.uid) {
-                Some((prev, _)) if *prev != o.node => self.take(&mut index, &o.pod.uid),
+                Some((prev, _)) if prev != o.node => self.take(&mut index, &o.pod.uid),
                 _ => None,
             };
             match self.node(&o.node) {
@@ -312,7 +319,7 @@ impl Ledger {
                     for stand_in in lock(&now).record_planned(o, planned) {
                         index.remove(&stand_in);
                     }
-                    index.insert(o.pod.uid.clone(), (o.node.clone(), o.pod.holder));
+                    index.insert(&o.node, &o.pod);
                 }
                 None => {
                     lock(&self.unplaced).insert(o.pod.uid.clone(), o.clone());
@@ -353,7 +360,9 @@ impl Ledger {
         {
             return Err(Reason::ReservationFailed { why });
         }
-        let (uid, holder) = (pod.uid.clone(), pod.holder);
+        let uid = pod.uid.clone();
+        // Where the placement is recorded: the pod as it goes into the node's ledger.
+        let indexed = pod.clone();
         let mut tries = 0;
         loop {
             tries += 1;
@@ -394,7 +403,7 @@ impl Ledger {
             };
             drop(nl);
             if result.is_ok() {
-                index.insert(uid, (node.to_string(), holder));
+                index.insert(node, &indexed);
             }
             drop(index);
             if let Some(h) = moved {
@@ -500,7 +509,7 @@ impl Ledger {
     }
 
     /// Removes a holding from the index (held by the caller) and from its node.
-    fn take(&self, index: &mut HashMap<String, (String, Holder)>, uid: &str) -> Option<Holding> {
+    fn take(&self, index: &mut Index, uid: &str) -> Option<Holding> {
         let (node, _) = index.remove(uid)?;
         let n = self.node(&node)?;
         lock(&n).release(uid)
@@ -532,8 +541,8 @@ impl Ledger {
     /// those): pods' UIDs, and stand-ins' keys, which lapse with their assumption.
     pub fn uids(&self) -> Vec<String> {
         let mut v: Vec<String> = lock(&self.index)
-            .iter()
-            .filter(|(_, (_, holder))| *holder != Holder::Claim)
+            .keys()
+            .filter(|(_, holder)| *holder != Holder::Claim)
             .map(|(u, _)| u.clone())
             .collect();
         v.extend(lock(&self.unplaced).keys().cloned());
@@ -663,7 +672,7 @@ mod tests {
         l.for_each_node(|nl| {
             for uid in nl.holdings.keys() {
                 assert_eq!(
-                    index.get(uid).map(|(n, _)| n.as_str()),
+                    index.get(uid).map(|(n, _)| n),
                     Some(nl.node.name.as_str()),
                     "{uid} held on {} but indexed elsewhere",
                     nl.node.name

@@ -7,6 +7,7 @@
 //! - [`cluster`]: [`Ledger`], the cluster's, with a lock per node and a listener on release.
 
 mod cluster;
+mod index;
 mod node;
 mod pod_read;
 
