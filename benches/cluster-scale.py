@@ -16,6 +16,14 @@ plane of tests/cluster/up.sh (real kube-apiserver, etcd and kube-scheduler).
    Each half's pods are deleted before the next half; --baseline-first runs the baseline first
    (the order's own effect, measured).
 
+With --deployments R, the pods are a Deployment's, as most pods are: R replicas to a
+ReplicaSet (each of one class, drawn as the pods are), every pod owned by its ReplicaSet (a
+controller owner reference, the ReplicaSet's labels and pod-template-hash), the ReplicaSets created
+first in each half's namespace with kube-controller-manager stopped (so no controller adds or
+removes a pod; kube-scheduler reads the ReplicaSets as it does a Deployment's, and its default
+topology spread spreads their pods). The baseline's pods are owned the same way by ReplicaSets of
+their own.
+
 With --profile DIR, each half also takes, 30 s long once a tenth of its pods are bound: a CPU
 profile of kube-scheduler (its /debug/pprof/profile), `perf record` of the extender (gpu-share's
 half), and every control-plane process's CPU over the same 30 s (from /proc); DIR/summary.txt
@@ -30,6 +38,7 @@ scheduler_scheduling_algorithm_duration_seconds (which includes the extender's f
 prioritize calls) for each, the extender's own per-verb histograms, and the extender's RSS.
 """
 import argparse
+import collections
 import concurrent.futures
 import json
 import os
@@ -102,6 +111,34 @@ def pod_mix(n, seed=42):
     classes = (["timeslice-25"] * 30 + ["timeslice-50"] * 15 + ["mps-25"] * 20
                + ["mig-1g.10gb"] * 25 + ["exclusive-1"] * 10)
     return [rng.choice(classes) for _ in range(n)]
+
+
+def replica_sets(pods, replicas, seed=42):
+    """`pods` pods as Deployments' of `replicas` replicas: for each pod, its ReplicaSet's index;
+    and each ReplicaSet's class, drawn as pod_mix draws a pod's."""
+    count = (pods + replicas - 1) // replicas
+    return [i // replicas for i in range(pods)], pod_mix(count, seed)
+
+
+def replica_set(k, replicas, template_spec, annotations):
+    """ReplicaSet k of a Deployment `d-k`, as the Deployment controller writes it: labelled and
+    selected by app and pod-template-hash, of `replicas` pods."""
+    labels = {"app": f"d-{k}", "pod-template-hash": f"{k:x}5c9d"}
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": f"d-{k}-{labels['pod-template-hash']}", "labels": labels},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels, "annotations": annotations},
+                                  "spec": template_spec}}}
+
+
+def owned(body, rs):
+    """`body`, a pod of ReplicaSet `rs` (as the API stored it): its labels and controller owner
+    reference."""
+    body["metadata"]["labels"] = dict(rs["metadata"]["labels"])
+    body["metadata"]["ownerReferences"] = [{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+        "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+    return body
 
 
 class Api:
@@ -399,6 +436,8 @@ def main():
                     help="percentageOfNodesToScore for both profiles (default 100; 0: adaptive)")
     ap.add_argument("--baseline-first", action="store_true",
                     help="run the default profile's half first (the order's effect, measured)")
+    ap.add_argument("--deployments", type=int, default=0, metavar="R",
+                    help="the pods are Deployments' of R replicas each, owned by their ReplicaSets (see above)")
     args = ap.parse_args()
 
     with_cluster(args, "scale", nodes(args.nodes), lambda directory: run(args, directory))
@@ -465,17 +504,38 @@ def run(args, directory):
             f.write(f"== idle: CPU over {dt:.0f} s with no pod to place, cores: " +
                     ", ".join(f"{k} {v:.2f}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) + "\n")
 
+    pod_spec = {"terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
+    owner_of, rs_classes = replica_sets(args.pods, args.deployments) if args.deployments else (None, [])
+    if owner_of:
+        classes = [rs_classes[k] for k in owner_of]
     bodies = [{"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"p-{i}", "annotations": {"gpu-share": c}},
-               "spec": {"terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+               "spec": json.loads(json.dumps(pod_spec))}
               for i, c in enumerate(classes)]
     stop(directory, "kube-scheduler")
+    if owner_of:
+        # No controller adds or removes a pod of the ReplicaSets below.
+        stop(directory, "kube-controller-manager")
+
+    def make_replica_sets(namespace, template_spec, annotate):
+        """The ReplicaSets of the pods in `namespace`, as the API stored them (with their UIDs);
+        gpu-share's carry their class on the template, as a Deployment's would."""
+        path = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
+        sizes = collections.Counter(owner_of)
+        made = [api.call("POST", path, replica_set(k, sizes[k], template_spec,
+                                                   {"gpu-share": c} if annotate else {}))
+                for k, c in enumerate(rs_classes)]
+        log(f"created {len(made)} ReplicaSets in {namespace}")
+        return made
     ensure_namespace(api, "scale")
     ensure_namespace(api, "baseline")
     # The baseline's pods are the gpu-share pods as the webhook writes them (a dry-run create:
     # admission runs, nothing is stored), so either half can run first.
+    if owner_of:
+        scale_sets = make_replica_sets("scale", pod_spec, True)
+        bodies = [owned(b, scale_sets[owner_of[i]]) for i, b in enumerate(bodies)]
     written = create_all(api, "scale", bodies, dry_run=True)
     plain = []
     for i, p in enumerate(written):
@@ -491,6 +551,10 @@ def run(args, directory):
                 c.get("resources", {}).get(part, {}).pop("gpu-share.io/gpu-milli", None)
         keep["schedulerName"] = "bench-default"
         plain.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b-{i}"}, "spec": keep})
+    if owner_of:
+        # The baseline's own ReplicaSets, of the pods as the webhook wrote them.
+        baseline_sets = make_replica_sets("baseline", plain[0]["spec"], False)
+        plain = [owned(b, baseline_sets[owner_of[i]]) for i, b in enumerate(plain)]
 
     def delete_all(namespace):
         try:
@@ -586,13 +650,17 @@ def run(args, directory):
         "",
         f"Command: `python3 benches/cluster-scale.py --nodes {args.nodes} --pods {args.pods}"
         f"{'' if args.nodes_to_score == 100 else f' --nodes-to-score {args.nodes_to_score}'}"
-        f"{' --baseline-first' if args.baseline_first else ''}` "
+        f"{' --baseline-first' if args.baseline_first else ''}"
+        f"{f' --deployments {args.deployments}' if args.deployments else ''}` "
         f"({time.strftime('%Y-%m-%d')}, {cpu} cores; kube-apiserver, etcd and kube-scheduler v1.37.2 "
         "from tests/cluster, everything on one machine).",
         "",
         f"{args.nodes} GPU nodes of 8 GPUs (60% time-slicing x4, 20% MPS x4, 10% MIG mixed A100 7x 1g.10gb "
         f"per GPU, 10% plain L40S); {args.pods} pods (timeslice-25 30%, mps-25 20%, mig-1g.10gb 25%, "
-        "timeslice-50 15%, exclusive-1 10%). " + scoring + " Both use clientConnection "
+        "timeslice-50 15%, exclusive-1 10%)"
+        + (f", as Deployments of {args.deployments} replicas, each pod owned by its ReplicaSet"
+           f" ({len(rs_classes)} ReplicaSets per half, each of one class)" if args.deployments else ", bare")
+        + ". " + scoring + " Both use clientConnection "
         f"qps {QPS} / burst {BURST}. The pods are created while the scheduler is stopped; the rate is "
         "bound pods over the time from the first binding to the last (kube-scheduler's "
         "schedule_attempts_total{result=\"scheduled\"}, polled every 0.5 s; the bound count is read from the "

@@ -30,7 +30,9 @@
 //! dra: nodes whose GPUs NVIDIA's DRA driver publishes, beside device-plugin ones: `exclusive-1`
 //!    and `mig-1g.10gb` Deployments land there through kube-scheduler's DRA plugin, the ledger
 //!    equals the claims, before and after the extender restarts, and full nodes and shares are
-//!    refused in words (tests/workloads/dra.rs).
+//!    refused in words (tests/workloads/dra.rs);
+//! default spread: a Deployment's replicas over two alike nodes go where kube-scheduler's default
+//!    topology spread would put them, gpu-share passing that one node (tests/workloads/spread.rs).
 
 mod common;
 #[path = "workloads/dra.rs"]
@@ -43,6 +45,8 @@ mod per_gpu;
 mod per_gpu_mps;
 #[path = "workloads/quota.rs"]
 mod quota;
+#[path = "workloads/spread.rs"]
+mod spread;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -1207,6 +1211,7 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     point(&mut failures, "quotas", quota::quotas(&c)).await;
     point(&mut failures, "kueue", kueue::kueue(&c)).await;
     point(&mut failures, "dra", dra::dra(&c)).await;
+    point(&mut failures, "default spread", spread::default_spread(&c)).await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",
