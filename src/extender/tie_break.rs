@@ -95,22 +95,26 @@ fn spec_preference(pod: &Pod) -> Option<&'static str> {
 
 /// kube-scheduler's PodTopologySpread score, before normalizing (lower is preferred), for each
 /// node of the tier (`tier`: the nodes filter would pass under `best`, which kube-scheduler
-/// then scores), under the system default constraints: per constraint whose label the node
-/// has, `count × ln(domains + 2) + maxSkew − 1`, where `count` is the controller's pods on the
-/// node (hosts) or in its zone (zones, counted on every node), and `domains` the tier's nodes
-/// (hosts) or the tier's zones. `counts`: the controller's pods per node
+/// then scores), under the system default constraints, as its `Score` computes it: per
+/// constraint whose label the node has, `count × ln(domains + 2) + maxSkew − 1`, summed and
+/// rounded. `count` is the controller's pods on the node (hosts; kube-scheduler counts the pods
+/// of the pod's owner there) or in the node's zone (zones, counted on every node); `domains` is
+/// the tier's nodes (hosts) or the tier's zone values, a node without the label counting as the
+/// empty value. `counts`: the controller's pods per node
 /// ([`crate::ledger::Ledger::spread_counts`]); `labels_of`: a node's labels.
 pub fn spread_scores<'a>(
     tier: &[&str],
     counts: &HashMap<String, u32>,
     labels_of: impl Fn(&str) -> Option<&'a BTreeMap<String, String>>,
 ) -> Vec<f64> {
-    let label = |node: &str, key: &str| labels_of(node).and_then(|l| l.get(key)).cloned();
+    let label = |node: &str, key: &str| labels_of(node).and_then(|l| l.get(key));
+    let zone_value = |node: &str| label(node, ZONE).map_or("", String::as_str).to_string();
     let zones_in_tier: std::collections::HashSet<String> =
-        tier.iter().filter_map(|n| label(n, ZONE)).collect();
+        tier.iter().map(|n| zone_value(n)).collect();
     let mut per_zone: HashMap<String, u32> = HashMap::new();
     for (node, n) in counts {
-        if let Some(z) = label(node, ZONE).filter(|z| zones_in_tier.contains(z)) {
+        let z = zone_value(node);
+        if zones_in_tier.contains(&z) {
             *per_zone.entry(z).or_default() += n;
         }
     }
@@ -124,10 +128,11 @@ pub fn spread_scores<'a>(
                 score += f64::from(on_node) * host_weight + f64::from(HOST_MAX_SKEW - 1);
             }
             if let Some(z) = label(node, ZONE) {
-                let in_zone = per_zone.get(&z).copied().unwrap_or(0);
+                let in_zone = per_zone.get(z).copied().unwrap_or(0);
                 score += f64::from(in_zone) * zone_weight + f64::from(ZONE_MAX_SKEW - 1);
             }
-            score
+            // Go's math.Round and Rust's round both round half away from zero.
+            score.round()
         })
         .collect()
 }
@@ -370,8 +375,19 @@ mod tests {
             ("gpu-3".to_string(), 1),
         ]);
         let scores = spread_scores(&tier, &counts, |n| nodes.get(n));
+        // Four hosts weigh ln(6) each pod; no zone label, no zone term; rounded as
+        // kube-scheduler rounds.
         let w = 6f64.ln();
-        assert_eq!(scores, [2.0 * w + 2.0, w + 2.0, 2.0, w + 2.0]);
+        assert_eq!(
+            scores,
+            [
+                (2.0 * w + 2.0).round(),
+                (w + 2.0).round(),
+                2.0,
+                (w + 2.0).round()
+            ]
+        );
+        assert_eq!(scores, [6.0, 4.0, 2.0, 4.0]);
         let spread = Preference::Spread("rs".into());
         assert_eq!(
             pick(&names, &[true; 4], Some(&spread), |_| None, Some(&scores)),
@@ -395,7 +411,20 @@ mod tests {
         let scores = spread_scores(&tier, &counts, |n| zoned.get(n));
         // Two hosts and two zones in the tier: both weigh ln(4).
         let zone_w = 4f64.ln();
-        assert_eq!(scores, [2.0 + 3.0 * zone_w + 4.0, 2.0 + zone_w + 4.0]);
+        assert_eq!(
+            scores,
+            [
+                (2.0 + 3.0 * zone_w + 4.0).round(),
+                (2.0 + zone_w + 4.0).round()
+            ]
+        );
+        assert_eq!(scores, [10.0, 7.0]);
+        // A node without the zone label has no zone term (and its empty value is a domain of
+        // the tier's): kube-scheduler prefers it to a zoned node holding none of the pods.
+        let mut mixed = zoned.clone();
+        mixed.insert("bare".into(), labels("bare", None));
+        let scores = spread_scores(&["a-0", "bare"], &HashMap::new(), |n| mixed.get(n));
+        assert_eq!(scores, [6.0, 2.0]);
         let names: Vec<String> = tier.iter().map(|n| n.to_string()).collect();
         assert_eq!(
             pick(
