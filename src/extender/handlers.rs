@@ -537,11 +537,12 @@ fn summary(tags: &[Option<Reason>], bad_request: Option<&str>) -> String {
     if let Some(bad) = bad_request {
         return format!("the request cannot be read: {bad}");
     }
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    // Counted by the fixed sentences, borrowed: filter says this for every pod no node takes.
+    let mut counts: BTreeMap<std::borrow::Cow<'static, str>, usize> = BTreeMap::new();
     for r in tags.iter().flatten() {
-        *counts.entry(r.message()).or_default() += 1;
+        *counts.entry(r.message_static()).or_default() += 1;
     }
-    let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
+    let mut counts: Vec<(std::borrow::Cow<'static, str>, usize)> = counts.into_iter().collect();
     counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let parts: Vec<String> = counts
         .iter()
