@@ -30,9 +30,17 @@ impl<T> Default for Relisted<T> {
 }
 
 impl ExtenderState {
-    /// A node whose GPUs the DRA driver publishes, as the extender packs onto it.
+    /// A node whose GPUs the DRA driver publishes, as the extender packs onto it (with its
+    /// time-sliced shares opted in where a `nodeModes` rule declares it time-sliced).
     pub fn dra_gpu_node(&self, name: &str) -> Option<GpuNode> {
-        self.dra().gpu_node(name)
+        let declared = self.shares_declared(name);
+        self.dra().gpu_node(name, declared)
+    }
+
+    /// Whether a `nodeModes` rule declares node `name` time-sliced, as its labels were last
+    /// read ([`crate::cache::NodeFacts::shares_declared`]).
+    fn shares_declared(&self, name: &str) -> bool {
+        self.nodes().get(name).is_some_and(|f| f.shares_declared)
     }
 
     /// Applies one slice event. Returns true when a full list has just completed.
@@ -117,9 +125,14 @@ impl ExtenderState {
     /// publishes both is warned about once).
     pub fn refresh_dra_nodes(&self, nodes: &BTreeSet<String>) {
         for name in nodes {
+            let declared = self.shares_declared(name);
             let (g, holdings, covered) = {
                 let v = self.dra();
-                (v.gpu_node(name), v.holdings(name), v.covered_on(name))
+                (
+                    v.gpu_node(name, declared),
+                    v.holdings(name),
+                    v.covered_on(name),
+                )
             };
             let current = self.ledger().with_node(name, |nl| nl.node.mode_source);
             match (current, g) {

@@ -229,9 +229,9 @@ pub fn filter(
                     pod.metadata.namespace.clone(),
                 )
             {
-                ext.waiting().mark(
-                    uid,
-                    super::state::Waiting {
+                ext.note_no_room(
+                    &uid,
+                    super::state::NoRoom {
                         namespace: ns,
                         name,
                         class: demand.gpu.class(),

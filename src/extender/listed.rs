@@ -24,11 +24,9 @@ pub struct Listed {
     reservations: Vec<ReservationPod>,
     /// The DRA side, where the API serves it ([`Listed::dra`]).
     dra: Option<crate::dra::DraView>,
-    /// Nodes a `nodeModes` rule declares `time-slicing`, by their labels: on a DRA node, the
-    /// opt-in for time-sliced shares ([`crate::dra::DraView::declare_shares`]).
-    pub(super) shares_declared: std::collections::BTreeSet<String>,
-    /// The nodes cordoned (`gpu-share status` straight from the cluster says so).
-    cordoned: std::collections::BTreeSet<String>,
+    /// Every node's facts, as the node watch reads them (labels, taints, whether a `nodeModes`
+    /// rule declares it time-sliced under the policy the list was read with, cordoned).
+    pub(super) facts: HashMap<String, NodeFacts>,
 }
 
 impl Listed {
@@ -37,19 +35,20 @@ impl Listed {
     pub fn node(&mut self, n: &Node, reading: &inventory::Reading) {
         let (facts, inventory) = NodeFacts::read(n, reading);
         let name = n.metadata.name.clone().unwrap_or_default();
-        if facts.cordoned {
-            self.cordoned.insert(name.clone());
-        }
         if let Some(g) = inventory {
             self.nodes.insert(g.name.clone(), g);
-        } else if facts.shares_declared {
-            self.shares_declared.insert(name);
         }
+        self.facts.insert(name, facts);
     }
 
-    /// The nodes the list showed cordoned.
-    pub fn cordoned(&self) -> &std::collections::BTreeSet<String> {
-        &self.cordoned
+    /// The nodes the list showed cordoned (`gpu-share status` straight from the cluster says
+    /// so).
+    pub fn cordoned(&self) -> std::collections::BTreeSet<String> {
+        self.facts
+            .iter()
+            .filter(|(_, f)| f.cordoned)
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     pub fn pod(&mut self, p: &Pod) {
@@ -62,13 +61,11 @@ impl Listed {
     /// Adds the DRA side: the nodes NVIDIA's DRA driver publishes GPUs on (where no device
     /// plugin does: a node runs one or the other) and, in [`Listed::into_parts`], the claims'
     /// holdings in place of the pods they stand for.
-    pub fn dra(&mut self, mut view: crate::dra::DraView) {
-        for name in &self.shares_declared {
-            view.declare_shares(name, true);
-        }
+    pub fn dra(&mut self, view: crate::dra::DraView) {
         for name in view.nodes() {
+            let declared = self.facts.get(&name).is_some_and(|f| f.shares_declared);
             if !self.nodes.contains_key(&name)
-                && let Some(g) = view.gpu_node(&name)
+                && let Some(g) = view.gpu_node(&name, declared)
             {
                 self.nodes.insert(name, g);
             }

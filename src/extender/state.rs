@@ -2,8 +2,8 @@
 //! one node are serialized, binds to different nodes place in parallel and meet only to record the
 //! holding, [`Ledger::hold`]; no lock is held across I/O); the nodes and where each pod's bind
 //! stands, one entry each ([`crate::cache`]: assumed until the API shows it, the lapse freeing
-//! it; in doubt; changed lately); the pods seen in filter/prioritize (for bind); the pods waiting
-//! for capacity (for requeue) and the recent workload.
+//! it; in doubt; changed lately; read in filter or prioritize and kept for bind; found no room,
+//! for the requeuer) and the recent workload.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,21 +20,15 @@ use crate::ledger::Ledger;
 use crate::packing::{Demand, Homes, PackingPolicy, Scorer};
 use crate::sync::lock;
 
-/// How long a pod seen in filter/prioritize is remembered for bind.
-pub const POD_CACHE_TTL: Duration = Duration::from_secs(600);
-
-/// The memory the pods kept for bind may take (by [`crate::ledger::BindPod::size`]): about
-/// 100,000 ordinary pods. Past it the least recently used go; bind then reads the pod from the
-/// API.
-pub const POD_CACHE_BYTES: u64 = 64 << 20;
 /// How long a bound allocation may stay unseen in the API before it frees itself.
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
 /// How long a watch change shields a pod or node from a reconcile's older list (longer than
 /// any list takes).
 pub const TOUCHED_TTL: Duration = Duration::from_secs(600);
 
+pub use super::nudge::Released;
 pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
-pub use super::waiting::{Released, Waiting, WaitingPods};
+pub use crate::cache::NoRoom;
 
 pub mod binding;
 
@@ -55,15 +49,12 @@ pub use crate::cache::pod::Assumed;
 pub struct ExtenderState {
     mode: Mode,
     ledger: Arc<Ledger>,
-    /// Pods seen in filter/prioritize, by UID.
-    seen: moka::sync::Cache<String, Arc<crate::ledger::BindPod>>,
-    /// What is known of each pod beyond its holding ([`Pods`]): its bind assumed (its lapse
-    /// releases the holding) or in doubt, its last change by the watch, whether it waits for a
-    /// node (from the pod watch, or in `--dev` from filter) and whether its limits contradict
-    /// its request (from filter and the pod watch).
+    /// What is known of each pod beyond its holding ([`Pods`]): as filter or prioritize read
+    /// it (for bind), whether filter found it no room (for the requeuer, [`super::nudge`]), its
+    /// bind assumed (its lapse releases the holding) or in doubt, its last change by the watch,
+    /// whether it waits for a node (from the pod watch, or in `--dev` from filter) and whether
+    /// its limits contradict its request (from filter and the pod watch).
     pods: Mutex<Pods>,
-    /// Pods rejected for capacity ([`super::waiting`]).
-    waiting: WaitingPods,
     /// The `gpu-share` policy's workload estimate: every pod's demand, once, when first seen.
     online: Arc<Mutex<Online>>,
     /// The caches have synced (always true in `--dev`).
@@ -90,15 +81,7 @@ impl ExtenderState {
         ExtenderState {
             mode,
             ledger: Arc::new(Ledger::new()),
-            seen: moka::sync::Cache::builder()
-                .max_capacity(POD_CACHE_BYTES)
-                .weigher(|uid: &String, pod: &Arc<crate::ledger::BindPod>| {
-                    pod.size().saturating_add(uid.len() as u32 + 64)
-                })
-                .time_to_live(POD_CACHE_TTL)
-                .build(),
             pods: Mutex::new(Pods::new(assume_ttl)),
-            waiting: WaitingPods::default(),
             online: Arc::new(Mutex::new(Online::default())),
             synced: AtomicBool::new(mode == Mode::Dev),
             nodes_touched: Mutex::new(std::collections::HashMap::new()),
@@ -261,16 +244,22 @@ impl ExtenderState {
         facts: NodeFacts,
         inventory: Option<crate::inventory::GpuNode>,
     ) {
-        // Whether its DRA GPUs' shares are opted in, before they are read.
-        self.dra().declare_shares(name, facts.shares_declared);
-        let gpu = inventory.or_else(|| self.dra_gpu_node(name));
+        // Its facts first: whether its DRA GPUs' shares are opted in is read from them.
         crate::sync::write(&self.nodes).apply(name, facts);
+        let gpu = inventory.or_else(|| self.dra_gpu_node(name));
         self.set_node(name, gpu);
+    }
+
+    /// A node's facts as a list read them (a reconcile): its inventory is the reconcile's to
+    /// compare.
+    pub(super) fn set_facts(&self, name: &str, facts: NodeFacts) {
+        if self.nodes().get(name) != Some(&facts) {
+            crate::sync::write(&self.nodes).apply(name, facts);
+        }
     }
 
     /// A node deleted.
     pub fn delete_node(&self, name: &str) {
-        self.dra().declare_shares(name, false);
         crate::sync::write(&self.nodes).delete(name);
         self.set_node(name, None);
     }
@@ -289,7 +278,6 @@ impl ExtenderState {
                 .filter(|n| !listed.contains(n)),
         );
         for name in &gone {
-            self.dra().declare_shares(name, false);
             self.set_node(name, None);
         }
         gone.len()
@@ -319,21 +307,35 @@ impl ExtenderState {
         &self.ledger
     }
 
-    /// Remembers a pod seen in filter or prioritize, for bind. Returns whether it was new.
+    /// Keeps a pod as filter or prioritize read it, for bind. Returns whether it was new.
     pub fn remember_pod(&self, uid: &str, pod: Arc<crate::ledger::BindPod>) -> bool {
-        let new = !self.seen.contains_key(uid);
-        self.seen.insert(uid.to_string(), pod);
-        new
+        lock(&self.pods).remember(uid, pod, Instant::now())
     }
 
-    /// A pod remembered from filter or prioritize.
-    pub fn seen_pod(&self, uid: &str) -> Option<Arc<crate::ledger::BindPod>> {
-        self.seen.get(uid)
+    /// A pod as filter or prioritize read it.
+    pub fn remembered_pod(&self, uid: &str) -> Option<Arc<crate::ledger::BindPod>> {
+        lock(&self.pods).remembered(uid, Instant::now())
     }
 
-    /// The pods waiting for capacity, which the requeuer nudges on a release.
-    pub fn waiting(&self) -> &WaitingPods {
-        &self.waiting
+    /// Marks pod `uid` as finding no room: the requeuer nudges it when a holding of its class
+    /// is released.
+    pub fn note_no_room(&self, uid: &str, who: NoRoom) {
+        lock(&self.pods).note_no_room(uid, who, Instant::now());
+    }
+
+    /// The pods that found no room, by UID, the longest marked first.
+    pub fn no_room_pods(&self) -> Vec<(String, NoRoom)> {
+        lock(&self.pods).no_room(Instant::now())
+    }
+
+    /// Whether pod `uid` found no room.
+    pub fn has_no_room(&self, uid: &str) -> bool {
+        lock(&self.pods).has_no_room(uid, Instant::now())
+    }
+
+    /// Pod `uid` was nudged or given a node: it waits for room no more.
+    pub fn clear_no_room(&self, uid: &str) {
+        lock(&self.pods).clear_no_room(uid);
     }
 
     /// What the API showed of a node: its inventory, or `None` when it is not a GPU node.
@@ -407,8 +409,7 @@ impl ExtenderState {
             self.forget_touches_before(t);
         }
         self.lapse_assumptions();
-        self.seen.run_pending_tasks();
-        self.waiting.run_pending();
+        lock(&self.pods).expire(Instant::now());
     }
 
     /// Whether a list of pods begun at `listed_from` may lack `uid` although the extender bound
@@ -471,7 +472,7 @@ impl ExtenderState {
                 }
                 self.ledger.record(&o);
                 self.confirm(&uid);
-                self.waiting.stop(&uid);
+                self.clear_no_room(&uid);
             }
             Ok(None) => {
                 if pod
@@ -480,7 +481,7 @@ impl ExtenderState {
                     .and_then(|s| s.node_name.as_ref())
                     .is_some()
                 {
-                    self.waiting.stop(&uid);
+                    self.clear_no_room(&uid);
                 }
                 let unbound = pod
                     .spec
@@ -524,12 +525,7 @@ impl ExtenderState {
 
     /// A pod deleted in the API.
     pub fn forget_pod(&self, uid: &str) {
-        self.touch(uid);
-        self.confirm(uid);
-        self.waiting.stop(uid);
-        self.seen.invalidate(uid);
-        self.clear_unscheduled(uid);
-        self.note_contradicted(uid, false);
+        lock(&self.pods).forget(uid, Instant::now());
         self.ledger.release(uid);
     }
 
@@ -893,34 +889,5 @@ mod tests {
             gpus_by_class(&ts, &crate::mig::MigTable::default())[0].class,
             "mps"
         );
-    }
-
-    /// The pods kept for bind are bounded by bytes, not by count: 128 MiB of pods (each with a
-    /// 64 KiB reason) leave at most POD_CACHE_BYTES held.
-    #[test]
-    fn the_bind_cache_is_bounded_by_bytes() {
-        let e = ExtenderState::new(Mode::Dev, Duration::from_secs(60));
-        let reason = "x".repeat(64 << 10);
-        for i in 0..2048 {
-            let uid = format!("u{i}");
-            let pod = crate::ledger::BindPod {
-                pod: PodRef::new(uid.clone(), "ml", format!("p{i}")),
-                key: format!("ml/p{i}"),
-                demand: Err(crate::ledger::DemandError::BadRequestAnnotation(
-                    format!("ml/p{i}"),
-                    reason.clone(),
-                )),
-            };
-            assert!(pod.size() as usize > reason.len(), "size counts the reason");
-            e.seen.insert(uid, Arc::new(pod));
-        }
-        e.seen.run_pending_tasks();
-        let held = e.seen.weighted_size();
-        assert!(held <= POD_CACHE_BYTES, "{held} bytes held");
-        assert!(
-            held > POD_CACHE_BYTES / 2,
-            "filled to its budget, not emptied: {held}"
-        );
-        assert!(e.seen.entry_count() < 2048);
     }
 }

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use tokio::sync::watch::Receiver;
 
 pub use super::listed::{Listed, list_compact};
+use super::nudge::pods_to_nudge;
 use super::state::{ExtenderState, Released};
-use super::waiting::pods_to_nudge;
 use crate::cache::NodeFacts;
 use crate::cluster::watch;
 use crate::inventory;
@@ -193,23 +193,15 @@ impl ExtenderState {
         let Listed {
             nodes: mut inv,
             pods: expected,
-            shares_declared,
+            facts,
             ..
         } = listed;
-        // The opt-in of DRA nodes' shares, as the list's labels say under the policy it was read
-        // with (after a policy change, the only read under the new one), unless a node's own
-        // event is newer.
-        {
-            let mut dra = self.dra();
-            let known: Vec<String> = dra
-                .shares_declared()
-                .union(&shares_declared)
-                .cloned()
-                .collect();
-            for name in known {
-                if !node_newer(&name) {
-                    dra.declare_shares(&name, shares_declared.contains(&name));
-                }
+        // The nodes' facts as the list read them (after a policy change, the only read under the
+        // new one: whether a rule declares a DRA node time-sliced), unless a node's own event is
+        // newer. Read before the inventories, which a DRA node's opt-in changes.
+        for (name, f) in facts {
+            if !node_newer(&name) {
+                self.set_facts(&name, f);
             }
         }
         for name in self.ledger().node_names() {
@@ -469,7 +461,7 @@ pub fn spawn_requeuer(
             while let Ok(r) = released.try_recv() {
                 batch.push(r);
             }
-            let waiting = ext.waiting().all();
+            let waiting = ext.no_room_pods();
             let chosen = pods_to_nudge(&waiting, &batch, 100);
             if chosen.is_empty() {
                 continue;
@@ -480,7 +472,7 @@ pub fn spawn_requeuer(
                 .unwrap_or_default();
             let mut n = 0;
             for (uid, w) in chosen {
-                ext.waiting().stop(&uid);
+                ext.clear_no_room(&uid);
                 match crate::cluster::binder::nudge(&client, &w.namespace, &w.name, &stamp).await {
                     Ok(()) => n += 1,
                     Err(e) => {
@@ -641,7 +633,7 @@ mod tests {
     use super::*;
     use crate::cluster::watch::POD_FIELD_SELECTOR;
     use crate::extender::state::binding::Binding;
-    use crate::extender::state::{Mode, Waiting};
+    use crate::extender::state::{Mode, NoRoom};
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
     use futures::StreamExt;
@@ -731,9 +723,9 @@ mod tests {
     fn a_waiting_pod_bound_before_its_nudge_counts_as_retried_first() {
         let e = ext();
         let mut r = Relist::default();
-        e.waiting().mark(
-            "w".into(),
-            crate::extender::waiting::Waiting {
+        e.note_no_room(
+            "w",
+            NoRoom {
                 namespace: "ml".into(),
                 name: "pod-w".into(),
                 class: "whole",
@@ -741,7 +733,7 @@ mod tests {
         );
         let b = bind(&e, "w");
         e.apply_pod_event(&mut r, Event::Apply(typed(pod("w", Some("n1"), "Pending"))));
-        assert!(!e.waiting().contains("w"), "the watch unmarks a bound pod");
+        assert!(!e.has_no_room("w"), "the watch unmarks a bound pod");
         assert!(b.commit(), "it was waiting when its bind began");
         assert!(!bind(&e, "never-waited").commit());
     }
@@ -1237,16 +1229,16 @@ mod tests {
     #[test]
     fn a_bind_tells_whether_the_pod_still_waited() {
         let e = ext();
-        e.waiting().mark(
-            "waited".into(),
-            Waiting {
+        e.note_no_room(
+            "waited",
+            NoRoom {
                 namespace: "ml".into(),
                 name: "waited".into(),
                 class: "exclusive",
             },
         );
         assert!(bind(&e, "waited").commit());
-        assert!(!e.waiting().contains("waited"));
+        assert!(!e.has_no_room("waited"));
         assert!(!bind(&e, "fresh").commit());
     }
 
@@ -1261,9 +1253,9 @@ mod tests {
             &mut r,
             Event::Apply(typed(pod("holder", Some("n1"), "Running"))),
         );
-        e.waiting().mark(
-            "waiter".into(),
-            Waiting {
+        e.note_no_room(
+            "waiter",
+            NoRoom {
                 namespace: "ml".into(),
                 name: "pod-waiter".into(),
                 class: "exclusive",
@@ -1308,6 +1300,6 @@ mod tests {
                 .encode()
                 .contains("gpu_share_requeue_nudges_total 1")
         );
-        assert!(!e.waiting().contains("waiter"));
+        assert!(!e.has_no_room("waiter"));
     }
 }

@@ -477,7 +477,7 @@ pub fn pending_of(pods: &[Pod]) -> Vec<PendingPod> {
 /// The reports for what a list kept.
 pub fn reports_of(policy: &Policy, listed: crate::extender::sync::Listed) -> Vec<NodeReport> {
     let reservations = by_node(listed.reservations().to_vec());
-    let cordoned = listed.cordoned().clone();
+    let cordoned = listed.cordoned();
     let (inventory, observed) = listed.into_parts();
     let l = Ledger::rebuild(inventory, &observed);
     let mig = policy.mig_table();

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::error::{BindCallError, BindError, HoldError, ReadBackError};
 use crate::cluster::reservation_api::CreateError;
+use crate::extender::executor::Fill;
 use crate::extender::on_its_way::{self, OnItsWay};
 use crate::extender::state::ExtenderState;
 use crate::extender::state::binding::Binding;
@@ -235,15 +236,6 @@ impl Decision<'_> {
             }
         }
     }
-}
-
-/// What pointing a share at its GPU at bind takes: its devices ConfigMap, whom it belongs to,
-/// and the reservation whose GPU it names.
-pub struct Fill {
-    pub configmap: String,
-    pub owner: crate::reservation::view::Owner,
-    pub to: crate::reservation::view::Pointing,
-    pub reservation: String,
 }
 
 /// A share in per-GPU form bound to a GPU whose reservation has published its UUID gets its

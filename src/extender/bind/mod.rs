@@ -4,8 +4,7 @@
 //! back, and held in doubt while the read gets no answer either).
 
 pub mod decision;
-mod error;
-pub mod executor;
+pub mod error;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,15 +14,17 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::Context;
+use super::executor::Fill;
+pub use super::executor::{Api, Dev, Executor};
 use super::handlers::begin;
 use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
+use crate::cluster::reservation_api as api;
 use crate::ledger;
 pub use decision::{Decision, Ended, Settled, decide, read_back_needed};
 pub use error::{
     BIND_API_TIMEOUT, BIND_READBACK_TIMEOUT, BindCallError, BindError, HoldError, ReadBackError,
 };
-pub use executor::{Api, Dev, Executor};
 
 pub async fn bind_handler(State(state): State<Context>, body: Bytes) -> Response {
     let start = Instant::now();
@@ -50,7 +51,7 @@ async fn bind(
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindError> {
     match (ext.mode(), &state.cluster) {
-        (Mode::Cluster, Some(c)) => run(state, ext, &Api(c.client().clone()), args).await,
+        (Mode::Cluster, Some(c)) => run(state, ext, &Api::new(c.client().clone()), args).await,
         _ => run(state, ext, &Dev, args).await,
     }
 }
@@ -74,7 +75,7 @@ pub async fn run<E: Executor>(
     if let Some(node) = ext.in_doubt(&args.pod_uid) {
         return Err(BindError::InDoubt { key, node });
     }
-    let pod = match ext.seen_pod(&args.pod_uid) {
+    let pod = match ext.remembered_pod(&args.pod_uid) {
         Some(p) => p,
         None => {
             let pod = match io.get_pod(&args.pod_namespace, &args.pod_name).await {
@@ -144,7 +145,7 @@ pub async fn run<E: Executor>(
             }
             tracing::info!(pod = %key, node = %args.node, "bound");
             if let Some(fill) = decision::fill(ext, &pod.pod.uid) {
-                io.fill(fill);
+                fill_in_background(io.clone(), fill);
             }
             Ok(())
         }
@@ -211,3 +212,27 @@ fn resolve_later<E: Executor>(
 
 #[cfg(test)]
 mod tests;
+
+/// Points a bound share at its GPU in the background: the bind's answer does not wait for it,
+/// and the reservation controller fills whatever this does not.
+fn fill_in_background<E: Executor>(io: E, fill: Fill) {
+    tokio::spawn(async move {
+        let pod = format!("{}/{}", fill.owner.namespace, fill.owner.name);
+        match io.fill(&fill).await {
+            Ok(api::Fill::Done) => {
+                tracing::info!(pod, devices = %fill.to.devices(), "share pointed at its GPU at bind")
+            }
+            Ok(api::Fill::Foreign(what)) => {
+                tracing::warn!(
+                    pod,
+                    configmap = fill.configmap,
+                    what,
+                    "a devices ConfigMap of that name exists; the reservation controller handles the share"
+                )
+            }
+            Err(e) => {
+                tracing::warn!(pod, error = %e, "cannot point the share at its GPU at bind; the reservation controller tries again")
+            }
+        }
+    });
+}

@@ -415,7 +415,7 @@ async fn dev_binds_without_an_api() {
         &ext,
         &state.policy.current(),
         &state.reservations,
-        &ext.seen_pod("u-1").unwrap(),
+        &ext.remembered_pod("u-1").unwrap(),
         "n1",
         Dev::ASKS_API,
     )

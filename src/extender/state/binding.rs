@@ -67,9 +67,7 @@ impl Binding<'_> {
                 },
             );
         }
-        ext.waiting.stop(&self.uid);
-        ext.seen.invalidate(&self.uid);
-        ext.clear_unscheduled(&self.uid);
+        lock(&ext.pods).bound(&self.uid);
         was_waiting
     }
 
@@ -112,7 +110,7 @@ impl ExtenderState {
             node: node.to_string(),
             assume,
             held: false,
-            was_waiting: self.waiting.contains(uid),
+            was_waiting: self.has_no_room(uid),
         }
     }
 

@@ -3,8 +3,9 @@
 //!
 //! - [`node`]: the nodes, each one [`NodeFacts`] read from its Node object in one place
 //!   ([`NodeFacts::read`]): what a new fact of a node needs is a field there and its reading;
-//! - [`pod`]: where each pod's bind stands, one [`PodEntry`] each (assumed until the API shows
-//!   it, in doubt until a read back, changed by the watch lately).
+//! - [`pod`]: where each pod's bind stands, one [`PodEntry`] each (read in filter and kept for
+//!   its bind, found no room, assumed until the API shows it, in doubt until a read back,
+//!   changed by the watch lately).
 //!
 //! The ledger ([`crate::ledger`]) keeps each GPU node's inventory and what it holds, behind a lock
 //! per node; [`NodeFacts::read`] reads the inventory with the facts (DRA's slices give the rest).
@@ -13,4 +14,7 @@ pub mod node;
 pub mod pod;
 
 pub use node::{NodeFacts, Nodes};
-pub use pod::{Assumed, PodEntry, Pods, UNSCHEDULED_CAP, Unscheduled};
+pub use pod::{
+    Assumed, MEMO_BYTES, MEMO_TTL, NO_ROOM_TTL, NoRoom, PodEntry, Pods, UNSCHEDULED_CAP,
+    Unscheduled,
+};

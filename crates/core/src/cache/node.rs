@@ -15,7 +15,7 @@ pub struct NodeFacts {
     /// only where the tied nodes' are alike ([`soft_taints`]).
     pub soft_taints: Vec<String>,
     /// Whether a `nodeModes` rule declares the node `time-slicing` (on a DRA node, the opt-in for
-    /// time-sliced shares, [`crate::dra::DraView::declare_shares`]).
+    /// time-sliced shares, [`crate::dra::DraView::gpu_node`]): kept here alone.
     pub shares_declared: bool,
     /// Cordoned (`spec.unschedulable`): kube-scheduler places nothing new there.
     pub cordoned: bool,

@@ -1,14 +1,53 @@
-//! PURE: what the extender knows of each pod beyond its holding, one [`PodEntry`] per pod: the
-//! assumption of a bind not yet shown by the API, the doubt of a bind whose outcome is unknown,
-//! when the watch last changed the pod, whether it waits for a node and whether its limits
-//! contradict its request. Time is passed in (`now`), so the table is tested without a clock.
+//! PURE: what the extender knows of each pod beyond its holding, one [`PodEntry`] per pod:
+//! - the pod as filter or prioritize read it, kept for its bind (a [`BindPod`]);
+//! - the pods filter found no room for, to nudge when a holding of their class is released;
+//! - the assumption of a bind not yet shown by the API, and the doubt of a bind whose outcome is
+//!   unknown;
+//! - when the watch last changed the pod, whether it waits for a node and whether its limits
+//!   contradict its request.
+//!
+//! Time is passed in (`now`), so the table is tested without a clock.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+
+use crate::ledger::BindPod;
 
 /// The most pods without a node the table tracks (beyond it new ones are not counted), and the
 /// most pods it counts as contradicted.
 pub const UNSCHEDULED_CAP: usize = 100_000;
+
+/// How long a pod read in filter or prioritize is kept for its bind.
+pub const MEMO_TTL: Duration = Duration::from_secs(600);
+
+/// The memory the pods kept for bind may take (by [`BindPod::size`]): about 100,000 ordinary
+/// pods. Past it the oldest go, down to three quarters of it; bind then reads the pod from the
+/// API.
+pub const MEMO_BYTES: u64 = 64 << 20;
+
+/// How long a pod stays marked as finding no room unless filter finds it none again.
+pub const NO_ROOM_TTL: Duration = Duration::from_secs(900);
+
+/// A pod filter found no room for on any node it was offered (for capacity, not for its
+/// labels or taints): it is nudged back into kube-scheduler's queue when a holding of its class
+/// is released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoRoom {
+    pub namespace: String,
+    pub name: String,
+    pub class: &'static str,
+}
+
+/// A pod as filter or prioritize read it, kept for its bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Memo {
+    pod: Arc<BindPod>,
+    /// When it was read (it lives [`MEMO_TTL`] from then).
+    at: Instant,
+    /// What it takes in memory ([`BindPod::size`] and its key).
+    bytes: u64,
+}
 
 /// A gpu-share pod without a node yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +75,10 @@ pub struct Assumed {
 /// What the extender knows of one pod's bind. An entry with nothing in it is dropped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodEntry {
+    /// The pod as filter or prioritize last read it, for its bind.
+    memo: Option<Memo>,
+    /// Filter found it no room, until when.
+    no_room: Option<(NoRoom, Instant)>,
     /// Assumed, and until when.
     assumed: Option<(Assumed, Instant)>,
     /// The node its bind's outcome is unknown on (no answer and no read back), until a read
@@ -52,7 +95,9 @@ pub struct PodEntry {
 
 impl PodEntry {
     fn is_empty(&self) -> bool {
-        self.assumed.is_none()
+        self.memo.is_none()
+            && self.no_room.is_none()
+            && self.assumed.is_none()
             && self.in_doubt.is_none()
             && self.touched.is_none()
             && self.unscheduled.is_none()
@@ -60,16 +105,20 @@ impl PodEntry {
     }
 }
 
-/// Every pod with a bind in progress, assumed, in doubt or recently changed, by UID.
+/// Every pod kept for its bind, with no room, with a bind in progress, assumed, in doubt,
+/// recently changed, waiting for a node or contradicted, by UID.
 #[derive(Debug)]
 pub struct Pods {
     by_uid: HashMap<String, PodEntry>,
     /// How long an assumption lives unless the API shows the pod.
     assume_ttl: Duration,
-    /// How many entries have `unscheduled`, and how many are `contradicted` (each capped at
-    /// [`UNSCHEDULED_CAP`]).
+    /// What the kept pods take in memory, in all ([`MEMO_BYTES`] at most).
+    memo_bytes: u64,
+    /// How many entries have `unscheduled`, how many are `contradicted` and how many have
+    /// `no_room` (each capped at [`UNSCHEDULED_CAP`]).
     unscheduled: usize,
     contradicted: usize,
+    no_room: usize,
 }
 
 impl Pods {
@@ -77,8 +126,149 @@ impl Pods {
         Pods {
             by_uid: HashMap::new(),
             assume_ttl,
+            memo_bytes: 0,
             unscheduled: 0,
             contradicted: 0,
+            no_room: 0,
+        }
+    }
+
+    /// Keeps pod `uid` as filter or prioritize read it at `now`, for its bind. Returns whether
+    /// it is new: none was kept (first seen, or its last reading lapsed or went). Past
+    /// [`MEMO_BYTES`] the oldest readings go.
+    pub fn remember(&mut self, uid: &str, pod: Arc<BindPod>, now: Instant) -> bool {
+        let bytes = u64::from(pod.size()).saturating_add(uid.len() as u64 + 64);
+        let was = self.entry(uid).memo.replace(Memo {
+            pod,
+            at: now,
+            bytes,
+        });
+        let new = was.as_ref().is_none_or(|m| m.at + MEMO_TTL <= now);
+        self.memo_bytes = self.memo_bytes + bytes - was.map_or(0, |m| m.bytes);
+        if self.memo_bytes > MEMO_BYTES {
+            self.shed_memos(MEMO_BYTES / 4 * 3);
+        }
+        new
+    }
+
+    /// Pod `uid` as filter or prioritize read it, unless that lapsed before `now`.
+    pub fn remembered(&self, uid: &str, now: Instant) -> Option<Arc<BindPod>> {
+        let m = self.by_uid.get(uid)?.memo.as_ref()?;
+        (m.at + MEMO_TTL > now).then(|| m.pod.clone())
+    }
+
+    /// What the pods kept for bind take in memory.
+    pub fn memo_bytes(&self) -> u64 {
+        self.memo_bytes
+    }
+
+    /// How many pods are kept for bind.
+    pub fn memos(&self) -> usize {
+        self.by_uid.values().filter(|e| e.memo.is_some()).count()
+    }
+
+    fn forget_memo(&mut self, uid: &str) {
+        if let Some(m) = self.by_uid.get_mut(uid).and_then(|e| e.memo.take()) {
+            self.memo_bytes -= m.bytes;
+            self.tidy(uid);
+        }
+    }
+
+    /// Drops the oldest readings until the rest take at most `bytes`.
+    fn shed_memos(&mut self, bytes: u64) {
+        let mut kept: Vec<(Instant, String)> = self
+            .by_uid
+            .iter()
+            .filter_map(|(uid, e)| e.memo.as_ref().map(|m| (m.at, uid.clone())))
+            .collect();
+        kept.sort_unstable();
+        for (_, uid) in kept {
+            if self.memo_bytes <= bytes {
+                break;
+            }
+            self.forget_memo(&uid);
+        }
+    }
+
+    /// Marks pod `uid` as finding no room, until [`NO_ROOM_TTL`] from `now`.
+    pub fn note_no_room(&mut self, uid: &str, who: NoRoom, now: Instant) {
+        let until = now + NO_ROOM_TTL;
+        if let Some(was) = self.by_uid.get_mut(uid).and_then(|e| e.no_room.as_mut()) {
+            *was = (who, until);
+        } else if self.no_room < UNSCHEDULED_CAP {
+            self.no_room += 1;
+            self.entry(uid).no_room = Some((who, until));
+        }
+    }
+
+    /// Whether pod `uid` found no room (and that has not lapsed by `now`).
+    pub fn has_no_room(&self, uid: &str, now: Instant) -> bool {
+        self.by_uid
+            .get(uid)
+            .and_then(|e| e.no_room.as_ref())
+            .is_some_and(|(_, until)| *until > now)
+    }
+
+    /// The pods that found no room, by UID, the longest marked first.
+    pub fn no_room(&self, now: Instant) -> Vec<(String, NoRoom)> {
+        let mut out: Vec<(Instant, &String, &NoRoom)> = self
+            .by_uid
+            .iter()
+            .filter_map(|(uid, e)| {
+                let (who, until) = e.no_room.as_ref()?;
+                (*until > now).then_some((*until, uid, who))
+            })
+            .collect();
+        out.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        out.into_iter()
+            .map(|(_, uid, who)| (uid.clone(), who.clone()))
+            .collect()
+    }
+
+    /// Pod `uid` was nudged, bound or given a node: it waits for room no more.
+    pub fn clear_no_room(&mut self, uid: &str) {
+        if let Some(e) = self.by_uid.get_mut(uid)
+            && e.no_room.take().is_some()
+        {
+            self.no_room -= 1;
+            self.tidy(uid);
+        }
+    }
+
+    /// The API accepted pod `uid`'s binding: it waits for no room and no node, and its bind
+    /// needs its reading no more.
+    pub fn bound(&mut self, uid: &str) {
+        self.clear_no_room(uid);
+        self.forget_memo(uid);
+        self.clear_unscheduled(uid);
+    }
+
+    /// The API deleted pod `uid` (`now`): everything but the change goes.
+    pub fn forget(&mut self, uid: &str, now: Instant) {
+        self.bound(uid);
+        self.note_contradicted(uid, false);
+        self.forget_assumption(uid);
+        self.touch(uid, now);
+    }
+
+    /// Drops the readings and the marks of no room that lapsed before `now`.
+    pub fn expire(&mut self, now: Instant) {
+        let lapsed: Vec<(String, bool, bool)> = self
+            .by_uid
+            .iter()
+            .filter_map(|(uid, e)| {
+                let memo = e.memo.as_ref().is_some_and(|m| m.at + MEMO_TTL <= now);
+                let room = e.no_room.as_ref().is_some_and(|(_, until)| *until <= now);
+                (memo || room).then(|| (uid.clone(), memo, room))
+            })
+            .collect();
+        for (uid, memo, room) in lapsed {
+            if memo {
+                self.forget_memo(&uid);
+            }
+            if room {
+                self.clear_no_room(&uid);
+            }
         }
     }
 
@@ -378,5 +568,137 @@ mod tests {
         assert!(pods.touched_after("uid-late", t0 + s));
         assert!(!pods.touched_after("uid-1", t0 - s));
         assert_eq!(pods.len(), 2, "the late change and the assumed pod");
+    }
+
+    fn kept(uid: &str, reason_bytes: usize) -> Arc<BindPod> {
+        Arc::new(BindPod {
+            pod: crate::ledger::PodRef::new(uid, "ml", uid),
+            key: format!("ml/{uid}"),
+            demand: Err(crate::ledger::DemandError::BadRequestAnnotation(
+                format!("ml/{uid}"),
+                "x".repeat(reason_bytes),
+            )),
+        })
+    }
+
+    #[test]
+    fn a_reading_is_kept_for_bind_until_it_lapses_binds_or_goes() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        assert!(pods.remember("a", kept("a", 10), t0), "first seen");
+        assert!(!pods.remember("a", kept("a", 10), t0 + s), "seen again");
+        assert_eq!(
+            pods.remembered("a", t0 + MEMO_TTL).map(|p| p.key.clone()),
+            Some("ml/a".to_string()),
+            "its lifetime counts from its last reading"
+        );
+        assert_eq!(pods.remembered("a", t0 + s + MEMO_TTL), None);
+        assert!(
+            pods.remember("a", kept("a", 10), t0 + s + MEMO_TTL),
+            "a lapsed reading is new again"
+        );
+        pods.expire(t0 + 2 * s + 2 * MEMO_TTL);
+        assert!(pods.is_empty(), "expired: nothing left");
+        assert_eq!(pods.memo_bytes(), 0);
+
+        pods.remember("b", kept("b", 10), t0);
+        pods.note_no_room(
+            "b",
+            NoRoom {
+                namespace: "ml".into(),
+                name: "b".into(),
+                class: "mps",
+            },
+            t0,
+        );
+        pods.bound("b");
+        assert_eq!(pods.remembered("b", t0), None, "bound: not kept");
+        assert!(!pods.has_no_room("b", t0));
+        pods.remember("c", kept("c", 10), t0);
+        pods.assume("c", at("n1", None), t0);
+        pods.forget("c", t0 + s);
+        assert_eq!(pods.remembered("c", t0 + s), None);
+        assert_eq!(pods.assumption("c", t0 + s), None);
+        assert!(pods.touched_after("c", t0), "a deletion is a change");
+        assert_eq!(pods.memo_bytes(), 0);
+    }
+
+    /// The pods kept for bind are bounded by bytes, not by count: 128 MiB of pods (each with a
+    /// 64 KiB reason) leave at most MEMO_BYTES held, the oldest gone and the newest kept.
+    #[test]
+    fn the_readings_are_bounded_by_bytes_the_oldest_going_first() {
+        let t0 = Instant::now();
+        let mut pods = Pods::new(Duration::from_secs(60));
+        let reason = 64 << 10;
+        for i in 0..2048u64 {
+            let uid = format!("u{i}");
+            let pod = kept(&uid, reason);
+            assert!(pod.size() as usize > reason, "size counts the reason");
+            pods.remember(&uid, pod, t0 + Duration::from_millis(i));
+            assert!(
+                pods.memo_bytes() <= MEMO_BYTES,
+                "{} held",
+                pods.memo_bytes()
+            );
+        }
+        let held = pods.memo_bytes();
+        assert!(
+            held > MEMO_BYTES / 2,
+            "filled to its budget, not emptied: {held}"
+        );
+        let n = pods.memos();
+        assert!(n < 2048 && n > 512, "{n} kept");
+        let now = t0 + Duration::from_secs(3);
+        assert!(
+            pods.remembered("u2047", now).is_some(),
+            "the newest is kept"
+        );
+        assert!(pods.remembered("u0", now).is_none(), "the oldest went");
+        let oldest_kept = (0..2048)
+            .find(|i| pods.remembered(&format!("u{i}"), now).is_some())
+            .unwrap();
+        assert!(
+            (oldest_kept..2048).all(|i| pods.remembered(&format!("u{i}"), now).is_some()),
+            "every reading newer than the oldest kept is kept"
+        );
+    }
+
+    fn no_room(name: &str) -> NoRoom {
+        NoRoom {
+            namespace: "ml".into(),
+            name: name.into(),
+            class: "timeslice",
+        }
+    }
+
+    #[test]
+    fn a_pod_with_no_room_is_listed_longest_first_until_it_lapses() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        pods.note_no_room("late", no_room("late"), t0 + 2 * s);
+        pods.note_no_room("early", no_room("early"), t0);
+        pods.note_no_room("again", no_room("again"), t0 + s);
+        let order: Vec<String> = pods
+            .no_room(t0 + 3 * s)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(order, ["early", "again", "late"]);
+        // Found no room again: marked anew, so it lasts longer.
+        pods.note_no_room("early", no_room("early"), t0 + 3 * s);
+        assert!(!pods.has_no_room("again", t0 + s + NO_ROOM_TTL));
+        assert!(pods.has_no_room("early", t0 + s + NO_ROOM_TTL));
+        let left: Vec<String> = pods
+            .no_room(t0 + 2 * s + NO_ROOM_TTL)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(left, ["early"]);
+        pods.clear_no_room("early");
+        pods.expire(t0 + 3 * s + NO_ROOM_TTL);
+        assert!(pods.is_empty(), "the others lapsed");
+        assert!(pods.no_room(t0).is_empty());
     }
 }

@@ -63,7 +63,7 @@ fn claim(uid: &str, pod_uid: &str, node: &str, devices: &[&str]) -> ResourceClai
 #[test]
 fn whole_gpus_are_read_with_model_and_memory() {
     let v = view_of(&["dra-h100-80gb-whole"]);
-    let g = v.gpu_node("dra-h100-80gb-whole").unwrap();
+    let g = v.gpu_node("dra-h100-80gb-whole", false).unwrap();
     assert_eq!(g.mode_source, ModeSource::Dra);
     assert_eq!(g.product.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
     assert_eq!((g.gpus, g.slots, g.physical_gpus()), (8, 8, 8));
@@ -72,7 +72,7 @@ fn whole_gpus_are_read_with_model_and_memory() {
     assert_eq!(g.mig, MigLayout::None);
     assert_eq!(g.advertised, vec!["nvidia.com/gpu".to_string()]);
     assert_eq!(g.kind(), "whole");
-    let d = v.node("dra-h100-80gb-whole").unwrap();
+    let d = v.node("dra-h100-80gb-whole", false).unwrap();
     let names: Vec<&str> = d.gpus().iter().map(|d| d.name.as_str()).collect();
     assert_eq!(
         names,
@@ -86,13 +86,13 @@ fn whole_gpus_are_read_with_model_and_memory() {
             .all(|d| d.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")))
     );
     // A node no slice names is not a DRA node; neither is one of another driver.
-    assert_eq!(v.gpu_node("elsewhere"), None);
+    assert_eq!(v.gpu_node("elsewhere", false), None);
 }
 
 #[test]
 fn static_mig_devices_are_read_by_profile_and_parent() {
     let v = view_of(&["dra-h100-80gb-mig", "dra-h100-2gpu-mig"]);
-    let g = v.gpu_node("dra-h100-2gpu-mig").unwrap();
+    let g = v.gpu_node("dra-h100-2gpu-mig", false).unwrap();
     assert_eq!(g.gpus, 0);
     assert_eq!(
         g.mig,
@@ -109,7 +109,7 @@ fn static_mig_devices_are_read_by_profile_and_parent() {
             "nvidia.com/mig-2g.20gb".to_string()
         ]
     );
-    let d = v.node("dra-h100-2gpu-mig").unwrap();
+    let d = v.node("dra-h100-2gpu-mig", false).unwrap();
     let parents: std::collections::BTreeSet<_> = d
         .devices
         .values()
@@ -119,7 +119,7 @@ fn static_mig_devices_are_read_by_profile_and_parent() {
         })
         .collect();
     assert_eq!(parents.len(), 2);
-    let big = v.gpu_node("dra-h100-80gb-mig").unwrap();
+    let big = v.gpu_node("dra-h100-80gb-mig", false).unwrap();
     assert_eq!(big.physical_gpus(), 8);
     assert!(big.mig_devices() > 8);
 }
@@ -127,12 +127,16 @@ fn static_mig_devices_are_read_by_profile_and_parent() {
 #[test]
 fn consumable_shares_are_read_where_the_driver_publishes_them() {
     let v = view_of(&["dra-h100-80gb-shares", "dra-h100-80gb-whole"]);
-    let shared = v.node("dra-h100-80gb-shares").unwrap();
+    let shared = v.node("dra-h100-80gb-shares", false).unwrap();
     assert!(shared.publishes_shares());
     assert!(shared.devices.values().all(|d| d.shares == Some(4)));
-    assert!(!v.node("dra-h100-80gb-whole").unwrap().publishes_shares());
+    assert!(
+        !v.node("dra-h100-80gb-whole", false)
+            .unwrap()
+            .publishes_shares()
+    );
     // A claim there takes a share, never the GPU: no gpu-share pod is placed there, in words.
-    let g = v.gpu_node("dra-h100-80gb-shares").unwrap();
+    let g = v.gpu_node("dra-h100-80gb-shares", false).unwrap();
     assert_eq!(g.kind(), "consumable shares x4");
     let usage = crate::packing::Usage::empty(&g);
     for gpu in [
@@ -164,13 +168,13 @@ fn the_newest_pool_generation_wins_and_a_deleted_slice_goes() {
     newer.spec.pool.generation = 2;
     newer.spec.devices.truncate(1);
     v.apply_slice(newer);
-    assert_eq!(v.gpu_node("dra-h100-2gpu-whole").unwrap().gpus, 1);
+    assert_eq!(v.gpu_node("dra-h100-2gpu-whole", false).unwrap().gpus, 1);
     assert_eq!(
         v.remove_slice("00001-gpu.nvidia.com-dra-h100-2gpu-whole")
             .as_deref(),
         Some("dra-h100-2gpu-whole")
     );
-    assert_eq!(v.gpu_node("dra-h100-2gpu-whole").unwrap().gpus, 2);
+    assert_eq!(v.gpu_node("dra-h100-2gpu-whole", false).unwrap().gpus, 2);
 }
 
 /// The ledger counts what the claims give: the GPUs DRA chose, and MIG devices per profile; the
@@ -180,7 +184,7 @@ fn the_ledger_equals_the_claims() {
     let node = "dra-h100-2gpu-whole";
     let mut v = view_of(&[node]);
     let ledger = Ledger::new();
-    ledger.upsert_node(v.gpu_node(node).unwrap());
+    ledger.upsert_node(v.gpu_node(node, false).unwrap());
     // The pod is seen bound before its claim: it holds by its demand meanwhile.
     let pod = ObservedPod {
         pod: PodRef::new("pod-a", "ml", "p"),
@@ -217,7 +221,7 @@ fn the_ledger_equals_the_claims() {
 fn a_claims_mig_devices_count_per_profile_and_a_full_node_refuses_in_words() {
     let node = "dra-h100-2gpu-mig";
     let mut v = view_of(&[node]);
-    let d = v.node(node).unwrap();
+    let d = v.node(node, false).unwrap();
     let ones: Vec<&str> = d
         .devices
         .values()
@@ -226,7 +230,7 @@ fn a_claims_mig_devices_count_per_profile_and_a_full_node_refuses_in_words() {
         .collect();
     assert_eq!(ones.len(), 7);
     let ledger = Ledger::new();
-    ledger.upsert_node(v.gpu_node(node).unwrap());
+    ledger.upsert_node(v.gpu_node(node, false).unwrap());
     for (i, dev) in ones.iter().enumerate() {
         let uid = format!("c-{i}");
         v.apply_claim(
@@ -263,7 +267,7 @@ fn exclusive_pods_fit_free_gpus_and_a_full_node_says_so() {
     let node = "dra-h100-2gpu-whole";
     let mut v = view_of(&[node]);
     let ledger = Ledger::new();
-    ledger.upsert_node(v.gpu_node(node).unwrap());
+    ledger.upsert_node(v.gpu_node(node, false).unwrap());
     let scorer = Scorer::new(PackingPolicy::Binpack);
     let one = Demand {
         resources: vec!["nvidia.com/gpu".into()],
@@ -291,7 +295,7 @@ fn exclusive_pods_fit_free_gpus_and_a_full_node_says_so() {
 #[test]
 fn shares_and_the_single_mig_form_are_refused_on_dra_nodes_in_words() {
     let v = view_of(&["dra-h100-80gb-whole", "dra-h100-2gpu-mig"]);
-    let g = v.gpu_node("dra-h100-80gb-whole").unwrap();
+    let g = v.gpu_node("dra-h100-80gb-whole", false).unwrap();
     let usage = crate::packing::Usage::empty(&g);
     for gpu in [
         GpuDemand::Timeslice {
@@ -315,7 +319,7 @@ fn shares_and_the_single_mig_form_are_refused_on_dra_nodes_in_words() {
         );
         assert!(r.message().contains("DRA driver"), "{}", r.message());
     }
-    let mig = v.gpu_node("dra-h100-2gpu-mig").unwrap();
+    let mig = v.gpu_node("dra-h100-2gpu-mig", false).unwrap();
     let single = Demand {
         resources: vec!["nvidia.com/gpu".into()],
         ..Demand::gpu(GpuDemand::Mig {
@@ -362,11 +366,13 @@ fn declared_consumable_shares_take_time_sliced_shares() {
     let mut v = view_of(&[node, "dra-h100-80gb-whole"]);
     // Undeclared, the node's shares are not gpu-share's; declaring a node without consumable
     // shares changes nothing.
-    assert!(!v.gpu_node(node).unwrap().shares_declared);
-    v.declare_shares(node, true);
-    v.declare_shares("dra-h100-80gb-whole", true);
-    assert!(!v.gpu_node("dra-h100-80gb-whole").unwrap().shares_declared);
-    let g = v.gpu_node(node).unwrap();
+    assert!(!v.gpu_node(node, false).unwrap().shares_declared);
+    assert!(
+        !v.gpu_node("dra-h100-80gb-whole", true)
+            .unwrap()
+            .shares_declared
+    );
+    let g = v.gpu_node(node, true).unwrap();
     assert!(g.shares_declared);
     assert_eq!(g.kind(), "consumable shares x4, time-sliced shares");
     assert_eq!(g.enforcement.driver.as_deref(), Some("550.54.15"));
@@ -411,7 +417,7 @@ fn declared_consumable_shares_take_time_sliced_shares() {
     let ledger = Ledger::default();
     ledger.upsert_node(g.clone());
     let gpus: Vec<String> = v
-        .node(node)
+        .node(node, true)
         .unwrap()
         .gpus()
         .iter()
@@ -469,8 +475,7 @@ fn declared_consumable_shares_take_time_sliced_shares() {
         .unwrap();
     assert_eq!(used[1], 1000);
     // Undeclared again (the rule removed, or the node's labels changed): refused in words.
-    v.declare_shares(node, false);
-    let g = v.gpu_node(node).unwrap();
+    let g = v.gpu_node(node, false).unwrap();
     assert_eq!(
         crate::packing::fit(&g, &crate::packing::Usage::empty(&g), &share(250)),
         Err(Reason::DraNoShares)

@@ -25,9 +25,6 @@ pub struct DraView {
     /// event touches one node's entries, not every node's or every claim.
     slice_node: BTreeMap<String, String>,
     node_claims: BTreeMap<String, BTreeSet<String>>,
-    /// Nodes a `nodeModes` rule declares `time-slicing` (by their labels): the opt-in for
-    /// time-sliced shares on the driver's consumable shares.
-    shares_declared: BTreeSet<String>,
 }
 
 impl DraView {
@@ -74,31 +71,25 @@ impl DraView {
         changed
     }
 
-    /// The driver's devices on `node`, if it publishes any.
-    pub fn node(&self, node: &str) -> Option<DraNode> {
-        let mut d = DraNode::from_slices(node, self.slices.get(node)?.values())?;
-        d.shares_declared = self.shares_declared.contains(node);
+    /// The driver's devices on `node`, if it publishes any. `shares_declared`: whether a
+    /// `nodeModes` rule declares the node `time-slicing` (read from its labels under the
+    /// current policy, [`crate::cache::NodeFacts::shares_declared`]), the opt-in for
+    /// time-sliced shares on the driver's consumable shares.
+    pub fn node(&self, node: &str, shares_declared: bool) -> Option<DraNode> {
+        let mut d = self.devices(node)?;
+        d.shares_declared = shares_declared;
         Some(d)
     }
 
-    /// The nodes a `nodeModes` rule declares `time-slicing`.
-    pub fn shares_declared(&self) -> &BTreeSet<String> {
-        &self.shares_declared
+    /// The driver's devices on `node`, whatever gpu-share may share there.
+    fn devices(&self, node: &str) -> Option<DraNode> {
+        DraNode::from_slices(node, self.slices.get(node)?.values())
     }
 
-    /// Whether a `nodeModes` rule declares `node` `time-slicing` now (read from its labels
-    /// under the current policy): its [`GpuNode`] is read with it from here on.
-    pub fn declare_shares(&mut self, node: &str, declared: bool) {
-        if declared {
-            self.shares_declared.insert(node.to_string());
-        } else {
-            self.shares_declared.remove(node);
-        }
-    }
-
-    /// `node` as the extender packs onto it, if the driver publishes GPUs there.
-    pub fn gpu_node(&self, node: &str) -> Option<GpuNode> {
-        let d = self.node(node)?;
+    /// `node` as the extender packs onto it, if the driver publishes GPUs there
+    /// (`shares_declared` as for [`DraView::node`]).
+    pub fn gpu_node(&self, node: &str, shares_declared: bool) -> Option<GpuNode> {
+        let d = self.node(node, shares_declared)?;
         (!d.devices.is_empty()).then(|| d.gpu_node())
     }
 
@@ -202,7 +193,7 @@ impl DraView {
     /// device shared by consumable capacity). A device the node's slices do not list (yet) is
     /// left out until they do.
     pub fn holdings(&self, node: &str) -> Vec<ObservedPod> {
-        let Some(dra) = self.node(node) else {
+        let Some(dra) = self.devices(node) else {
             return Vec::new();
         };
         let mut out = Vec::new();

@@ -1,68 +1,15 @@
-//! The pods waiting for GPU capacity: marked by filter when no node it was offered has room for
-//! the pod's class, nudged back into kube-scheduler's queue when a holding of that class is
-//! released (`super::sync::spawn_requeuer`), unmarked by their bind or their nudge.
+//! Which pods a release nudges: filter marks a pod that no node it was offered has room for
+//! ([`crate::cache::NoRoom`], in the pod's entry), and when a holding of that class is released
+//! the requeuer (`super::sync::spawn_requeuer`) nudges it back into kube-scheduler's queue; its
+//! bind or its nudge unmarks it.
 
-use std::time::Duration;
+use crate::cache::NoRoom;
 
-/// How long a pod stays marked waiting without being filtered again.
-pub const WAITING_TTL: Duration = Duration::from_secs(900);
-
-/// A pod rejected for capacity, to be requeued when capacity frees.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
-    pub namespace: String,
-    pub name: String,
-    pub class: &'static str,
-}
-
-/// A released allocation (sent to the requeuer).
+/// A released holding (sent to the requeuer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released {
     pub node: String,
     pub class: &'static str,
-}
-
-/// The pods waiting for capacity, by UID.
-pub struct WaitingPods {
-    pods: moka::sync::Cache<String, Waiting>,
-}
-
-impl Default for WaitingPods {
-    fn default() -> Self {
-        WaitingPods {
-            pods: moka::sync::Cache::builder()
-                .max_capacity(100_000)
-                .time_to_live(WAITING_TTL)
-                .build(),
-        }
-    }
-}
-
-impl WaitingPods {
-    /// Marks a pod as waiting for capacity of its class (the requeuer nudges it on a release).
-    pub fn mark(&self, uid: String, who: Waiting) {
-        self.pods.insert(uid, who);
-    }
-
-    /// The pods waiting for capacity.
-    pub fn all(&self) -> Vec<(String, Waiting)> {
-        self.pods.iter().map(|(k, v)| ((*k).clone(), v)).collect()
-    }
-
-    /// Whether pod `uid` waits for capacity.
-    pub fn contains(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid)
-    }
-
-    /// The pod was nudged or bound (or no longer waits).
-    pub fn stop(&self, uid: &str) {
-        self.pods.invalidate(uid);
-    }
-
-    /// Runs the cache's pending expiries.
-    pub fn run_pending(&self) {
-        self.pods.run_pending_tasks();
-    }
 }
 
 /// The classes whose release frees whole GPUs ([`crate::packing::GpuDemand::class`]): an
@@ -72,13 +19,14 @@ impl WaitingPods {
 const FREES_WHOLE_GPUS: [&str; 3] = ["exclusive", "device", "reservation"];
 
 /// Which waiting pods a release should nudge: those of the same class, and any pod where the
-/// release freed whole GPUs (direct device requests match any class), oldest entries first, at
+/// release freed whole GPUs (direct device requests match any class), in `waiting`'s order (the
+/// longest marked first), at
 /// most `limit`.
 pub fn pods_to_nudge(
-    waiting: &[(String, Waiting)],
+    waiting: &[(String, NoRoom)],
     released: &[Released],
     limit: usize,
-) -> Vec<(String, Waiting)> {
+) -> Vec<(String, NoRoom)> {
     waiting
         .iter()
         .filter(|(_, w)| {
@@ -96,8 +44,8 @@ mod tests {
     use super::*;
 
     /// A pod of `class` waiting, named after it.
-    fn w(class: &'static str) -> Waiting {
-        Waiting {
+    fn w(class: &'static str) -> NoRoom {
+        NoRoom {
             namespace: "ml".into(),
             name: class.into(),
             class,
