@@ -32,35 +32,39 @@ ENV CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc \
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 
 # Dependencies first, in their own layer: it is rebuilt only when Cargo.toml or Cargo.lock change.
-# Stub sources stand in for every target the two manifests declare (the pure core's library in
-# crates/core, this crate's library and gpu-share binary, each [[bench]] and each example's path
-# under benches/), or cargo refuses them. The list is read from Cargo.toml itself, so a new
+# Stub sources stand in for every target the four manifests declare (the libraries of the pure
+# core, the node agent and the simulator in crates/, the service's library and the gpu-share
+# binary, each [[bench]] and each example's path under benches/), or cargo refuses them. The list is read from Cargo.toml itself, so a new
 # benchmark needs no edit here. The benchmarks' and examples' stubs stay (only the binary is
 # built).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY crates/core/Cargo.toml ./crates/core/
-RUN mkdir src benches crates/core/src \
+COPY crates/agent/Cargo.toml ./crates/agent/
+COPY crates/simulator/Cargo.toml ./crates/simulator/
+RUN mkdir src benches crates/core/src crates/agent/src crates/simulator/src \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs crates/core/src/lib.rs \
+ && touch src/lib.rs crates/core/src/lib.rs crates/agent/src/lib.rs crates/simulator/src/lib.rs \
  && for f in $(sed -n -e '/^\[\[bench\]\]/{n;s|^name = "\(.*\)"|benches/\1.rs|p}' \
                       -e 's|^path = "\(benches/.*\.rs\)"|\1|p' Cargo.toml); do \
       echo 'fn main() {}' > "$f"; \
     done \
  && cargo build --profile "$CARGO_PROFILE" --locked --target "$(cat /target)" --bin gpu-share \
- && rm -rf src crates/core/src
+ && rm -rf src crates/core/src crates/agent/src crates/simulator/src
 
-# The two crates themselves. policies/default.yaml is embedded in the binary (include_str!).
+# The four crates themselves. policies/default.yaml is embedded in the binary (include_str!).
 # touch makes the real sources newer than the stub build, whatever mtimes COPY gave them, so cargo
 # rebuilds them.
 # The git revision comes as a build argument (.dockerignore keeps .git out):
 #   docker build --build-arg GIT_REVISION=$(git rev-parse --short=12 HEAD) ...
 # and `gpu-share --version` prints it.
 COPY crates/core/src ./crates/core/src
+COPY crates/agent/src ./crates/agent/src
+COPY crates/simulator/src ./crates/simulator/src
 COPY src ./src
 COPY policies ./policies
 ARG GIT_REVISION=unknown
 ENV GPU_SHARE_GIT_REVISION=${GIT_REVISION}
-RUN touch src/main.rs src/lib.rs crates/core/src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/core/src/lib.rs crates/agent/src/lib.rs crates/simulator/src/lib.rs \
  && cargo build --profile "$CARGO_PROFILE" --locked --target "$(cat /target)" --bin gpu-share \
  && cp "target/$(cat /target)/$CARGO_PROFILE/gpu-share" /gpu-share \
  && if [ "$(cat /target)" = "$(rustc -vV | sed -n 's/^host: //p')" ]; then /gpu-share --version; fi

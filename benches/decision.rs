@@ -30,7 +30,7 @@ use gpu_share::packing::frag::TargetWorkload;
 use gpu_share::packing::{Demand, FragMemo, PackingPolicy};
 use gpu_share::policy::Policy;
 use gpu_share::server::LoadedPolicy;
-use gpu_share::simulate::{driver, replay};
+use gpu_share_simulator::{driver, replay};
 use k8s_openapi::api::core::v1::Pod;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -183,15 +183,15 @@ pub fn policy(data: &[u8]) {
 /// The openb trace CSVs: the input as a node table and as a pod table.
 pub fn openb(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let _ = crate::simulate::trace::parse_nodes_csv(&text);
-    let _ = crate::simulate::trace::parse_pods_csv(&text);
+    let _ = gpu_share_simulator::trace::parse_nodes_csv(&text);
+    let _ = gpu_share_simulator::trace::parse_pods_csv(&text);
 }
 
 /// The simulator's Kubernetes-shaped inputs: a NodeList and a PodList.
 pub fn kube_inputs(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let _ = crate::simulate::kube::parse_node_list(&text);
-    let _ = crate::simulate::kube::parse_pod_list(&text);
+    let _ = gpu_share_simulator::kube::parse_node_list(&text);
+    let _ = gpu_share_simulator::kube::parse_pod_list(&text);
 }
 
 /// Four nodes, one of each kind (whole GPUs, time-slicing, MPS, MIG mixed): the ledger the `binds`

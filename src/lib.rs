@@ -1,7 +1,10 @@
 //! gpu-share: share NVIDIA GPUs in Kubernetes safely and densely.
 //!
-//! One HTTPS service that is a mutating admission webhook (one `gpu-share` annotation becomes
-//! everything a GPU-sharing pod needs) and a kube-scheduler extender. Decisions are pure
+//! This crate is the service: one HTTPS service that is a mutating admission webhook (one
+//! `gpu-share` annotation becomes everything a GPU-sharing pod needs) and a kube-scheduler
+//! extender, and the one `gpu-share` binary. The node agent (`gpu-share reserve`) is
+//! `gpu_share_agent` (crates/agent), the simulator (`gpu-share simulate`) `gpu_share_simulator`
+//! (crates/simulator); both stand on the pure core, `gpu_share_core` (crates/core), as this does. Decisions are pure
 //! functions over plain data ([`request`], [`mig`], [`policy`], [`admission::plan`]); HTTP, TLS
 //! and the Kubernetes API are a thin shell around them ([`server`], [`cluster`]).
 #![forbid(unsafe_code)]
@@ -25,7 +28,6 @@ pub mod reservation;
 pub mod server;
 pub mod shared;
 pub mod signal;
-pub mod simulate;
 pub mod status;
 pub mod telemetry;
 pub mod ui;

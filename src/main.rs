@@ -26,14 +26,14 @@ fn main() -> ExitCode {
         Command::Certs(args) => certs(&args),
         Command::Simulate(args) => finish(
             "gpu-share simulate: ",
-            gpu_share::simulate::driver::run(&args),
+            gpu_share_simulator::driver::run(&args),
         ),
         Command::Status(args) => match runtime(false) {
             Ok(r) => r.block_on(status(args)),
             Err(code) => code,
         },
         Command::Reserve(args) => match runtime(false) {
-            Ok(r) => served(r.block_on(gpu_share::reservation::agent::run(&args))),
+            Ok(r) => served(r.block_on(gpu_share_agent::run(&args))),
             Err(code) => code,
         },
         Command::Serve(args) => match runtime(true) {

@@ -24,8 +24,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use gpu_share::reservation::cdi::{self, CdiError};
 use gpu_share::reservation::{GPU_CDI_KIND, MPS_CDI_KIND, mps_dir};
+use gpu_share_agent::cdi::{self, CdiError};
 use serde_json::Value;
 
 /// GPU 0 and GPU 1 of the node NVIDIA's fixtures describe.

@@ -14,7 +14,7 @@ use gpu_share::extender::handlers;
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::ledger::PodRef;
 use gpu_share::packing::{self, PackingPolicy};
-use gpu_share::simulate::driver;
+use gpu_share_simulator::driver;
 
 /// What the replay counts over the pods that fit somewhere.
 #[derive(Debug, Default)]

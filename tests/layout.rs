@@ -1,13 +1,16 @@
 //! The source stays in files a reader can hold, and its modules import one way:
-//! - no file of either crate (the service's src/, the pure core's crates/core/src/) has more
-//!   than 700 lines before its `#[cfg(test)] mod tests` (tests beside the code do not count);
+//! - no file of any crate (the service's src/, the pure core's crates/core/src/, the node
+//!   agent's crates/agent/src/, the simulator's crates/simulator/src/) has more than 700 lines
+//!   before its `#[cfg(test)] mod tests` (tests beside the code do not count);
 //! - `admission`, `extender` and `cluster` never import `server` (it wires them together);
 //! - no module imports one that imports it back, directly or around a longer loop, between a
 //!   crate's top-level modules and between its files (ARCHITECTURE.md);
 //! - the core does no I/O: Cargo keeps the Kubernetes client, the async runtime and HTTP out of
 //!   its dependencies, and this checks that its manifest still leaves them out and that its code
 //!   opens no file or socket; the service's own pure modules import only each other and the
-//!   core.
+//!   core, and the node agent's CDI specs are pure too;
+//! - the simulator depends on the core alone (Cargo then keeps it from calling the extender),
+//!   and this checks that its manifest still does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,7 +35,31 @@ fn src() -> PathBuf {
 
 /// The pure core's sources (crates/core).
 fn core_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src")
+    crate_src("core")
+}
+
+/// The sources of the workspace's crate in `crates/<name>`.
+fn crate_src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates")
+        .join(name)
+        .join("src")
+}
+
+/// The names of the dependencies a crate's manifest (`crates/<name>/Cargo.toml`) declares.
+fn dependencies_of(name: &str) -> Vec<String> {
+    let manifest = std::fs::read_to_string(crate_src(name).join("../Cargo.toml")).unwrap();
+    manifest
+        .split("[dependencies]")
+        .nth(1)
+        .unwrap_or_default()
+        .split("\n[")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim().to_string()))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect()
 }
 
 /// The code of a file before its `#[cfg(test)] mod tests`.
@@ -70,10 +97,12 @@ fn module_of(root: &Path, file: &Path) -> Vec<String> {
 fn no_source_file_is_over_700_lines_before_its_tests() {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
-    rust_files(&core_src(), &mut files);
+    for name in ["core", "agent", "simulator"] {
+        rust_files(&crate_src(name), &mut files);
+    }
     assert!(
-        files.len() > 30,
-        "found only {} files under src/",
+        files.len() > 100,
+        "found only {} files under src/ and crates/",
         files.len()
     );
     let mut long = Vec::new();
@@ -366,8 +395,17 @@ fn admission_extender_and_cluster_never_import_server() {
 
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
-    for (name, files) in [("service", import_graph()), ("core", core_graph())] {
-        assert!(files.len() > 30, "{name}: {} files", files.len());
+    for (name, files, least) in [
+        ("service", import_graph(), 30),
+        ("core", core_graph(), 30),
+        ("agent", graph_of(&crate_src("agent"), &BTreeSet::new()), 4),
+        (
+            "simulator",
+            graph_of(&crate_src("simulator"), &BTreeSet::new()),
+            10,
+        ),
+    ] {
+        assert!(files.len() >= least, "{name}: {} files", files.len());
         if let Some(cycle) = find_loop(&files) {
             let shown: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
             panic!(
@@ -396,7 +434,7 @@ fn no_module_imports_one_that_imports_it_back() {
 
 /// The service's own modules that decide: pure functions over plain data (ARCHITECTURE.md),
 /// beside the core's (crates/core), which are all pure.
-const PURE: [&str; 13] = [
+const PURE: [&str; 12] = [
     "admission::plan",
     "admission::steps",
     "admission::patch",
@@ -406,7 +444,6 @@ const PURE: [&str; 13] = [
     "admission::limits",
     "admission::guard",
     "reservation::plan",
-    "reservation::cdi",
     "reservation::view",
     "quota::advertise",
     "quota::usage",
@@ -461,9 +498,17 @@ fn the_pure_modules_import_only_each_other_and_no_io() {
         }
     }
     assert!(
-        seen >= 12,
+        seen >= 11,
         "only {seen} of the service's pure modules found"
     );
+    // The node agent's CDI specs: made of NVIDIA's spec and the GPU's UUID, written by its shell.
+    let cdi = without_comments(&code_of(
+        &std::fs::read_to_string(crate_src("agent").join("cdi.rs")).unwrap(),
+    ));
+    assert!(cdi.contains("fn mps_spec"), "the agent's cdi.rs, read");
+    for io in IO.iter().filter(|io| cdi.contains(*io)) {
+        broken.push(format!("agent cdi uses {io}"));
+    }
     // The core: every file, and what its manifest lets it depend on.
     for module in core_graph().keys() {
         let code = module_code(&core_src(), module);
@@ -471,20 +516,9 @@ fn the_pure_modules_import_only_each_other_and_no_io() {
             broken.push(format!("core {} uses {io}", module.join("::")));
         }
     }
-    let manifest = std::fs::read_to_string(core_src().join("../Cargo.toml")).unwrap();
-    let deps: Vec<&str> = manifest
-        .split("[dependencies]")
-        .nth(1)
-        .unwrap_or_default()
-        .split("\n[")
-        .next()
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
-        .filter(|name| !name.is_empty() && !name.starts_with('#'))
-        .collect();
+    let deps = dependencies_of("core");
     assert!(
-        deps.contains(&"serde"),
+        deps.iter().any(|d| d == "serde"),
         "the core's dependencies, read: {deps:?}"
     );
     for io in [
@@ -497,33 +531,44 @@ fn the_pure_modules_import_only_each_other_and_no_io() {
         "tower",
         "reqwest",
     ] {
-        if deps.contains(&io) {
+        if deps.iter().any(|d| d == io) {
             broken.push(format!("the core (crates/core/Cargo.toml) depends on {io}"));
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
 
+/// The simulator places pods with the core's packing and depends on nothing of the service:
+/// its manifest names the core and no Kubernetes client, async runtime or HTTP, so Cargo keeps
+/// it from calling the extender; its replay names the packing.
 #[test]
 fn the_simulator_shares_the_packing_and_never_calls_the_extender() {
-    let graph = import_graph();
-    let mut broken = Vec::new();
-    for (module, targets) in &graph {
-        if module.first().is_none_or(|m| m != "simulate") {
-            continue;
-        }
-        for t in targets {
-            if ["extender", "server", "cluster", "admission"].contains(&t[0].as_str()) {
-                broken.push(format!("{} imports {}", module.join("::"), t.join("::")));
-            }
-        }
-    }
-    let simulate: BTreeSet<String> = graph
+    let deps = dependencies_of("simulator");
+    assert!(
+        deps.iter().any(|d| d == "gpu-share-core"),
+        "the simulator's dependencies, read: {deps:?}"
+    );
+    let mut broken: Vec<String> = deps
         .iter()
-        .filter(|(m, _)| m.first().is_some_and(|m| m == "simulate"))
-        .flat_map(|(_, t)| t.iter().map(|t| t[0].clone()))
+        .filter(|d| {
+            [
+                "gpu-share",
+                "gpu-share-agent",
+                "kube",
+                "tokio",
+                "axum",
+                "hyper",
+            ]
+            .contains(&d.as_str())
+        })
+        .map(|d| format!("crates/simulator/Cargo.toml depends on {d}"))
         .collect();
-    assert!(simulate.contains("packing"), "{simulate:?}");
+    let graph = graph_of(&crate_src("simulator"), &BTreeSet::new());
+    let replay = module_code(&crate_src("simulator"), &["replay".to_string()]);
+    if !replay.contains("packing::") {
+        broken.push("the simulator's replay names no packing".into());
+    }
+    assert!(graph.len() >= 10, "{} simulator files", graph.len());
     assert!(broken.is_empty(), "{broken:#?}");
 }
 

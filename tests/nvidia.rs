@@ -127,7 +127,7 @@ fn single_strategy_mig_is_counted_on_the_nodes_own_model() {
     assert!(only.contains("1 GPU nodes, 8 GPUs: "), "{only}");
 
     let text = read(nvidia::NODES);
-    let simulated = gpu_share::simulate::kube::parse_node_list(&text).unwrap();
+    let simulated = gpu_share_simulator::kube::parse_node_list(&text).unwrap();
     let s = simulated
         .iter()
         .find(|c| c.node.name == "a100-80gb-mig-single-all-1g.10gb")

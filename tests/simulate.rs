@@ -12,9 +12,9 @@ use std::sync::Arc;
 use gpu_share::packing::PackingPolicy;
 use gpu_share::packing::TYPICAL_COVERAGE;
 use gpu_share::packing::frag::TargetWorkload;
-use gpu_share::simulate::partition::Choice;
-use gpu_share::simulate::replay::{self, Trace, WorkloadSource};
-use gpu_share::simulate::{default_policies, driver};
+use gpu_share_simulator::partition::Choice;
+use gpu_share_simulator::replay::{self, Trace, WorkloadSource};
+use gpu_share_simulator::{default_policies, driver};
 
 /// The extender's example NodeList and the annotated pods written for it.
 fn example_cluster() -> (PathBuf, PathBuf) {
@@ -134,7 +134,7 @@ fn refusals_account_for_the_unallocated_gpus_and_name_their_shapes() {
             assert!(w[0].refused_gpu_pct["100"] >= w[1].refused_gpu_pct["100"]);
         }
     }
-    let text = gpu_share::simulate::report::table(&report);
+    let text = gpu_share_simulator::report::table(&report);
     assert!(
         text.contains("\ngpu-share:\n") && text.contains("\nfgd:\n"),
         "{text}"
@@ -174,7 +174,7 @@ fn report_curves_are_monotone_and_the_table_has_every_policy() {
             p.name
         );
     }
-    let table = gpu_share::simulate::report::table(&report);
+    let table = gpu_share_simulator::report::table(&report);
     for p in default_policies() {
         assert!(table.contains(p.name()), "{table}");
     }
@@ -422,7 +422,7 @@ fn full_trace_named(name: &str) -> driver::Inputs {
 /// gpu-share leaves fewer GPUs unallocated than FGD at 100% and at 130% arrival, and at 100%
 /// than the paper's FGD figure too when it published one (the reference is the lower).
 fn assert_gpu_share_ahead_of_fgd(
-    report: &gpu_share::simulate::report::Report,
+    report: &gpu_share_simulator::report::Report,
     what: &str,
     published_fgd_at_100: Option<f64>,
 ) {
@@ -478,7 +478,7 @@ fn baselines_reproduce_the_published_numbers_and_gpu_share_beats_fgd_on_the_full
 #[test]
 #[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
 fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
-    use gpu_share::simulate::variant::{DEFAULT_SEED, Variant};
+    use gpu_share_simulator::variant::{DEFAULT_SEED, Variant};
     let mut inputs = full_trace();
     inputs.pods =
         Variant::parse("pin-sets-20")
@@ -500,9 +500,9 @@ fn gpu_share_beats_fgd_on_a_model_pinned_variant_of_the_full_trace() {
 #[test]
 #[ignore = "needs ../shared/data/openb: cargo test --release --test simulate -- --ignored"]
 fn gpu_share_beats_fgd_on_a_cpu_only_heavy_variant_of_the_full_trace() {
-    use gpu_share::simulate::variant::{DEFAULT_SEED, Variant};
+    use gpu_share_simulator::variant::{DEFAULT_SEED, Variant};
     let mut inputs = full_trace();
-    let cpu_only = |pods: &[gpu_share::simulate::trace::TracePod]| {
+    let cpu_only = |pods: &[gpu_share_simulator::trace::TracePod]| {
         pods.iter()
             .filter(|p| p.demand.gpu.per_gpu().1 == 0)
             .count()
@@ -558,7 +558,7 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
     let capacity: u64 = inputs
         .nodes
         .iter()
-        .map(gpu_share::simulate::trace::node_capacity_milli)
+        .map(gpu_share_simulator::trace::node_capacity_milli)
         .sum();
     // 8 + 8 + 4 full GPUs, and the A100's 1 full GPU, 21 x 1/7 and 8 x 3/7 (each MIG device
     // in whole thousandths, rounded down: 29 devices lose less than 29).

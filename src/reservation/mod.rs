@@ -1,9 +1,8 @@
 //! Reservations: on a node gpu-share shares per GPU, a pod that holds each shared GPU through
 //! NVIDIA's device plugin and tells gpu-share which GPU it is. The model is pure
-//! ([`model`]); `gpu-share reserve`, the reservation's own process, is [`agent`].
-pub mod agent;
-pub mod cdi;
-pub mod mps;
+//! ([`model`]); `gpu-share reserve`, the reservation's own process, is the node agent
+//! (`gpu_share_agent`, crates/agent). What the service plans for each shared GPU is [`plan`],
+//! what it reads of the reservations and the devices ConfigMaps [`view`].
 pub mod plan;
 pub mod view;
 

@@ -76,7 +76,7 @@ fn held_to_its_limits(name: &str, report: &Probe, uuid: &str) -> Check {
 
 /// The node's CDI spec of GPU `uuid`'s MPS device, as the reservation wrote it.
 fn mps_spec_file(c: &Cluster, uuid: &str) -> std::path::PathBuf {
-    node_cdi_file(c, &gpu_share::reservation::cdi::file_name(uuid))
+    node_cdi_file(c, &gpu_share_agent::cdi::file_name(uuid))
 }
 
 /// 3. A per-GPU `mps` share gets `gpu-share.io/mps=<UUID>` resolved at container creation by

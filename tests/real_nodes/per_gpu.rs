@@ -275,7 +275,7 @@ pub async fn timeslice_through_cdi_device(c: &Cluster) -> Check {
             == Some("true"),
         format!("the reservation does not say it writes the device: {annotations:?}"),
     )?;
-    let file = node_cdi_file(c, &gpu_share::reservation::cdi::gpu_file_name(&uuid));
+    let file = node_cdi_file(c, &gpu_share_agent::cdi::gpu_file_name(&uuid));
     let written: Value = serde_json::from_str(
         &std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?,
     )

@@ -1,10 +1,19 @@
-//! `gpu-share simulate`: replays a trace (the FGD paper's openb trace, or a Kubernetes-shaped
-//! cluster) through the packing core under several policies and seeds, and reports how much GPU
-//! each leaves unallocated and how fragmented the cluster gets (reference/fgd.md sections 3-4).
+//! gpu-share's simulator, `gpu-share simulate`: replays a trace (the FGD paper's openb trace, or
+//! a Kubernetes-shaped cluster) through the packing core under several policies and seeds, and
+//! reports how much GPU each leaves unallocated and how fragmented the cluster gets
+//! (reference/fgd.md sections 3-4).
 //!
-//! Everything here is pure; the CLI (`src/cli.rs`) reads files, runs the replays on all cores
-//! and writes the outputs.
+//! It is an offline tool: it places pods with the core's packing, the one the extender calls,
+//! and depends on nothing of the service (Cargo holds it to that). Everything but [`driver`] is
+//! pure; the driver reads files, runs the replays on all cores and writes the outputs.
+#![forbid(unsafe_code)]
 
+// The pure core (crates/core), at the paths the simulator has always used.
+/// The reservation's model: the pure core's.
+pub use gpu_share_core::reservation;
+pub use gpu_share_core::{documents, enforcement, inventory, ledger, mig, packing, request};
+
+pub mod args;
 pub mod chart;
 pub mod kube;
 pub mod partition;

@@ -258,19 +258,14 @@ mod tests {
     #[test]
     fn the_cli_draws_with_the_default_seed() {
         use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "gpu-share",
-            "simulate",
-            "--nodes",
-            "n.csv",
-            "--pods",
-            "p.csv",
-        ])
-        .unwrap();
-        let crate::cli::Command::Simulate(args) = cli.command else {
-            panic!("not simulate");
-        };
-        assert_eq!(args.variant_seed, DEFAULT_SEED);
+        #[derive(Parser)]
+        struct Simulate {
+            #[command(flatten)]
+            args: crate::args::SimulateArgs,
+        }
+        let cli =
+            Simulate::try_parse_from(["simulate", "--nodes", "n.csv", "--pods", "p.csv"]).unwrap();
+        assert_eq!(cli.args.variant_seed, DEFAULT_SEED);
     }
 
     #[test]

@@ -186,7 +186,7 @@ pub fn table(policies: &[(&str, &[Refusal])]) -> String {
 mod tests {
     use super::*;
     use crate::packing::GpuDemand;
-    use crate::simulate::replay::Unplaced;
+    use crate::replay::Unplaced;
 
     fn pod(gpu: GpuDemand, cpu_milli: u64, models: &[&str]) -> TracePod {
         TracePod {

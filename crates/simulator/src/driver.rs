@@ -12,7 +12,7 @@ use super::replay::{self, Order, RunOutcome, Trace, WorkloadSource};
 use super::report::{self, Report};
 use super::trace::{self, TracePod};
 use super::variant::Variant;
-use crate::cli::SimulateArgs;
+use crate::args::SimulateArgs;
 use crate::inventory::GpuNode;
 use crate::mig::MigTable;
 use crate::packing::TYPICAL_COVERAGE;

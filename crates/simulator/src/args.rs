@@ -1,0 +1,60 @@
+//! `gpu-share simulate`'s flags (clap): the service's command line takes them as they are.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Nodes: an openb node CSV (`sn,cpu_milli,memory_mib,gpu,model`), or a Kubernetes
+    /// NodeList (YAML or JSON) with GPU Feature Discovery labels.
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Pods: an openb pod CSV, or a list of pod manifests (YAML stream or List) carrying the
+    /// `gpu-share` annotation.
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// A policy to replay (repeatable): random, dotprod, gpu-clustering, gpu-packing, bestfit,
+    /// fgd, gpu-share (binpack and spread too). Default: the first seven.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<String>,
+    /// Seeds, inclusive range `A..B`, or a comma list.
+    #[arg(long, default_value = "42..51")]
+    pub seeds: String,
+    /// Inflate the trace to this multiple of the cluster's GPU capacity (0: replay it as is).
+    #[arg(long, default_value_t = 1.3)]
+    pub tune: f64,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "OUT")]
+    pub json: Option<PathBuf>,
+    /// Write the chart (unallocated GPU % against arrived %) as SVG here.
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    /// A partitioning what-if (repeatable): replay the pods as listed with every GPU node
+    /// reconfigured: as-is, exclusive, timeslice-N, mps-N, all-balanced, all-<MIG profile>
+    /// (mig-parted's names, e.g. all-1g.10gb). Reports how many pods fit under each, and why
+    /// the others do not. Uses the gpu-share policy unless --policy is given.
+    #[arg(long = "partition", value_name = "NAME")]
+    pub partitions: Vec<String>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Replay a variant of the pods (docs/packing.md, "Variants"): pin-one-P or pin-sets-P (P%
+    /// of the GPU pods pinned to the most common GPU model, or to pairs of models), or cpu-xF
+    /// (the CPU-only pods F times over: cpu-x0 none, cpu-x3 three times as many).
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
+    /// The seed the variant's pods are drawn with (the same pods for every replay seed).
+    #[arg(long, default_value_t = 2023)]
+    pub variant_seed: u64,
+    /// Also report, per policy, the GPU refused to each pod shape by 100% and 130% arrival,
+    /// when the first refusal came and the fit reason (which pods fail, for lack of what).
+    #[arg(long)]
+    pub refusals: bool,
+    /// kube-scheduler's percentageOfNodesToScore to replay: each pod is placed on the best of
+    /// the first nodes that fit from where the last search stopped (100: every node, as
+    /// gpu-share's profile ships; 0: kube-scheduler's adaptive default, 50% less one point per
+    /// 125 nodes, at least 5% and 100 nodes).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub nodes_to_score: u32,
+}
