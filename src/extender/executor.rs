@@ -99,18 +99,26 @@ pub trait Executor: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = ()> + Send;
 }
 
-/// The API server's executor, and the recorder of the events it writes.
+/// The API server's executor, and the recorder of the events it writes (made at the first
+/// event: a bind's executor, made per bind, writes none).
 #[derive(Clone)]
 pub struct Api {
     client: kube::Client,
-    recorder: Recorder,
+    recorder: OnceLock<Recorder>,
 }
 
 impl Api {
-    /// Events are reported as `gpu-share-scheduler`, instance `POD_NAME` (else the host name).
     pub fn new(client: kube::Client) -> Self {
-        let recorder = Recorder::new(client.clone(), reporter().clone());
-        Api { client, recorder }
+        Api {
+            client,
+            recorder: OnceLock::new(),
+        }
+    }
+
+    /// Events are reported as `gpu-share-scheduler`, instance `POD_NAME` (else the host name).
+    fn recorder(&self) -> &Recorder {
+        self.recorder
+            .get_or_init(|| Recorder::new(self.client.clone(), reporter().clone()))
     }
 }
 
@@ -191,11 +199,11 @@ impl Executor for Api {
     }
 
     async fn evict(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
-        api::evict(&self.recorder, &self.client, owner, why).await
+        api::evict(self.recorder(), &self.client, owner, why).await
     }
 
     async fn note(&self, owner: &Owner, warning: bool, reason: &str, note: &str) {
-        api::note(&self.recorder, owner, warning, reason, note).await
+        api::note(self.recorder(), owner, warning, reason, note).await
     }
 }
 

@@ -158,11 +158,13 @@ impl Pods {
     }
 
     /// What the pods kept for bind take in memory.
+    #[cfg(test)]
     pub fn memo_bytes(&self) -> u64 {
         self.memo_bytes
     }
 
     /// How many pods are kept for bind.
+    #[cfg(test)]
     pub fn memos(&self) -> usize {
         self.by_uid.values().filter(|e| e.memo.is_some()).count()
     }
