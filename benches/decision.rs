@@ -74,6 +74,23 @@ fn pod_with_cpu(uid: &str, request: &str, cpu_milli: u64) -> Pod {
     .expect("pod literal")
 }
 
+/// A pod of a ReplicaSet (a Deployment's): kube-scheduler's default topology spread spreads it,
+/// and filter ranks the best tier as that spread would.
+fn owned_pod(uid: &str, request: &str, replica_set: &str) -> Pod {
+    let mut p = pod(uid, request);
+    p.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: replica_set.into(),
+            uid: replica_set.into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    p
+}
+
 fn pod_ref(uid: &str) -> PodRef {
     PodRef::new(uid, "bench", uid)
 }
@@ -102,7 +119,14 @@ fn cluster() -> Cluster {
     let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(3600));
     let names: Vec<String> = (0..NODES).map(|i| node(i).name.clone()).collect();
     for i in 0..NODES {
-        ext.ledger().upsert_node(node(i));
+        // Its facts as a kubelet registers it: its hostname label (which the default spread
+        // over hosts reads), no zone.
+        let n = node(i);
+        let facts = gpu_share_core::cache::node::NodeFacts {
+            labels: [("kubernetes.io/hostname".to_string(), n.name.clone())].into(),
+            ..Default::default()
+        };
+        ext.apply_node(&n.name.clone(), facts, Some(n));
     }
     let policy = LoadedPolicy::new(Policy::default_policy());
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -230,6 +254,63 @@ fn extender(cr: &mut Criterion) {
     let mut g = cr.benchmark_group("extender");
     g.bench_function("filter_5000", |b| {
         b.iter(|| black_box(handlers::filter(&c.ext, &c.policy, &metrics, args(&c, &p))))
+    });
+    // A Deployment's pod, five of whose siblings are held: the tier ranked as the default
+    // spread would rank it.
+    let scorer = c.ext.scorer(PackingPolicy::GpuShare);
+    for k in 0..5 {
+        let _ = c.ext.ledger().hold(
+            &scorer,
+            &c.names[k * 7],
+            pod_ref(&format!("sibling-{k}")).controlled_by(Some("rs-probe".into())),
+            request("timeslice-30", 8000),
+        );
+    }
+    let owned = owned_pod("probe-owned", "timeslice-30", "rs-probe");
+    g.bench_function("filter_5000_owned", |b| {
+        b.iter(|| {
+            black_box(handlers::filter(
+                &c.ext,
+                &c.policy,
+                &metrics,
+                args(&c, &owned),
+            ))
+        })
+    });
+    // The same pod on an empty cluster, where the best tier is every node of its kind (3,000
+    // time-sliced nodes): the spread ranks all of them.
+    let empty = Cluster {
+        ext: ExtenderState::new(Mode::Dev, Duration::from_secs(3600)),
+        policy: LoadedPolicy::new(Policy::default_policy()),
+        names: c.names.clone(),
+    };
+    for i in 0..NODES {
+        let n = node(i);
+        let facts = gpu_share_core::cache::node::NodeFacts {
+            labels: [("kubernetes.io/hostname".to_string(), n.name.clone())].into(),
+            ..Default::default()
+        };
+        empty.ext.apply_node(&n.name.clone(), facts, Some(n));
+    }
+    g.bench_function("filter_5000_empty", |b| {
+        b.iter(|| {
+            black_box(handlers::filter(
+                &empty.ext,
+                &empty.policy,
+                &metrics,
+                args(&empty, &p),
+            ))
+        })
+    });
+    g.bench_function("filter_5000_empty_owned", |b| {
+        b.iter(|| {
+            black_box(handlers::filter(
+                &empty.ext,
+                &empty.policy,
+                &metrics,
+                args(&empty, &owned),
+            ))
+        })
     });
     g.bench_function("prioritize_5000", |b| {
         b.iter(|| black_box(handlers::prioritize(&c.ext, &c.policy, args(&c, &p))))

@@ -107,27 +107,40 @@ pub fn spread_scores<'a>(
     counts: &HashMap<String, u32>,
     labels_of: impl Fn(&str) -> Option<&'a BTreeMap<String, String>>,
 ) -> Vec<f64> {
-    let label = |node: &str, key: &str| labels_of(node).and_then(|l| l.get(key));
-    let zone_value = |node: &str| label(node, ZONE).map_or("", String::as_str).to_string();
-    let zones_in_tier: std::collections::HashSet<String> =
-        tier.iter().map(|n| zone_value(n)).collect();
-    let mut per_zone: HashMap<String, u32> = HashMap::new();
-    for (node, n) in counts {
-        let z = zone_value(node);
-        if zones_in_tier.contains(&z) {
-            *per_zone.entry(z).or_default() += n;
+    // Each tier node's labels read once: whether it has a hostname, and its zone (borrowed, no
+    // String per node of a tier of thousands).
+    let read: Vec<(bool, Option<&str>)> = tier
+        .iter()
+        .map(|node| {
+            labels_of(node).map_or((false, None), |l| {
+                (l.contains_key(HOSTNAME), l.get(ZONE).map(String::as_str))
+            })
+        })
+        .collect();
+    let zones_in_tier: std::collections::HashSet<&str> =
+        read.iter().map(|(_, z)| z.unwrap_or("")).collect();
+    let mut per_zone: HashMap<&str, u32> = HashMap::new();
+    if read.iter().any(|(_, z)| z.is_some()) {
+        for (node, n) in counts {
+            let z = labels_of(node)
+                .and_then(|l| l.get(ZONE))
+                .map_or("", String::as_str);
+            if zones_in_tier.contains(z) {
+                *per_zone.entry(z).or_default() += n;
+            }
         }
     }
     let host_weight = (tier.len() as f64 + 2.0).ln();
     let zone_weight = (zones_in_tier.len() as f64 + 2.0).ln();
     tier.iter()
-        .map(|node| {
+        .zip(&read)
+        .map(|(node, (has_host, zone))| {
             let mut score = 0.0;
-            if label(node, HOSTNAME).is_some() {
+            if *has_host {
                 let on_node = counts.get(*node).copied().unwrap_or(0);
                 score += f64::from(on_node) * host_weight + f64::from(HOST_MAX_SKEW - 1);
             }
-            if let Some(z) = label(node, ZONE) {
+            if let Some(z) = zone {
                 let in_zone = per_zone.get(z).copied().unwrap_or(0);
                 score += f64::from(in_zone) * zone_weight + f64::from(ZONE_MAX_SKEW - 1);
             }
