@@ -4,6 +4,10 @@
 //! - `extender/filter_5000`, `extender/prioritize_5000`: one verb over 5,000 node names with the
 //!   `gpu-share` policy and a learnt workload, on a partly filled cluster (time-sliced H100,
 //!   plain A100, MPS L40S and MIG A100 nodes);
+//! - `extender/filter_5000_owned`: filter for a Deployment's pod (owned by its ReplicaSet), whose
+//!   best tier is ranked as kube-scheduler's default topology spread would rank it;
+//!   `filter_5000_empty` and `filter_5000_empty_owned`: a bare and an owned pod on the same nodes
+//!   empty, where the best tier is every node of the pod's kind (3,000 time-sliced nodes);
 //! - `extender/bind_reserve`: the ledger half of bind (fit re-check and record) and its undo;
 //! - `simulate/fgd_replay`: one replay of the default openb trace (or the test slice when
 //!   ../shared/data is absent).
