@@ -374,6 +374,7 @@ fn simulate(cr: &mut Criterion) {
         metric: &metric,
         explain: false,
         nodes_to_score: 100,
+        defrag: None,
     };
     let mut g = cr.benchmark_group("simulate");
     g.sample_size(10);

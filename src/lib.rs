@@ -11,8 +11,8 @@
 
 // The pure core (crates/core), at the paths the service and its tests have always used.
 pub use gpu_share_core::{
-    cache, documents, dra, enforcement, inventory, ledger, mig, nvidia, packing, policy, request,
-    skew, sync, workloads,
+    cache, defrag, documents, dra, enforcement, inventory, ledger, mig, nvidia, packing, policy,
+    request, skew, sync, workloads,
 };
 
 pub mod admission;

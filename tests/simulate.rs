@@ -43,6 +43,7 @@ fn every_replay_respects_capacity_arrivals_and_never_deletes() {
         metric: &metric,
         explain: false,
         nodes_to_score: 100,
+        defrag: None,
     };
     for seed in [1, 2] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, seed, 1.3);
@@ -574,6 +575,7 @@ fn kubernetes_shaped_input_places_every_class_on_its_kind_of_node() {
         metric: &metric,
         explain: false,
         nodes_to_score: 100,
+        defrag: None,
     };
     for policy in [PackingPolicy::GpuShare, PackingPolicy::BestFit] {
         let order = replay::order(&inputs.pods, inputs.nodes.len(), capacity, 5, 0.0);
@@ -752,4 +754,58 @@ fn cli_reports_refusals_by_pod_shape() {
             "{r}"
         );
     }
+}
+
+/// `--defrag` places refused pods where moves make room on the trace slice: the table says how
+/// many, with the moves per GPU freed, and never fewer pods are placed than without it.
+#[test]
+fn cli_defragments_and_says_what_the_moves_did() {
+    let os = std::ffi::OsStr::new;
+    let plain = simulate_fixture_seeds_7_8([os("--policy"), os("gpu-share")]);
+    let moved = simulate_fixture_seeds_7_8([os("--policy"), os("gpu-share"), os("--defrag")]);
+    assert!(!plain.contains("defragmenting"), "{plain}");
+    let line = moved
+        .lines()
+        .find(|l| l.starts_with("gpu-share, defragmenting: "))
+        .unwrap_or_else(|| panic!("no defragmentation line: {moved}"));
+    assert!(line.contains("moves per GPU"), "{line}");
+    // The placed/asked column: with moves, at least as many placed of as many asked.
+    let placed = |table: &str| -> f64 {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("gpu-share "))
+            .unwrap_or_else(|| panic!("no gpu-share row: {table}"));
+        let cell = row.split_whitespace().last().unwrap();
+        cell.split('/').next().unwrap().parse().unwrap()
+    };
+    assert!(placed(&moved) >= placed(&plain), "{plain}\n{moved}");
+}
+
+/// `--churn` replays with departures, without moves and with them, and weighs the refusals
+/// against the repack; a load of 0 is refused in words.
+#[test]
+fn cli_replays_with_departures() {
+    let os = std::ffi::OsStr::new;
+    let table = simulate_fixture_seeds_7_8([os("--churn"), os("300"), os("--patience"), os("20")]);
+    assert!(
+        table.contains("gpu-share: with departures, load 1"),
+        "{table}"
+    );
+    assert!(table.contains("without moves"), "{table}");
+    assert!(table.contains("with moves"), "{table}");
+    assert!(table.contains("waited for fragmentation"), "{table}");
+    let nodes = fixture("nodes.csv");
+    let pods = fixture("pods.csv");
+    let e = run_err([
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--churn",
+        "10",
+        "--load",
+        "0",
+    ]);
+    assert!(e.contains("--load 0 is out of range"), "{e}");
 }

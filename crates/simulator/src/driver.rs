@@ -50,6 +50,8 @@ pub enum SimulateError {
     NoGpus { path: PathBuf },
     #[error("--tune {0} is out of range (0 to 100)")]
     Tune(f64),
+    #[error("--load {0} is out of range (above 0, at most 10)")]
+    Load(f64),
     #[error(transparent)]
     Seeds(#[from] super::SeedsError),
     #[error(transparent)]
@@ -135,8 +137,25 @@ pub fn load(nodes: &Path, pods: &Path) -> Result<Inputs, SimulateError> {
     })
 }
 
+/// How the replays run, beyond the inputs, policies and seeds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// Inflate the trace to this multiple of the cluster's GPU capacity.
+    pub tune: f64,
+    /// A progress bar on stderr.
+    pub show_progress: bool,
+    /// Each policy's report also says which pods it refused, when and why (a fit check per node
+    /// per refusal).
+    pub refusals: bool,
+    /// kube-scheduler's `percentageOfNodesToScore` (100: every node, as gpu-share's profile
+    /// ships; 0: kube-scheduler's adaptive default; [`replay::nodes_to_find`]).
+    pub nodes_to_score: u32,
+    /// Defragment within these limits ([`super::residents`]).
+    pub defrag: Option<crate::defrag::Limits>,
+}
+
 /// Runs every (policy, seed) replay and aggregates the report; with `refusals`, each policy's
-/// report also says which pods it refused, when and why (a fit check per node per refusal).
+/// report also says which pods it refused, when and why.
 pub fn simulate(
     inputs: &Inputs,
     policies: &[PackingPolicy],
@@ -145,20 +164,34 @@ pub fn simulate(
     show_progress: bool,
     refusals: bool,
 ) -> Report {
-    simulate_sampled(inputs, policies, seeds, tune, show_progress, refusals, 100)
+    simulate_with(
+        inputs,
+        policies,
+        seeds,
+        &Options {
+            tune,
+            show_progress,
+            refusals,
+            nodes_to_score: 100,
+            defrag: None,
+        },
+    )
 }
 
-/// [`simulate`] with kube-scheduler's `percentageOfNodesToScore` (100: every node, as gpu-share's
-/// profile ships; 0: kube-scheduler's adaptive default; [`replay::nodes_to_find`]).
-pub fn simulate_sampled(
+/// [`simulate`] with every option.
+pub fn simulate_with(
     inputs: &Inputs,
     policies: &[PackingPolicy],
     seeds: &[u64],
-    tune: f64,
-    show_progress: bool,
-    refusals: bool,
-    nodes_to_score: u32,
+    options: &Options,
 ) -> Report {
+    let Options {
+        tune,
+        show_progress,
+        refusals,
+        nodes_to_score,
+        defrag,
+    } = *options;
     let capacity: u64 = inputs
         .nodes
         .iter()
@@ -205,6 +238,7 @@ pub fn simulate_sampled(
                     metric: &metric,
                     explain: refusals,
                     nodes_to_score,
+                    defrag,
                 },
                 &orders[si],
                 policy,
@@ -297,6 +331,7 @@ pub fn what_if(
                     metric,
                     explain: true,
                     nodes_to_score: 100,
+                    defrag: None,
                 },
                 &order,
                 policies[pi],
@@ -319,6 +354,82 @@ pub fn what_if(
         }
     }
     rows
+}
+
+/// The policies named, or gpu-share's alone when none is (the replays with departures run two
+/// modes per seed, so not every policy by default).
+fn policies_or_gpu_share(named: &[String], parsed: Vec<PackingPolicy>) -> Vec<PackingPolicy> {
+    if named.is_empty() {
+        vec![PackingPolicy::GpuShare]
+    } else {
+        parsed
+    }
+}
+
+/// Every (policy, seed) replay with departures, without moves and with them, on all cores.
+pub fn churn_replays(
+    inputs: &Inputs,
+    policies: &[PackingPolicy],
+    seeds: &[u64],
+    churn: &super::churn::Churn,
+    limits: crate::defrag::Limits,
+) -> Vec<super::churn::ChurnReport> {
+    let capacity: u64 = inputs.nodes.iter().map(trace::node_capacity_milli).sum();
+    let metric = Arc::new(TargetWorkload::typical(
+        inputs.pods.iter().map(|p| &p.demand),
+        TYPICAL_COVERAGE,
+    ));
+    let orders: Vec<Order> = seeds
+        .iter()
+        .map(|s| replay::order(&inputs.pods, inputs.nodes.len(), capacity, *s, 0.0))
+        .collect();
+    let jobs: Vec<(usize, usize, bool)> = (0..policies.len())
+        .flat_map(|p| (0..seeds.len()).flat_map(move |s| [(p, s, false), (p, s, true)]))
+        .collect();
+    let runs: Vec<((usize, bool), super::churn::ChurnOutcome)> = jobs
+        .par_iter()
+        .map(|&(pi, si, moves)| {
+            let policy = policies[pi];
+            let out = super::churn::run(
+                &super::churn::Replay {
+                    nodes: &inputs.nodes,
+                    pods: &inputs.pods,
+                    order: &orders[si],
+                    policy,
+                    source: &WorkloadSource::for_policy(policy, &metric),
+                    seed: seeds[si],
+                },
+                churn,
+                moves.then_some(limits),
+            );
+            ((pi, moves), out)
+        })
+        .collect();
+    policies
+        .iter()
+        .enumerate()
+        .map(|(pi, p)| {
+            let of = |moves: bool| {
+                runs.iter()
+                    .filter(|((i, m), _)| *i == pi && *m == moves)
+                    .map(|(_, o)| *o)
+                    .collect()
+            };
+            super::churn::ChurnReport {
+                policy: p.name().to_string(),
+                churn: super::churn::ChurnSettings {
+                    load: churn.load,
+                    warmup: churn.warmup,
+                    steps: churn.steps,
+                    patience: churn.patience,
+                    moves_per_gpu: limits.moves_per_gpu,
+                    moves_at_once: limits.moves_at_once,
+                },
+                without: of(false),
+                with: of(true),
+            }
+        })
+        .collect()
 }
 
 /// `gpu-share simulate`: returns the text to print.
@@ -365,6 +476,30 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         }
         return Ok(partition::table(&rows, &seeds));
     }
+    if let Some(steps) = args.churn {
+        if !(args.load > 0.0 && args.load <= 10.0) {
+            return Err(SimulateError::Load(args.load));
+        }
+        let churn = super::churn::Churn {
+            load: args.load,
+            warmup: 2 * steps,
+            steps,
+            patience: args.patience,
+            bound: true,
+        };
+        let reports = churn_replays(
+            &inputs,
+            &policies_or_gpu_share(&args.policies, policies),
+            &seeds,
+            &churn,
+            args.move_limits(),
+        );
+        if let Some(path) = &args.json {
+            let text = serde_json::to_string_pretty(&reports)?;
+            write(path, text + "\n")?;
+        }
+        return Ok(super::churn::table(&reports, &seeds));
+    }
     tracing::info!(
         nodes = inputs.nodes.len(),
         pods = inputs.pods.len(),
@@ -372,14 +507,17 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         seeds = seeds.len(),
         "simulating"
     );
-    let mut report = simulate_sampled(
+    let mut report = simulate_with(
         &inputs,
         &policies,
         &seeds,
-        args.tune,
-        std::io::IsTerminal::is_terminal(&std::io::stderr()),
-        args.refusals,
-        args.nodes_to_score,
+        &Options {
+            tune: args.tune,
+            show_progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            refusals: args.refusals,
+            nodes_to_score: args.nodes_to_score,
+            defrag: args.defrag_limits(),
+        },
     );
     report.variant = variant.map(|v| format!("{v}, seed {}", args.variant_seed));
     if let Some(path) = &args.json {

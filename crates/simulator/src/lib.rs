@@ -11,15 +11,19 @@
 // The pure core (crates/core), at the paths the simulator has always used.
 /// The reservation's model: the pure core's.
 pub use gpu_share_core::reservation;
-pub use gpu_share_core::{documents, enforcement, inventory, ledger, mig, packing, request};
+pub use gpu_share_core::{
+    defrag, documents, enforcement, inventory, ledger, mig, packing, request,
+};
 
 pub mod args;
 pub mod chart;
+pub mod churn;
 pub mod kube;
 pub mod partition;
 pub mod refusals;
 pub mod replay;
 pub mod report;
+pub mod residents;
 pub mod trace;
 pub mod variant;
 

@@ -206,6 +206,7 @@ mod tests {
             samples: Vec::new(),
             placed: 0,
             failed: unplaced.len(),
+            moved: None,
             unplaced: unplaced
                 .into_iter()
                 .map(|(pod, arrived_milli, reason)| Unplaced {

@@ -15,7 +15,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::residents::{Moved, Residents};
 use super::trace::{TracePod, gpu_request_milli};
+use crate::defrag::Limits;
 use crate::inventory::{GpuNode, Sharing};
 use crate::packing::frag::TargetWorkload;
 use crate::packing::{
@@ -95,6 +97,8 @@ pub struct RunOutcome {
     pub failed: usize,
     /// With [`Trace::explain`]: each pod that fit nowhere, in arrival order.
     pub unplaced: Vec<Unplaced>,
+    /// With [`Trace::defrag`]: what the moves did.
+    pub moved: Option<Moved>,
 }
 
 /// A pod that fit nowhere, recorded with [`Trace::explain`].
@@ -163,6 +167,9 @@ pub struct Trace<'a> {
     /// kube-scheduler's `percentageOfNodesToScore`: 100 scores every node that fits (gpu-share's
     /// shipped profile), 0 is kube-scheduler's adaptive default; see [`nodes_to_find`].
     pub nodes_to_score: u32,
+    /// Defragment within these limits: a pod that fits nowhere is placed where the moves of a
+    /// plan make room ([`Residents::make_room`]).
+    pub defrag: Option<Limits>,
 }
 
 /// How many fitting nodes kube-scheduler looks for before it stops filtering
@@ -196,7 +203,9 @@ pub fn run(
         metric,
         explain,
         nodes_to_score,
+        defrag,
     } = *trace;
+    let mut residents = defrag.map(|limits| Residents::new(nodes.len(), limits));
     let to_find = nodes_to_find(nodes_to_score, nodes.len());
     // Where kube-scheduler's next search starts (`nextStartNodeIndex`), in the node order.
     let mut start = 0usize;
@@ -314,14 +323,30 @@ pub fn run(
         if to_find < n {
             start = (start + visited) % n;
         }
+        let mut changed: Vec<usize> = Vec::new();
         if let Some((ni, _)) = best
             && let Some((p, _)) = scorer.evaluate(&nodes[ni], &usages[ni], demand, &mut memos[ni])
-            && with_reservations(&nodes[ni], &mut usages[ni], &p, &reservation)
+            && let Some(opened) = with_reservations(&nodes[ni], &mut usages[ni], &p, &reservation)
         {
+            if let Some(r) = residents.as_mut() {
+                r.placed(ni, pi, demand, &p, &opened);
+            }
+            changed.push(ni);
+        } else if let Some(r) = residents.as_mut()
+            && let Some((touched, _)) =
+                r.make_room(&scorer, nodes, &mut usages, pi, demand, &|n, u, p| {
+                    with_reservations(n, u, p, &reservation)
+                })
+        {
+            changed = touched;
+        }
+        for &ni in &changed {
             versions[ni] = versions[ni].wrapping_add(1);
             let f = metric.node_frag(&nodes[ni], &usages[ni]);
             frag_total += f - node_frag[ni];
             node_frag[ni] = f;
+        }
+        if !changed.is_empty() {
             allocated += ask;
             placed += 1;
         } else {
@@ -348,12 +373,13 @@ pub fn run(
         placed,
         failed,
         unplaced,
+        moved: residents.map(|r| r.moved),
     }
 }
 
 /// What a reservation pod asks of its node (besides its GPU): read from the pod gpu-share
 /// creates, the way the extender reads it from the API.
-fn reservation_demand() -> Demand {
+pub fn reservation_demand() -> Demand {
     let template = crate::reservation::Template {
         image: "gpu-share".into(),
         ..Default::default()
@@ -368,15 +394,15 @@ fn reservation_demand() -> Demand {
 }
 
 /// Applies placement `p`, and on a node gpu-share shares per GPU the reservation pod of every
-/// GPU the share is the first on (as bind creates it, with its own CPU and memory). False, and
-/// nothing applied, when the node cannot hold the reservation too: kubelet would refuse it and
-/// gpu-share evict the share.
-fn with_reservations(
+/// GPU the share is the first on (as bind creates it, with its own CPU and memory): the
+/// reservations opened. `None`, and nothing applied, when the node cannot hold the reservation
+/// too: kubelet would refuse it and gpu-share evict the share.
+pub fn with_reservations(
     node: &GpuNode,
     usage: &mut Usage,
     p: &Placement,
     reservation: &Demand,
-) -> bool {
+) -> Option<Vec<(Demand, Placement)>> {
     let opens: Vec<u32> = if node.sharing == Sharing::PerGpu && p.shared {
         p.gpus
             .iter()
@@ -387,7 +413,7 @@ fn with_reservations(
         Vec::new()
     };
     packing::apply(usage, p);
-    let mut held = Vec::with_capacity(opens.len());
+    let mut held: Vec<(Demand, Placement)> = Vec::with_capacity(opens.len());
     for gpu in opens {
         let d = Demand {
             gpu: GpuDemand::ReservationPod {
@@ -403,18 +429,18 @@ fn with_reservations(
         match placed {
             Some(r) => {
                 packing::apply(usage, &r);
-                held.push(r);
+                held.push((d, r));
             }
             None => {
-                for r in &held {
+                for (_, r) in &held {
                     packing::unapply(usage, r);
                 }
                 packing::unapply(usage, p);
-                return false;
+                return None;
             }
         }
     }
-    true
+    Some(held)
 }
 
 /// Why a demand fit no node: the most common reason among nodes that only lacked room (freed
@@ -465,6 +491,71 @@ mod tests {
                 ..Demand::gpu(gpu)
             },
         }
+    }
+
+    /// Nodes of one GPU each, shared per GPU as the trace's are.
+    fn per_gpu_nodes(n: usize) -> Vec<GpuNode> {
+        (0..n)
+            .map(|i| {
+                let mut node = GpuNode::whole(&format!("n{i}"), "H100", 1, 81559);
+                node.sharing = Sharing::PerGpu;
+                node
+            })
+            .collect()
+    }
+
+    /// Two shares spread over two GPUs leave no GPU whole for an exclusive pod; with
+    /// defragmentation, one share moves onto the other's GPU and the pod is placed.
+    #[test]
+    fn defragmenting_places_what_scattered_shares_refused() {
+        let nodes = per_gpu_nodes(2);
+        let share = GpuDemand::Timeslice {
+            milli: 300,
+            memory_mib: None,
+        };
+        let pods = vec![
+            pod("a", share.clone()),
+            pod("b", share),
+            pod("c", GpuDemand::Whole { count: 1 }),
+        ];
+        let metric = TargetWorkload::typical(pods.iter().map(|p| &p.demand), 0.95);
+        let o = Order {
+            pods: vec![0, 1, 2],
+            nodes: vec![0, 1],
+        };
+        let run_with = |defrag| {
+            let trace = Trace {
+                nodes: &nodes,
+                pods: &pods,
+                metric: &metric,
+                explain: false,
+                nodes_to_score: 100,
+                defrag,
+            };
+            run(
+                &trace,
+                &o,
+                PackingPolicy::Spread,
+                &WorkloadSource::None,
+                1,
+                || {},
+            )
+        };
+        let without = run_with(None);
+        assert_eq!((without.placed, without.failed), (2, 1));
+        assert_eq!(without.moved, None);
+        let with = run_with(Some(Limits::default()));
+        assert_eq!((with.placed, with.failed), (3, 0));
+        assert_eq!(
+            with.moved,
+            Some(Moved {
+                sought: 1,
+                placed: 1,
+                moves: 1,
+                gpus_freed: 1
+            })
+        );
+        assert_eq!(with.samples.last().unwrap().allocated_milli, 1600);
     }
 
     #[test]
@@ -519,6 +610,7 @@ mod tests {
                 metric: &metric,
                 explain: false,
                 nodes_to_score,
+                defrag: None,
             };
             let out = run(
                 &trace,
@@ -550,6 +642,7 @@ mod tests {
             metric: &metric,
             explain: true,
             nodes_to_score: 100,
+            defrag: None,
         };
         let o = Order {
             pods: vec![0, 1, 2],
@@ -600,13 +693,13 @@ mod tests {
             p
         };
         let first = on(&usage, 0, &share(1000));
-        assert!(with_reservations(&node, &mut usage, &first, &reservation));
+        assert!(with_reservations(&node, &mut usage, &first, &reservation).is_some());
         assert_eq!(
             (usage.reserved.clone(), usage.cpu_milli),
             (vec![1, 0], 1005)
         );
         let second = on(&usage, 0, &share(500));
-        assert!(with_reservations(&node, &mut usage, &second, &reservation));
+        assert!(with_reservations(&node, &mut usage, &second, &reservation).is_some());
         assert_eq!(
             (usage.reserved.clone(), usage.cpu_milli),
             (vec![1, 0], 1505)
@@ -614,14 +707,14 @@ mod tests {
         // 500m fit the share on GPU 1, not its reservation's 5m as well: nothing applied.
         let before = usage.clone();
         let third = on(&usage, 1, &share(500));
-        assert!(!with_reservations(&node, &mut usage, &third, &reservation));
+        assert!(with_reservations(&node, &mut usage, &third, &reservation).is_none());
         assert_eq!(usage, before);
         // On a node shared some other way, no reservation.
         let mut ts = GpuNode::whole("t", "A100", 1, 81920);
         ts.sharing = Sharing::TimeSlicing { replicas: 4 };
         let mut u = Usage::empty(&ts);
         let p = packing::candidates(&ts, &u, &share(0)).remove(0);
-        assert!(with_reservations(&ts, &mut u, &p, &reservation));
+        assert!(with_reservations(&ts, &mut u, &p, &reservation).is_some());
         assert_eq!(u.reserved, vec![0]);
     }
 }

@@ -105,6 +105,44 @@ pub struct PolicyReport {
     /// With `--refusals`: the GPU refused per pod shape (see [`super::refusals`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusals: Vec<super::refusals::Refusal>,
+    /// With `--defrag`: what the moves did, mean over seeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved: Option<MovedReport>,
+}
+
+/// What defragmentation did over a policy's replays, mean over seeds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MovedReport {
+    /// Pods the packing refused, for which a plan was sought.
+    pub sought: f64,
+    /// Of those, placed once their plan's moves were made.
+    pub placed: f64,
+    pub moves: f64,
+    pub gpus_freed: f64,
+    /// Moves over GPUs freed, all seeds together.
+    pub moves_per_gpu: f64,
+}
+
+fn moved_report(runs: &[RunOutcome]) -> Option<MovedReport> {
+    let all: Vec<super::residents::Moved> = runs.iter().filter_map(|r| r.moved).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let n = all.len() as f64;
+    let sum = |f: fn(&super::residents::Moved) -> u64| all.iter().map(f).sum::<u64>() as f64;
+    let (moves, freed) = (sum(|m| m.moves), sum(|m| m.gpus_freed));
+    Some(MovedReport {
+        sought: round2(sum(|m| m.sought) / n),
+        placed: round2(sum(|m| m.placed) / n),
+        moves: round2(moves / n),
+        gpus_freed: round2(freed / n),
+        moves_per_gpu: if freed > 0.0 {
+            round2(moves / freed)
+        } else {
+            0.0
+        },
+    })
 }
 
 pub use super::REPORT_AT;
@@ -165,6 +203,7 @@ pub fn policy_report(name: &str, runs: &[RunOutcome]) -> PolicyReport {
         pods_failed: runs.iter().map(|r| r.failed as f64).sum::<f64>() / n,
         curve: points,
         refusals: Vec::new(),
+        moved: moved_report(runs),
     }
 }
 
@@ -262,6 +301,16 @@ pub fn table(r: &Report) -> String {
             cell(&p.frag_ratio_pct, 100),
             placed_of_asked(p.pods_placed, p.pods_placed + p.pods_failed),
         );
+    }
+    for p in &r.policies {
+        if let Some(m) = &p.moved {
+            let _ = writeln!(
+                out,
+                "{}, defragmenting: {} of the {} pods refused per seed placed after moves, {} moves \
+                 for {} GPUs freed ({} moves per GPU)",
+                p.name, m.placed, m.sought, m.moves, m.gpus_freed, m.moves_per_gpu
+            );
+        }
     }
     let refusals: Vec<(&str, &[super::refusals::Refusal])> = r
         .policies
