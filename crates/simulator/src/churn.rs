@@ -114,25 +114,17 @@ struct Cluster<'a> {
 }
 
 impl Cluster<'_> {
-    /// Places `demand` on the node the scorer likes best (ties to the first in the node order;
-    /// `only`: of those nodes alone), with the reservations it opens: its id, or `None` when no
-    /// node takes it.
+    /// Places `demand` on the node of `candidates` the scorer likes best (ties to the first, the
+    /// candidates in the seed's node order, as the replay breaks them), with the reservations it
+    /// opens: its id, or `None` when none takes it.
     fn place_best(
         &mut self,
         scorer: &Scorer,
         pod: usize,
         demand: &Demand,
-        only: Option<&[usize]>,
+        candidates: &[usize],
     ) -> Option<String> {
         let mut best: Option<(usize, packing::Placement, f64)> = None;
-        let all: Vec<usize>;
-        let candidates = match only {
-            Some(c) => c,
-            None => {
-                all = (0..self.nodes.len()).collect();
-                &all
-            }
-        };
         for &i in candidates {
             let node = &self.nodes[i];
             let Ok((p, s)) =
@@ -243,7 +235,7 @@ pub fn run(replay: &Replay, churn: &Churn, defrag: Option<Limits>) -> ChurnOutco
                 let changed: Vec<usize> =
                     (0..nodes.len()).filter(|n| left_at[*n] > w.tried).collect();
                 w.tried = departures;
-                placed = cluster.place_best(&scorer, w.pod, demand, Some(&changed));
+                placed = cluster.place_best(&scorer, w.pod, demand, &changed);
             }
             if placed.is_none() && defrag.is_some() && step - w.planned >= replan {
                 w.planned = step;
@@ -282,7 +274,7 @@ pub fn run(replay: &Replay, churn: &Churn, defrag: Option<Limits>) -> ChurnOutco
         if counting {
             out.arrived += 1;
         }
-        let mut placed = cluster.place_best(&scorer, pi, demand, None);
+        let mut placed = cluster.place_best(&scorer, pi, demand, &order.nodes);
         if placed.is_none() {
             let fragmented = counting
                 && churn.bound
@@ -475,18 +467,8 @@ pub fn table(reports: &[ChurnReport], seeds: &[u64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::Sharing;
     use crate::packing::GpuDemand;
-
-    fn nodes(n: usize) -> Vec<GpuNode> {
-        (0..n)
-            .map(|i| {
-                let mut node = GpuNode::whole(&format!("n{i}"), "H100", 1, 81559);
-                node.sharing = Sharing::PerGpu;
-                node
-            })
-            .collect()
-    }
+    use crate::replay::tests::per_gpu_nodes as nodes;
 
     fn share(pct: u32) -> Demand {
         Demand::gpu(GpuDemand::Timeslice {

@@ -479,7 +479,7 @@ fn evaluate(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::packing::GpuDemand;
 
@@ -494,7 +494,7 @@ mod tests {
     }
 
     /// Nodes of one GPU each, shared per GPU as the trace's are.
-    fn per_gpu_nodes(n: usize) -> Vec<GpuNode> {
+    pub(crate) fn per_gpu_nodes(n: usize) -> Vec<GpuNode> {
         (0..n)
             .map(|i| {
                 let mut node = GpuNode::whole(&format!("n{i}"), "H100", 1, 81559);
