@@ -67,7 +67,12 @@ fn code_of(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
     while let Some(l) = lines.next() {
-        if l.starts_with("#[cfg(test)]") && lines.peek().is_some_and(|n| n.starts_with("mod ")) {
+        // A test module, private or shared with the crate's other tests.
+        if l.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|n| n.starts_with("mod ") || n.starts_with("pub(crate) mod "))
+        {
             break;
         }
         out.push_str(l);
