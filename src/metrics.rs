@@ -70,6 +70,11 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -91,6 +96,7 @@ pub struct Metrics {
     rejections: Family<ReasonLabels, Counter>,
     drift: Family<ResultLabels, Counter>,
     reservation_actions: Family<ActionLabels, Counter>,
+    defrag_plans: Family<OutcomeLabels, Counter>,
     advertisements: Family<ResultLabels, Counter>,
     reservations: Family<StateLabels, Gauge>,
     requeues: Counter,
@@ -163,6 +169,12 @@ impl Metrics {
             "reservation_actions",
             "Actions of the reservation controller (per-GPU sharing), by action and result",
             reservation_actions.clone(),
+        );
+        let defrag_plans = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "defrag_plans",
+            "Defragmentation plans weighed for waiting pods, by outcome: planned, or why none (fits, no-node, no-room, over-limit, no-target)",
+            defrag_plans.clone(),
         );
         let advertisements = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -314,6 +326,7 @@ impl Metrics {
             rejections,
             drift,
             reservation_actions,
+            defrag_plans,
             advertisements,
             reservations,
             requeues,
@@ -398,6 +411,16 @@ impl Metrics {
             .get_or_create(&ActionLabels {
                 action: action.into(),
                 result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one plan weighed for a waiting pod by its outcome (`planned`, or why none:
+    /// [`crate::defrag::NoPlan::label`]).
+    pub fn defrag_plan(&self, outcome: &str) {
+        self.defrag_plans
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
             })
             .inc();
     }

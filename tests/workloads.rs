@@ -32,9 +32,14 @@
 //!    equals the claims, before and after the extender restarts, and full nodes and shares are
 //!    refused in words (tests/workloads/dra.rs);
 //! default spread: a Deployment's replicas over two alike nodes go where kube-scheduler's default
-//!    topology spread would put them, gpu-share passing that one node (tests/workloads/spread.rs).
+//!    topology spread would put them, gpu-share passing that one node (tests/workloads/spread.rs);
+//! defragmentation plan: with `defrag.mode: plan`, an `exclusive-2` pod refused for scattered free
+//!    GPUs is told which move of a Deployment's pod would make room, and nothing moves
+//!    (tests/workloads/defrag.rs).
 
 mod common;
+#[path = "workloads/defrag.rs"]
+mod defrag;
 #[path = "workloads/dra.rs"]
 mod dra;
 #[path = "workloads/kueue.rs"]
@@ -1212,6 +1217,12 @@ async fn workloads_on_a_cluster_whose_pods_run() {
     point(&mut failures, "kueue", kueue::kueue(&c)).await;
     point(&mut failures, "dra", dra::dra(&c)).await;
     point(&mut failures, "default spread", spread::default_spread(&c)).await;
+    point(
+        &mut failures,
+        "defragmentation plan",
+        defrag::defrag_plan(&c),
+    )
+    .await;
     assert!(
         failures.is_empty(),
         "{} point(s) failed:\n{}",

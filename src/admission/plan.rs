@@ -897,8 +897,8 @@ mod tests {
         let n = needs(&pod(json!({"gpu-share": "mps-50"}), basic_spec()), &no_ipc);
         assert!(!n.namespace_labels);
         let selector = Policy::from_yaml(&crate::policy::DEFAULT_POLICY_YAML.replace(
-            "namespaces: []",
-            "namespaces:\n  - selector:\n      matchLabels: {team: ml}\n    allowedClasses: [mig]\n",
+            "\nnamespaces: []\n",
+            "\nnamespaces:\n  - selector:\n      matchLabels: {team: ml}\n    allowedClasses: [mig]\n",
         ))
         .unwrap();
         let n = needs(
@@ -1419,8 +1419,8 @@ mod tests {
     #[test]
     fn namespace_policy_and_pod_security() {
         let yaml = crate::policy::DEFAULT_POLICY_YAML.replace(
-            "namespaces: []",
-            "namespaces:\n  - names: [ml]\n    allowedClasses: [mig, mps]\n    maxGpusPerPod: 0.5\n  - names: [noipc]\n    allowHostIPC: false\n",
+            "\nnamespaces: []\n",
+            "\nnamespaces:\n  - names: [ml]\n    allowedClasses: [mig, mps]\n    maxGpusPerPod: 0.5\n  - names: [noipc]\n    allowHostIPC: false\n",
         );
         let p = Policy::from_yaml(&yaml).unwrap();
         let t = p.mig_table();

@@ -108,13 +108,22 @@ pub async fn fill(
     }
 }
 
+/// The action the reservation controller's events report.
+pub const ACTION: &str = "GpuReservation";
 /// The reason of the events on shares gpu-share evicts.
 pub const EVENT_EVICTED: &str = "GpuShareEvicted";
 /// The reason of the events on shares gpu-share points at another GPU.
 pub const EVENT_MOVED: &str = "GpuShareMoved";
 
 /// Records an event on pod `owner` (logged, not fatal, when it cannot be recorded).
-pub async fn note(recorder: &Recorder, owner: &Owner, warning: bool, reason: &str, note: &str) {
+pub async fn note(
+    recorder: &Recorder,
+    owner: &Owner,
+    warning: bool,
+    action: &str,
+    reason: &str,
+    note: &str,
+) {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -131,7 +140,7 @@ pub async fn note(recorder: &Recorder, owner: &Owner, warning: bool, reason: &st
         },
         reason: reason.into(),
         note: Some(note.chars().take(1000).collect()),
-        action: "GpuReservation".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &reference).await {
@@ -151,6 +160,7 @@ pub async fn evict(
         recorder,
         owner,
         true,
+        ACTION,
         EVENT_EVICTED,
         &format!("gpu-share evicted the pod: {why}"),
     )

@@ -89,11 +89,13 @@ pub trait Executor: Clone + Send + Sync + 'static {
         why: &str,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 
-    /// Records an event on pod `owner` (logged, not fatal, when it cannot be recorded).
+    /// Records an event on pod `owner`, reporting `action` for `reason` (logged, not fatal,
+    /// when it cannot be recorded).
     fn note(
         &self,
         owner: &Owner,
         warning: bool,
+        action: &str,
         reason: &str,
         note: &str,
     ) -> impl Future<Output = ()> + Send;
@@ -202,8 +204,8 @@ impl Executor for Api {
         api::evict(self.recorder(), &self.client, owner, why).await
     }
 
-    async fn note(&self, owner: &Owner, warning: bool, reason: &str, note: &str) {
-        api::note(self.recorder(), owner, warning, reason, note).await
+    async fn note(&self, owner: &Owner, warning: bool, action: &str, reason: &str, note: &str) {
+        api::note(self.recorder(), owner, warning, action, reason, note).await
     }
 }
 
@@ -257,5 +259,5 @@ impl Executor for Dev {
         Ok(())
     }
 
-    async fn note(&self, _: &Owner, _: bool, _: &str, _: &str) {}
+    async fn note(&self, _: &Owner, _: bool, _: &str, _: &str, _: &str) {}
 }

@@ -567,6 +567,7 @@ pub async fn nodes_handler(State(state): State<Context>) -> Response {
             let r = reservations.get(&nl.node.name).map(Vec::as_slice);
             NodeReport {
                 cordoned: nodes.get(&nl.node.name).is_some_and(|f| f.cordoned),
+                defrag_plans: ext.plans.on(&nl.node.name),
                 ..report(nl, &policy.mig, r.unwrap_or_default())
             }
         })

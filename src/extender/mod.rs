@@ -2,6 +2,7 @@
 
 pub mod bind;
 pub mod config;
+pub mod defrag_controller;
 pub mod dev;
 pub mod dra;
 pub mod executor;

@@ -79,6 +79,10 @@ pub struct NodeReport {
     /// Cordoned (`spec.unschedulable`): kube-scheduler places nothing new here.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned: bool,
+    /// Defragmentation's plans that would make room here, in words (`defrag.mode: plan`: told,
+    /// nothing moves).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub defrag_plans: Vec<String>,
 }
 
 /// What can hold a budgeted share's memory on a node: the driver's limit, the device plugin's
@@ -349,6 +353,7 @@ pub fn report(
             .collect(),
         fragmented_gpus: None,
         cordoned: false,
+        defrag_plans: Vec::new(),
     }
 }
 

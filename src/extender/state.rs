@@ -72,6 +72,8 @@ pub struct ExtenderState {
     bypassed: Mutex<std::collections::BTreeSet<Vec<String>>>,
     /// The reservation pods, as the reservation controller's watch sees them.
     pub reservations: crate::cluster::reservation_api::Seen,
+    /// Defragmentation's latest plan for each waiting pod, as its controller posts them.
+    pub plans: super::defrag_controller::board::Board,
     /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
     dra: Mutex<crate::dra::DraView>,
 }
@@ -88,6 +90,7 @@ impl ExtenderState {
             nodes: RwLock::new(Nodes::default()),
             explainer: super::explain::Explainer::default(),
             reservations: Default::default(),
+            plans: Default::default(),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
             dra: Mutex::new(crate::dra::DraView::default()),
         }
@@ -326,6 +329,11 @@ impl ExtenderState {
     /// The pods that found no room, by UID, the longest marked first.
     pub fn no_room_pods(&self) -> Vec<(String, NoRoom)> {
         lock(&self.pods).no_room(Instant::now())
+    }
+
+    /// The pods that wait for GPU room, the longest waiting first ([`Pods::wanting_room`]).
+    pub fn wanting_room(&self) -> Vec<crate::cache::Wanting> {
+        lock(&self.pods).wanting_room(Instant::now())
     }
 
     /// Whether pod `uid` found no room.

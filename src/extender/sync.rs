@@ -254,6 +254,9 @@ impl ExtenderState {
             let same = self
                 .ledger()
                 .with_node(&o.node, |nl| {
+                    // What the pod says of being moved follows the list (no drift: it holds
+                    // nothing).
+                    nl.note_consent(o);
                     nl.holdings.get(uid).is_some_and(|h| {
                         h.demand == o.demand
                             && o.gpus.as_ref().is_none_or(|g| *g == h.placement.gpus)

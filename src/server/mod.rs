@@ -495,6 +495,14 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             extender::reservation_controller::Leadership::new(&args.leader_lease),
             shutdown_rx.clone(),
         );
+        extender::defrag_controller::spawn(
+            c.client().clone(),
+            ext.clone(),
+            store.clone(),
+            metrics.clone(),
+            extender::reservation_controller::Leadership::new(&args.leader_lease),
+            shutdown_rx.clone(),
+        );
     }
     let quotas = Arc::new(crate::cluster::quotas::Seen::default());
     if let (Some(_), Some(c)) = (&extender, &cluster) {

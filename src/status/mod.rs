@@ -563,6 +563,32 @@ mod tests {
         assert!(!json.contains("NAMESPACE"), "JSON is /v1/nodes' shape");
     }
 
+    /// A defragmentation plan posted on a node (`/v1/nodes`' `defragPlans`) is said under the
+    /// table, with the node's name; a node with none carries no field.
+    #[test]
+    fn a_defragmentation_plan_is_said() {
+        let nodes =
+            crate::server::parse_nodes(include_str!("../../tests/fixtures/extender/nodes.yaml"))
+                .unwrap();
+        let mut reports = reports_from(&Policy::default_policy(), &nodes, &[]);
+        let name = reports[0].name.clone();
+        let plan = "for ml/big: moving ml/a from node x to y makes room on node x (plan only: nothing moves)";
+        reports[0].defrag_plans = vec![plan.to_string()];
+        let table = format(&reports, None, None, Output::Table);
+        assert!(
+            table.contains(&format!("defragmentation plan: {name}: {plan}")),
+            "{table}"
+        );
+        let json = serde_json::to_value(&reports).unwrap();
+        let with: Vec<&serde_json::Value> = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.get("defragPlans"))
+            .collect();
+        assert_eq!(with, [&serde_json::json!([plan])]);
+    }
+
     /// A node cordoned (`kubectl cordon`) is said to be so, straight from the cluster as from
     /// a service: read where the node's other facts are (`cache::NodeFacts::read`).
     #[test]

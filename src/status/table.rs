@@ -124,7 +124,7 @@ fn pods_column(r: &NodeReport) -> String {
 }
 
 /// Why nodes cannot be used, or are not shared per GPU though asked; what holds a share's
-/// memory on each.
+/// memory on each; the defragmentation plans that would make room on each.
 fn notes(reports: &[NodeReport]) -> String {
     let mut out = String::new();
     for r in reports {
@@ -136,6 +136,9 @@ fn notes(reports: &[NodeReport]) -> String {
         }
         if let Some(why) = &r.per_gpu_refused {
             out.push_str(&format!("not shared per GPU: {}: {why}\n", r.name));
+        }
+        for plan in &r.defrag_plans {
+            out.push_str(&format!("defragmentation plan: {}: {plan}\n", r.name));
         }
     }
     out

@@ -390,6 +390,7 @@ fn node(n: &NodeReport) -> Markup {
             }
             @if let Some(why) = &n.unreached { p.warn { "Unusable: " (why) } }
             @if let Some(why) = &n.per_gpu_refused { p.warn { "Not shared per GPU: " (why) } }
+            @for plan in &n.defrag_plans { p.plan { "Defragmentation plan: " (plan) } }
             @if !n.enforcement.is_empty() { p.enforcement { "Shares' memory held by: " (n.enforcement) } }
             div.gpus {
                 @for i in 0..full { (gpu(n, i)) }

@@ -13,11 +13,13 @@ use crate::nvidia::RESOURCE_GPU;
 use crate::request::{ClassKind, GpuClass, GpuRequest};
 use crate::workloads::WorkloadKind;
 
+mod defrag;
 mod enforcement;
 mod fields;
 mod packing;
 mod per_gpu;
 mod resources;
+pub use defrag::{DefragMode, DefragPolicy};
 pub use enforcement::EnforcementPolicy;
 pub use fields::UNSET_BY_DEFAULT;
 pub use packing::{Candidates, PackingPolicyName, PackingSection};
@@ -227,6 +229,10 @@ pub struct Policy {
     /// reads ([`builtin_kinds`] are always read).
     #[serde(default)]
     pub workloads: Vec<WorkloadKind>,
+    /// Moving running pods to make room for a pod that waits because the free capacity is
+    /// scattered (docs/defragmentation.md).
+    #[serde(default)]
+    pub defrag: DefragPolicy,
 }
 
 /// A declared sharing mode for nodes matching a label selector.
@@ -399,6 +405,7 @@ impl Policy {
     /// Cross-field checks that the YAML reader cannot do. Errors name the field path.
     fn validate(&self) -> Result<(), Violation> {
         crate::workloads::validate(&self.workloads).map_err(|e| Violation(e.to_string()))?;
+        self.defrag.validate()?;
         if self.per_gpu.mps && self.mps.run_as_user.is_none_or(|u| u < 0) {
             return Err(Violation(
                 "perGpu.mps needs mps.runAsUser: one MPS server serves one UID at a time (a client of another waits until the server drains), so every MPS share of a GPU must run as the same user; set it, e.g. 1000".into(),
@@ -742,7 +749,7 @@ mod tests {
         );
         let bad =
             format!("{DEFAULT_POLICY_YAML}\nnamespaces:\n  - names: [a]\n    maxGpusPerPod: -1\n");
-        let e = Policy::from_yaml(&bad.replace("namespaces: []\n", ""))
+        let e = Policy::from_yaml(&bad.replace("\nnamespaces: []\n", "\n"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("maxGpusPerPod") && e.contains("line"), "{e}");
@@ -884,8 +891,8 @@ mod tests {
     #[test]
     fn namespace_rules_first_match_wins() {
         let yaml = DEFAULT_POLICY_YAML.replace(
-            "namespaces: []",
-            "namespaces:\n  - names: [research]\n    allowedClasses: [mig]\n  - selector:\n      matchLabels: {team: ml}\n    allowHostIPC: false\n  - maxGpusPerPod: 1\n",
+            "\nnamespaces: []\n",
+            "\nnamespaces:\n  - names: [research]\n    allowedClasses: [mig]\n  - selector:\n      matchLabels: {team: ml}\n    allowHostIPC: false\n  - maxGpusPerPod: 1\n",
         );
         let p = Policy::from_yaml(&yaml).unwrap();
         let labels: BTreeMap<String, String> = [("team".to_string(), "ml".to_string())].into();

@@ -66,7 +66,8 @@ pub async fn carry_out<E: Executor>(io: &E, step: Step<'_>) -> Result<(), Action
                 .await;
             m.settle(written.is_ok());
             written?;
-            io.note(&owner, false, api::EVENT_MOVED, &note).await;
+            io.note(&owner, false, api::ACTION, api::EVENT_MOVED, &note)
+                .await;
             tracing::info!(pod = %format!("{}/{}", owner.namespace, owner.name), from, note, "share re-pointed");
             Ok(())
         }

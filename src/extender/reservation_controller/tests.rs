@@ -279,7 +279,7 @@ impl Executor for Fake {
         self.call(format!("evict {}/{}: {why}", owner.namespace, owner.name))
     }
 
-    async fn note(&self, owner: &Owner, _: bool, reason: &str, note: &str) {
+    async fn note(&self, owner: &Owner, _: bool, _: &str, reason: &str, note: &str) {
         self.calls.lock().unwrap().push(format!(
             "event {}/{} {reason}: {note}",
             owner.namespace, owner.name

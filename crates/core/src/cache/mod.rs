@@ -15,6 +15,6 @@ pub mod pod;
 
 pub use node::{NodeFacts, Nodes};
 pub use pod::{
-    Assumed, MEMO_BYTES, MEMO_TTL, NO_ROOM_TTL, NoRoom, PodEntry, Pods, UNSCHEDULED_CAP,
-    Unscheduled,
+    Assumed, KUBE_SCHEDULER_SHORT, MEMO_BYTES, MEMO_TTL, NO_ROOM_TTL, NoRoom, PodEntry, Pods,
+    UNSCHEDULED_CAP, Unscheduled, Wanting,
 };

@@ -49,6 +49,22 @@ struct Memo {
     bytes: u64,
 }
 
+/// What kube-scheduler's PodScheduled message says of a pod no node has the GPU resources for
+/// (its NodeResourcesFit plugin: `Insufficient nvidia.com/gpu`, or the quantity gpu-share
+/// advertises, `Insufficient gpu-share.io/gpu-milli`).
+pub const KUBE_SCHEDULER_SHORT: [&str; 2] = [
+    "Insufficient nvidia.com/",
+    "Insufficient gpu-share.io/gpu-milli",
+];
+
+/// A pod that waits for GPU room ([`Pods::wanting_room`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanting {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
 /// A gpu-share pod without a node yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unscheduled {
@@ -225,6 +241,45 @@ impl Pods {
         out.into_iter()
             .map(|(_, uid, who)| (uid.clone(), who.clone()))
             .collect()
+    }
+
+    /// The pods that wait for GPU room, the longest waiting first: filter found them none, or
+    /// kube-scheduler's own resource check found no node with the `nvidia.com/*` resources they
+    /// ask (a device plugin's whole GPUs, replicas or MIG devices), as their PodScheduled
+    /// condition says ([`KUBE_SCHEDULER_SHORT`]).
+    pub fn wanting_room(&self, now: Instant) -> Vec<Wanting> {
+        let mut out: Vec<(Option<SystemTime>, Wanting)> = self
+            .by_uid
+            .iter()
+            .filter_map(|(uid, e)| {
+                let no_room = e
+                    .no_room
+                    .as_ref()
+                    .filter(|(_, until)| *until > now)
+                    .map(|(who, _)| who);
+                let short = e.unscheduled.as_ref().filter(|u| {
+                    u.reason
+                        .as_deref()
+                        .is_some_and(|r| KUBE_SCHEDULER_SHORT.iter().any(|s| r.contains(s)))
+                });
+                let (namespace, name) = match (no_room, short) {
+                    (Some(w), _) => (&w.namespace, &w.name),
+                    (None, Some(u)) => (&u.namespace, &u.name),
+                    (None, None) => return None,
+                };
+                Some((
+                    e.unscheduled.as_ref().map(|u| u.since),
+                    Wanting {
+                        uid: uid.clone(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    },
+                ))
+            })
+            .collect();
+        // Those whose wait is known first, oldest first; then by UID.
+        out.sort_by(|(a, wa), (b, wb)| (a.is_none(), a, &wa.uid).cmp(&(b.is_none(), b, &wb.uid)));
+        out.into_iter().map(|(_, w)| w).collect()
     }
 
     /// Pod `uid` was nudged, bound or given a node: it waits for room no more.
@@ -702,5 +757,63 @@ mod tests {
         pods.expire(t0 + 3 * s + NO_ROOM_TTL);
         assert!(pods.is_empty(), "the others lapsed");
         assert!(pods.no_room(t0).is_empty());
+    }
+
+    /// Pods wanting room: those filter found none for, and those kube-scheduler's resource
+    /// check refused for a GPU resource, the longest waiting first; not those waiting for
+    /// anything else.
+    #[test]
+    fn pods_wanting_room_are_the_refused_for_gpus() {
+        let t0 = Instant::now();
+        let epoch = SystemTime::UNIX_EPOCH;
+        let s = Duration::from_secs(1);
+        let mut pods = Pods::new(10 * s);
+        let waiting = |name: &str, since: u64, reason: &str| Unscheduled {
+            namespace: "ml".into(),
+            name: name.into(),
+            class: "exclusive",
+            since: epoch + Duration::from_secs(since),
+            reason: Some(reason.into()),
+        };
+        pods.note_unscheduled(
+            "short",
+            waiting(
+                "short",
+                20,
+                "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint",
+            ),
+        );
+        pods.note_unscheduled(
+            "cpu",
+            waiting("cpu", 5, "0/4 nodes are available: 4 Insufficient cpu"),
+        );
+        pods.note_unscheduled(
+            "milli",
+            waiting(
+                "milli",
+                30,
+                "0/4 nodes are available: 4 Insufficient gpu-share.io/gpu-milli",
+            ),
+        );
+        pods.note_unscheduled("filtered", waiting("filtered", 10, "gpu-share: no room"));
+        pods.note_no_room("filtered", no_room("filtered"), t0);
+        // Filter found no room for a pod the watch has not shown waiting (`--dev`): last.
+        pods.note_no_room("dev", no_room("dev"), t0);
+        let order: Vec<String> = pods
+            .wanting_room(t0 + s)
+            .into_iter()
+            .map(|w| format!("{}/{}", w.uid, w.name))
+            .collect();
+        assert_eq!(
+            order,
+            ["filtered/filtered", "short/short", "milli/milli", "dev/dev"]
+        );
+        // The filter's mark lapses; kube-scheduler's word lasts while the pod waits.
+        let later: Vec<String> = pods
+            .wanting_room(t0 + 2 * NO_ROOM_TTL)
+            .into_iter()
+            .map(|w| w.uid)
+            .collect();
+        assert_eq!(later, ["short", "milli"]);
     }
 }

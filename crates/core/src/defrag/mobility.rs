@@ -61,44 +61,101 @@ pub fn restart_cost(pod: &Pod) -> Result<u32, BadRestartCost> {
     }
 }
 
-/// Whether the pod may move, and if not why: opted out (`never`) first; then a controller
-/// that recreates it; then opted in, by its namespace (`namespaces`) or its own `allow`; then
-/// its workload's cooldown (`cooling`); then settled (running, not leaving). A restart cost
-/// that cannot be read pins the pod as not opted in: a limit that cannot be read is not taken
-/// as the cheapest.
-pub fn mobility(pod: &Pod, namespaces: &[String], cooling: impl Fn(&str) -> bool) -> Mobility {
-    let word = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_DEFRAG))
-        .map(|w| w.trim());
-    if word == Some("never") {
-        return Mobility::Pinned(Pinned::OptedOut);
+/// A pod's word on being moved, as its [`ANNOTATION_DEFRAG`] says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Word {
+    #[default]
+    Unsaid,
+    Allow,
+    Never,
+}
+
+/// What a pod a controller recreates says of moving it, read once from the pod and kept with
+/// its holding ([`crate::ledger::PodRef::consent`]), so the planner weighs it without the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consent {
+    /// Its workload: `namespace/Kind/name` of the controller that recreates it.
+    pub workload: String,
+    pub word: Word,
+    /// What its restart costs, or the annotation that cannot be read.
+    pub restart_cost: Result<u32, BadRestartCost>,
+    /// Running and not being deleted, as the API last showed it.
+    pub settled: bool,
+}
+
+impl Consent {
+    /// What `pod` says, or `None` where no controller recreates it.
+    pub fn of(pod: &Pod) -> Option<Consent> {
+        let (workload, _) = recreating_controller(pod)?;
+        let word = match pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_DEFRAG))
+            .map(|w| w.trim())
+        {
+            Some("allow") => Word::Allow,
+            Some("never") => Word::Never,
+            _ => Word::Unsaid,
+        };
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        Some(Consent {
+            workload,
+            word,
+            restart_cost: restart_cost(pod),
+            settled: running && pod.metadata.deletion_timestamp.is_none(),
+        })
     }
-    let Some((workload, _)) = recreating_controller(pod) else {
+}
+
+/// Whether a pod may move, and if not why, from what it says (`consent`, `None` where no
+/// controller recreates it), its namespace and priority: a controller that recreates it first;
+/// then not opted out (`never`); then opted in, by its namespace (`namespaces`) or its own
+/// `allow`; then its workload's cooldown (`cooling`); then settled (running, not leaving). A
+/// restart cost that cannot be read pins the pod as not opted in: a limit that cannot be read is
+/// not taken as the cheapest.
+pub fn mobility_of(
+    consent: Option<&Consent>,
+    namespace: &str,
+    priority: i32,
+    namespaces: &[String],
+    cooling: impl Fn(&str) -> bool,
+) -> Mobility {
+    let Some(c) = consent else {
         return Mobility::Pinned(Pinned::NoController);
     };
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let opted_in = word == Some("allow") || namespaces.iter().any(|n| n == namespace);
-    let Ok(restart_cost) = restart_cost(pod).map_err(|_| ()) else {
+    if c.word == Word::Never {
+        return Mobility::Pinned(Pinned::OptedOut);
+    }
+    let opted_in = c.word == Word::Allow || namespaces.iter().any(|n| n == namespace);
+    let Ok(restart_cost) = c.restart_cost.clone() else {
         return Mobility::Pinned(Pinned::NotOptedIn);
     };
     if !opted_in {
         return Mobility::Pinned(Pinned::NotOptedIn);
     }
-    if cooling(&workload) {
+    if cooling(&c.workload) {
         return Mobility::Pinned(Pinned::CoolingDown);
     }
-    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-    if !running || pod.metadata.deletion_timestamp.is_some() {
+    if !c.settled {
         return Mobility::Pinned(Pinned::Unsettled);
     }
     Mobility::Movable(Movable {
-        priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+        priority,
         restart_cost,
-        workload,
+        workload: c.workload.clone(),
     })
+}
+
+/// [`mobility_of`] read from the pod itself.
+pub fn mobility(pod: &Pod, namespaces: &[String], cooling: impl Fn(&str) -> bool) -> Mobility {
+    mobility_of(
+        Consent::of(pod).as_ref(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+        namespaces,
+        cooling,
+    )
 }
 
 #[cfg(test)]

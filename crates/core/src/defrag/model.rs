@@ -169,6 +169,49 @@ pub struct Plan {
     pub cost: Cost,
 }
 
+/// The plan in words: "moving ns/a from node n0 to n1 and ns/b from node n0 to n2 makes room
+/// on node n0".
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let moves: Vec<String> = self
+            .moves
+            .iter()
+            .map(|m| format!("{} from node {} to {}", m.key, m.from, m.to))
+            .collect();
+        if moves.is_empty() {
+            write!(
+                f,
+                "releasing reservations left with no share makes room on node {}",
+                self.node
+            )?;
+        } else {
+            write!(
+                f,
+                "moving {} makes room on node {}",
+                moves.join(" and "),
+                self.node
+            )?;
+        }
+        if !self.placement.gpus.is_empty() {
+            let gpus: Vec<String> = self
+                .placement
+                .gpus
+                .iter()
+                .map(|(g, _)| g.to_string())
+                .collect();
+            write!(f, " (GPU {})", gpus.join(", "))?;
+        }
+        if !self.releases.is_empty() && !self.moves.is_empty() {
+            write!(
+                f,
+                ", releasing {} reservation(s) left with no share",
+                self.releases.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Why no plan makes room, counted over the nodes weighed.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -189,6 +232,26 @@ pub struct NoPlan {
     /// GPU, with one such pod.
     pub no_target: usize,
     pub stranded: Option<String>,
+}
+
+impl NoPlan {
+    /// The chief reason, as a metric labels it: `fits` (nothing needs to move), `no-node` (none
+    /// of the pod's kind it may go to), `no-target` (a pod to move has nowhere to go),
+    /// `over-limit` (room takes more moves than allowed), or `no-room` (the pods that may move
+    /// leave too little).
+    pub fn label(&self) -> &'static str {
+        if self.fits.is_some() {
+            "fits"
+        } else if self.nodes == 0 {
+            "no-node"
+        } else if self.no_target > 0 {
+            "no-target"
+        } else if self.over_limit > 0 {
+            "over-limit"
+        } else {
+            "no-room"
+        }
+    }
 }
 
 impl std::fmt::Display for NoPlan {

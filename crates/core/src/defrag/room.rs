@@ -173,10 +173,73 @@ pub fn estimate(site: &Site, waiting: &Waiting, limit: u32) -> Result<u32, NoRoo
         }
         _ => return Ok(limit),
     };
+    // The node's CPU and memory count too: a pod is refused beside a free GPU when they lack.
+    let fewest = fewest
+        .max(
+            fewest_freeing(
+                site,
+                waiting,
+                &movable,
+                |d| d.cpu_milli,
+                site.node.cpu_milli,
+                site.usage.cpu_milli,
+            )
+            .ok_or_else(pinned)?,
+        )
+        .max(
+            fewest_freeing(
+                site,
+                waiting,
+                &movable,
+                |d| d.memory_mib,
+                site.node.memory_mib,
+                site.usage.memory_mib,
+            )
+            .ok_or_else(pinned)?,
+        );
     if fewest > limit {
         return Err(NoRoom::OverLimit(fewest));
     }
     Ok(fewest)
+}
+
+/// The fewest movable residents (the largest first) whose leaving frees what the waiting pod
+/// lacks of one of the node's resources (CPU or memory, read by `amount`; `capacity` `None`
+/// where the node does not account it), or `None` if all of them do not free enough. The
+/// reservations' part counts as freed: one may be released with its last share.
+fn fewest_freeing(
+    site: &Site,
+    waiting: &Waiting,
+    movable: &[usize],
+    amount: impl Fn(&crate::packing::Demand) -> u64,
+    capacity: Option<u64>,
+    used: u64,
+) -> Option<u32> {
+    let Some(capacity) = capacity else {
+        return Some(0);
+    };
+    let reserved: u64 = site
+        .residents
+        .iter()
+        .filter(|r| r.mobility == Mobility::Reservation)
+        .map(|r| amount(&r.demand))
+        .sum();
+    let mut lacking =
+        (used.saturating_sub(reserved) + amount(waiting.demand)).saturating_sub(capacity);
+    let mut theirs: Vec<u64> = movable
+        .iter()
+        .map(|i| amount(&site.residents[*i].demand))
+        .collect();
+    theirs.sort_unstable_by(|a, b| b.cmp(a));
+    let mut k = 0u32;
+    for a in theirs {
+        if lacking == 0 {
+            break;
+        }
+        lacking = lacking.saturating_sub(a);
+        k += 1;
+    }
+    (lacking == 0).then_some(k)
 }
 
 /// The residents that may move for the waiting pod.
@@ -268,14 +331,25 @@ fn orders(site: &Site, waiting: &Waiting, movable: &[usize]) -> Vec<Vec<usize>> 
         }
         _ => {}
     }
-    // The node's CPU, largest first: a pod may be refused for CPU beside a free GPU.
-    if waiting.demand.cpu_milli > 0 {
-        let mut by_cpu = movable.to_vec();
-        by_cpu.sort_by_key(|i| {
-            let r = &site.residents[*i];
-            (std::cmp::Reverse(r.demand.cpu_milli), cost_key(r), *i)
-        });
-        orders.push(by_cpu);
+    // The node's CPU, largest first: a pod may be refused for CPU beside a free GPU. Once with
+    // the pods that take no GPU first (they go wherever CPU is left, where a share needs room
+    // on a GPU in use and an exclusive pod a free GPU with the CPU this one lacks), once not.
+    if waiting.demand.cpu_milli > 0 || waiting.demand.memory_mib > 0 {
+        let by_cpu = |no_gpu_first: bool| {
+            let mut v = movable.to_vec();
+            v.sort_by_key(|i| {
+                let r = &site.residents[*i];
+                (
+                    no_gpu_first && r.demand.gpu.milli() > 0,
+                    std::cmp::Reverse((r.demand.cpu_milli, r.demand.memory_mib)),
+                    cost_key(r),
+                    *i,
+                )
+            });
+            v
+        };
+        orders.push(by_cpu(true));
+        orders.push(by_cpu(false));
     }
     orders.push(by_size);
     orders.dedup();

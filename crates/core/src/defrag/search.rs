@@ -91,7 +91,25 @@ pub fn plan(
         (ra.cost, &sites[*a].node.name, &ra.moved).cmp(&(rb.cost, &sites[*b].node.name, &rb.moved))
     });
     let mut stranded_on: Vec<usize> = Vec::new();
-    for (source, room) in rooms.into_iter().take(limits.rooms_tried.max(1)) {
+    // Pods found with no target as the cluster stands: a room that moves one is not tried, nor
+    // counted against the rooms tried.
+    let mut nowhere: Vec<&str> = Vec::new();
+    let mut tried = 0;
+    for (source, room) in rooms {
+        if tried == limits.rooms_tried.max(1) {
+            break;
+        }
+        if room
+            .moved
+            .iter()
+            .any(|k| nowhere.contains(&sites[source].residents[*k].id.as_str()))
+        {
+            if !stranded_on.contains(&source) {
+                stranded_on.push(source);
+            }
+            continue;
+        }
+        tried += 1;
         match targets(scorer, sites, source, &room, &may_host) {
             Ok(moves) => {
                 let site = &sites[source];
@@ -107,16 +125,27 @@ pub fn plan(
                     cost: room.cost,
                 });
             }
-            Err(stranded) => {
+            Err(Stranded { resident, alone }) => {
                 if !stranded_on.contains(&source) {
                     stranded_on.push(source);
                 }
-                why.stranded.get_or_insert_with(|| stranded.key.clone());
+                if alone {
+                    nowhere.push(&resident.id);
+                }
+                why.stranded.get_or_insert_with(|| resident.key.clone());
             }
         }
     }
     why.no_target = stranded_on.len();
     Err(why)
+}
+
+/// A pod of a room with no target.
+struct Stranded<'a> {
+    resident: &'a Resident,
+    /// Whether it has none as the cluster stands (no move of the room went before it): then it
+    /// has none in any room.
+    alone: bool,
 }
 
 /// A target for each pod `room` moves off `sites[source]`, the largest first, each counted
@@ -127,7 +156,7 @@ fn targets<'a>(
     source: usize,
     room: &Room,
     may_host: &impl Fn(Guest, &str) -> bool,
-) -> Result<Vec<Move>, &'a Resident> {
+) -> Result<Vec<Move>, Stranded<'a>> {
     let from = &sites[source];
     let mut movers: Vec<&Resident> = room.moved.iter().map(|i| &from.residents[*i]).collect();
     movers.sort_by_key(|r| (std::cmp::Reverse(r.demand.gpu.milli()), r.id.clone()));
@@ -169,7 +198,10 @@ fn targets<'a>(
             }
         }
         let Some((_, t, placement)) = best else {
-            return Err(r);
+            return Err(Stranded {
+                resident: r,
+                alone: moves.is_empty(),
+            });
         };
         let usage = changed.entry(t).or_insert_with(|| sites[t].usage.clone());
         packing::apply(usage, &placement);

@@ -182,6 +182,10 @@ fn one_move_frees_a_whole_gpu() {
     assert_eq!(m.placement.gpus, [(0, 250)]);
     assert_eq!(m.workload, "ns/ReplicaSet/a");
     assert_eq!(
+        plan.to_string(),
+        "moving ns/a from node n0 to n1 makes room on node n0 (GPU 0), releasing 1 reservation(s) left with no share"
+    );
+    assert_eq!(
         plan.cost,
         Cost {
             restarts: 1,
@@ -387,4 +391,77 @@ fn nodes_the_pods_may_not_use_are_left_alone() {
     .expect("a plan");
     assert_eq!(plan.node, "n0");
     assert_eq!(plan.moves[0].to, "n2");
+}
+
+/// A pod refused for CPU beside a free GPU: the pod to move is the one that takes no GPU, which
+/// goes wherever CPU is left, not the exclusive pod beside it, which frees as much CPU but needs
+/// a free GPU elsewhere (of which there is none).
+#[test]
+fn cpu_is_made_beside_a_free_gpu() {
+    let mut c = Cluster::new(2);
+    for n in &mut c.nodes {
+        n.node.cpu_milli = Some(64_000);
+        n.node.memory_mib = Some(262_144);
+        n.usage = Usage::empty(&n.node);
+    }
+    let with_cpu = |mut d: Demand, cpu: u64| {
+        d.cpu_milli = cpu;
+        d
+    };
+    let cpu_only = Demand {
+        cpu_milli: 20_000,
+        ..Demand::gpu(GpuDemand::None)
+    };
+    // Node 0: GPU 0 free; GPU 1 an exclusive pod that may move, with 30 CPUs; GPUs 2 and 3 held
+    // by pods that stay; and a pod of 20 CPUs and no GPU. 6 CPUs are left.
+    c.add(
+        0,
+        "big",
+        with_cpu(exclusive(1), 30_000),
+        1,
+        movable("w-big"),
+    )
+    .add(
+        0,
+        "stay-2",
+        with_cpu(exclusive(1), 4_000),
+        2,
+        Mobility::Pinned(Pinned::NoController),
+    )
+    .add(
+        0,
+        "stay-3",
+        with_cpu(exclusive(1), 4_000),
+        3,
+        Mobility::Pinned(Pinned::NoController),
+    )
+    .add(0, "cpu", cpu_only, 0, movable("w-cpu"));
+    // Node 1: every GPU held by a pod that stays, 48 CPUs left.
+    for g in 0..4 {
+        c.add(
+            1,
+            &format!("stay-1-{g}"),
+            with_cpu(exclusive(1), 4_000),
+            g,
+            Mobility::Pinned(Pinned::NoController),
+        );
+    }
+    let waiting = with_cpu(exclusive(1), 16_000);
+    let plan = c.plan(&waiting, &Limits::default()).expect("a plan");
+    assert_eq!(plan.node, "n0");
+    assert_eq!(plan.placement.gpus, [(0, 1000)]);
+    let moved: Vec<(&str, &str)> = plan
+        .moves
+        .iter()
+        .map(|m| (m.id.as_str(), m.to.as_str()))
+        .collect();
+    assert_eq!(moved, [("cpu", "n1")]);
+    // With that pod pinned, the exclusive pod would have to go, and has nowhere to.
+    for r in &mut c.nodes[0].residents {
+        if r.id == "cpu" {
+            r.mobility = Mobility::Pinned(Pinned::NotOptedIn);
+        }
+    }
+    let why = c.plan(&waiting, &Limits::default()).unwrap_err();
+    assert_eq!(why.stranded.as_deref(), Some("ns/big"), "{why:?}");
 }

@@ -8,6 +8,7 @@ use crate::inventory::GpuNode;
 use crate::packing::{Demand, Placement, Reason, Scorer};
 use crate::sync::lock;
 
+use super::holder::*;
 use super::index::Index;
 use super::node::*;
 use super::pod_read::*;

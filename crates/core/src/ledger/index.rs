@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::pod_read::{Holder, PodRef};
+use super::holder::{Holder, PodRef};
 
 /// Where one holding is.
 #[derive(Debug, Clone, PartialEq, Eq)]

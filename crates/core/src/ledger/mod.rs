@@ -2,16 +2,19 @@
 //! [`crate::packing`]). A pod's holding is derived from the pod alone (its `gpu-share.io/request`
 //! annotation or its `nvidia.com/*` limits, `spec.nodeName`, and the `gpu-share.io/gpus` model
 //! annotation written at bind), so a restarted replica rebuilds the same ledger from the API.
-//! - [`demand`]: reading a pod's demand and holding (pure);
+//! - [`holder`]: who holds, a pod or what holds in pods' stead, with its identity (pure);
+//! - [`pod_read`]: reading a pod's demand and holding (pure);
 //! - [`node`]: one node's ledger and preemption on it (pure);
 //! - [`cluster`]: [`Ledger`], the cluster's, with a lock per node and a listener on release.
 
 mod cluster;
+mod holder;
 mod index;
 mod node;
 mod pod_read;
 
 pub use cluster::*;
+pub use holder::*;
 pub use node::*;
 pub use pod_read::*;
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::inventory::{self, GpuNode};
 use crate::packing::{self, Demand, FragMemo, GpuDemand, Placement, Reason, Scorer, Usage};
 
+use super::holder::*;
 use super::pod_read::*;
 
 /// What one pod holds on one node.
@@ -168,8 +169,19 @@ impl NodeLedger {
         gone
     }
 
+    /// Takes what pod `observed` says of being moved (its phase, its annotations) into its
+    /// holding here, if it has one: it follows the pod, and moves nothing.
+    pub fn note_consent(&mut self, observed: &ObservedPod) {
+        if let Some(h) = self.holdings.get_mut(&observed.pod.uid)
+            && h.pod.consent != observed.pod.consent
+        {
+            h.pod.consent.clone_from(&observed.pod.consent);
+        }
+    }
+
     fn record_one(&mut self, observed: &ObservedPod, planned: Option<Placement>) {
         if self.holdings.contains_key(&observed.pod.uid) {
+            self.note_consent(observed);
             if let Some(gpus) = &observed.gpus {
                 self.refresh(&observed.pod.uid, gpus);
             }

@@ -39,6 +39,11 @@ pub(super) const FIELDS: &[&str] = &[
     "enforcement.budgets",
     "enforcement.memoryLimitHook",
     "workloads",
+    "defrag",
+    "defrag.mode",
+    "defrag.namespaces",
+    "defrag.movesPerGpu",
+    "defrag.movesAtOnce",
 ];
 
 /// Whether the parsed file `value` holds the field at `path` (`mps.hostIPC`).

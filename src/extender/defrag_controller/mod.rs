@@ -1,0 +1,287 @@
+//! The defragmentation controller, in the policy's `defrag.mode: plan`. On the replica that
+//! leads (its kube-scheduler holds the Lease), every [`TICK`] it weighs the pods that wait for
+//! GPU room (filter found them none, or kube-scheduler's own resource check found no node with
+//! the `nvidia.com/*` resources they ask), longest waiting first, with [`crate::defrag::plan`]
+//! over the ledger: which running pods moving elsewhere would make room, within the policy's
+//! limits. It tells each waiting pod in an event what moving would do, or why no moves would,
+//! posts each plan on the node it would make room on ([`Board`]: `/v1/nodes`, `gpu-share
+//! status`, the page), and moves nothing: the mode is for watching what defragmentation would do
+//! before anything is evicted.
+//!
+//! - [`gather`]: the ledger's nodes as the planner reads them, each holding with whether it may
+//!   move (its pod's controller, annotations and phase, the namespaces opted in);
+//! - [`decision`]: the plan for one waiting pod, and its words, with no I/O.
+//!
+//! The waiting pod's node constraints (nodeSelector, required node affinity) are read from the
+//! pod; each pod a plan would move is read too, and the plan weighed again with the nodes its
+//! own constraints pick.
+
+pub mod board;
+pub mod decision;
+pub mod gather;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use tokio::sync::watch::Receiver;
+
+use super::executor::{self, Executor};
+use super::reservation_controller::Leadership;
+use super::state::ExtenderState;
+use crate::cache::Wanting;
+use crate::cluster::reservation_api as api;
+use crate::defrag::{NoPlan, Plan};
+use crate::metrics::Metrics;
+use crate::packing::Scorer;
+use crate::policy::{DefragMode, DefragPolicy};
+use crate::reservation::view::Owner;
+use crate::shared::{PolicyStore, stopped};
+pub use board::Board;
+pub use decision::{Waiter, weigh};
+pub use gather::{Ground, Rules};
+
+/// How often the controller weighs the waiting pods.
+pub const TICK: Duration = Duration::from_secs(10);
+/// The most waiting pods weighed in one tick.
+const WEIGHED_PER_TICK: usize = 8;
+/// How long before one waiting pod is weighed again.
+const REWEIGH: Duration = Duration::from_secs(60);
+/// How many times a plan is weighed again with the constraints of the pods it would move read.
+const RETRIES: usize = 3;
+/// The events' reasons, and the action they report.
+pub const EVENT_PLAN: &str = "GpuShareDefragPlan";
+pub const EVENT_NO_PLAN: &str = "GpuShareNoDefragPlan";
+pub const EVENT_ACTION: &str = "Defragmentation";
+
+/// Starts the controller's loop (it does nothing while `defrag.mode` is `off`).
+pub fn spawn(
+    client: Client,
+    ext: Arc<ExtenderState>,
+    policy: Arc<PolicyStore>,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+    shutdown: Receiver<bool>,
+) {
+    let io = executor::Api::new(client.clone());
+    tokio::spawn(run(client, io, ext, policy, metrics, leadership, shutdown));
+}
+
+/// What the loop remembers between ticks, by waiting pod's UID.
+#[derive(Default)]
+pub struct Memory {
+    /// When each was last weighed.
+    weighed: HashMap<String, Instant>,
+    /// What each was last told.
+    said: HashMap<String, String>,
+    leading: Option<bool>,
+}
+
+impl Memory {
+    /// Forgets the pods no longer waiting.
+    fn keep_only(&mut self, waiting: &[Wanting]) {
+        let still = |uid: &String| waiting.iter().any(|w| w.uid == *uid);
+        self.weighed.retain(|uid, _| still(uid));
+        self.said.retain(|uid, _| still(uid));
+    }
+}
+
+async fn run(
+    client: Client,
+    io: executor::Api,
+    ext: Arc<ExtenderState>,
+    policy: Arc<PolicyStore>,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+    mut shutdown: Receiver<bool>,
+) {
+    let mut memory = Memory::default();
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(TICK) => {}
+        }
+        let loaded = policy.current();
+        if loaded.policy.defrag.mode == DefragMode::Off {
+            // Turned off: nothing posted stays, and a pod told before is told again once on.
+            ext.plans.clear();
+            memory = Memory::default();
+            continue;
+        }
+        if !ext.is_synced() {
+            continue;
+        }
+        let waiting = ext.wanting_room();
+        memory.keep_only(&waiting);
+        ext.plans.keep_only(&waiting);
+        if waiting.is_empty() {
+            continue;
+        }
+        let (ns, name) = &leadership.lease;
+        let leading = match api::leads(&client, ns, name, &leadership.hostname).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %format!("{ns}/{name}"), "cannot read the leader Lease; defragmentation waits");
+                continue;
+            }
+        };
+        if memory.leading != Some(leading) {
+            tracing::info!(
+                leading,
+                "defragmentation controller {}",
+                if leading { "leads" } else { "follows" }
+            );
+            memory.leading = Some(leading);
+        }
+        if leading {
+            tick(&io, &ext, &loaded.policy, &metrics, &waiting, &mut memory).await;
+        } else {
+            // The replica that leads posts and tells.
+            ext.plans.clear();
+            memory.weighed.clear();
+            memory.said.clear();
+        }
+    }
+}
+
+/// Weighs the waiting pods due (`waiting`, longest first) and tells each what changed.
+pub async fn tick<E: Executor>(
+    io: &E,
+    ext: &ExtenderState,
+    policy: &crate::policy::Policy,
+    metrics: &Metrics,
+    waiting: &[Wanting],
+    memory: &mut Memory,
+) {
+    let now = Instant::now();
+    let due: Vec<&Wanting> = waiting
+        .iter()
+        .filter(|w| {
+            memory
+                .weighed
+                .get(&w.uid)
+                .is_none_or(|t| now.duration_since(*t) >= REWEIGH)
+        })
+        .take(WEIGHED_PER_TICK)
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let defrag = &policy.defrag;
+    let unsettled = |uid: &str| ext.assumption(uid).is_some() || ext.in_doubt(uid).is_some();
+    let ground = Ground::gather(
+        ext.ledger().snapshot(),
+        &Rules {
+            namespaces: &defrag.namespaces,
+            cooling: &|_| false,
+            unsettled: &unsettled,
+        },
+    );
+    let scorer = ext.scorer(policy.packing.policy.into());
+    for who in due {
+        let uid = &who.uid;
+        memory.weighed.insert(uid.clone(), now);
+        let pod = match io.get_pod(&who.namespace, &who.name).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(pod = %format!("{}/{}", who.namespace, who.name), error = %e, "waiting pod not read; weighed again later");
+                continue;
+            }
+        };
+        if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
+            continue;
+        }
+        let Some(waiter) = Waiter::of(Arc::new(pod), policy) else {
+            continue;
+        };
+        let outcome = checked_plan(io, ext, &ground, &scorer, &waiter, defrag).await;
+        metrics.defrag_plan(decision::label(&outcome));
+        match &outcome {
+            Ok(plan) => ext.plans.post(
+                uid,
+                &plan.node,
+                format!(
+                    "for {}/{}: {plan} (plan only: nothing moves)",
+                    who.namespace, who.name
+                ),
+            ),
+            Err(_) => ext.plans.take_down(uid),
+        }
+        let Some(note) = decision::words(&outcome) else {
+            continue;
+        };
+        if memory.said.get(uid) == Some(&note) {
+            continue;
+        }
+        let reason = if outcome.is_ok() {
+            EVENT_PLAN
+        } else {
+            EVENT_NO_PLAN
+        };
+        let owner = Owner {
+            namespace: who.namespace.clone(),
+            name: who.name.clone(),
+            uid: uid.clone(),
+        };
+        io.note(&owner, false, EVENT_ACTION, reason, &note).await;
+        tracing::info!(pod = %format!("{}/{}", who.namespace, who.name), "{note}");
+        memory.said.insert(uid.clone(), note);
+    }
+}
+
+/// The plan for `waiter`, each pod it would move read from the API first: a pod moves only to
+/// nodes its own nodeSelector and required node affinity pick, and a pod that cannot be read, or
+/// is no longer the pod the ledger holds (another UID under its name), does not move. Weighed
+/// again while a plan names a pod not yet read; in the last round, only pods read may move.
+async fn checked_plan<E: Executor>(
+    io: &E,
+    ext: &ExtenderState,
+    ground: &Ground,
+    scorer: &Scorer,
+    waiter: &Waiter,
+    defrag: &DefragPolicy,
+) -> Result<Plan, NoPlan> {
+    // The nodes each pod read may go to, by its UID.
+    let mut allowed: HashMap<String, HashSet<String>> = HashMap::new();
+    for round in 0..=RETRIES {
+        let last = round == RETRIES;
+        let may_go = |id: &str, node: &str| match allowed.get(id) {
+            Some(nodes) => nodes.contains(node),
+            None => !last,
+        };
+        let outcome = weigh(ground, &ext.nodes(), scorer, waiter, defrag, &may_go);
+        let Ok(plan) = &outcome else {
+            return outcome;
+        };
+        let unread: Vec<(String, String)> = plan
+            .moves
+            .iter()
+            .filter(|m| !allowed.contains_key(&m.id))
+            .map(|m| (m.id.clone(), m.key.clone()))
+            .collect();
+        if unread.is_empty() {
+            return outcome;
+        }
+        for (id, key) in unread {
+            let nodes = match key.split_once('/') {
+                Some((namespace, name)) => match io.get_pod(namespace, name).await {
+                    Ok(pod) if pod.metadata.uid.as_deref() == Some(id.as_str()) => {
+                        decision::picked_by(&ext.nodes(), &pod.spec.unwrap_or_default())
+                    }
+                    Ok(_) => HashSet::new(),
+                    Err(e) => {
+                        tracing::debug!(pod = %key, error = %e, "a pod a plan would move not read; it stays");
+                        HashSet::new()
+                    }
+                },
+                None => HashSet::new(),
+            };
+            allowed.insert(id, nodes);
+        }
+    }
+    let none = |_: &str, _: &str| false;
+    weigh(ground, &ext.nodes(), scorer, waiter, defrag, &none)
+}
