@@ -4,6 +4,7 @@
 pub mod binder;
 pub mod certs;
 pub mod dra;
+pub mod leadership;
 #[cfg(test)]
 pub mod mock;
 pub mod quotas;

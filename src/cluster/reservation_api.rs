@@ -3,7 +3,6 @@
 //! ConfigMap, evicting a share with an event in words, deleting a reservation,
 //! and reading whether this replica leads.
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -196,25 +195,6 @@ pub async fn delete(client: &Client, name: &str, uid: &str) -> Result<(), kube::
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-/// Whether this replica leads: the Lease's holder is this host's kube-scheduler (its identity
-/// is `<hostname>_<uuid>`; the extender runs in the same pod, so the same hostname). No Lease
-/// (leader election off, one replica) means it leads.
-pub async fn leads(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    hostname: &str,
-) -> Result<bool, kube::Error> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    Ok(match api.get_opt(name).await? {
-        None => true,
-        Some(lease) => lease
-            .spec
-            .and_then(|s| s.holder_identity)
-            .is_some_and(|h| h == hostname || h.starts_with(&format!("{hostname}_"))),
-    })
 }
 
 /// The reservation pods' image: the flag's, else this process's own container image, read from

@@ -559,6 +559,7 @@ pub async fn nodes_handler(State(state): State<Context>) -> Response {
     let policy = state.policy.current();
     let reservations = super::report::by_node(ext.reservations.pods());
     let nodes = ext.nodes();
+    let mut plans = ext.plans.by_node();
     let reports: Vec<NodeReport> = ext
         .ledger()
         .snapshot()
@@ -567,7 +568,7 @@ pub async fn nodes_handler(State(state): State<Context>) -> Response {
             let r = reservations.get(&nl.node.name).map(Vec::as_slice);
             NodeReport {
                 cordoned: nodes.get(&nl.node.name).is_some_and(|f| f.cordoned),
-                defrag_plans: ext.plans.on(&nl.node.name),
+                defrag_plans: plans.remove(&nl.node.name).unwrap_or_default(),
                 ..report(nl, &policy.mig, r.unwrap_or_default())
             }
         })

@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use tokio::sync::watch::Receiver;
 
 use super::advertise;
-use crate::extender::reservation_controller::Leadership;
+use crate::cluster::leadership::Leadership;
 use crate::extender::state::ExtenderState;
 use crate::metrics::Metrics;
 use crate::shared::{PolicyStore, stopped};
@@ -83,29 +83,12 @@ pub fn spawn(
             if !policy.current().policy.gpu_milli || !ext.is_synced() {
                 continue;
             }
-            let (ns, name) = &leadership.lease;
-            let leads = match crate::cluster::reservation_api::leads(
-                &client,
-                ns,
-                name,
-                &leadership.hostname,
-            )
-            .await
-            {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the leader Lease; node advertisements wait");
-                    continue;
-                }
+            let Some(leads) = leadership
+                .check(&client, &mut leading, "node advertiser")
+                .await
+            else {
+                continue;
             };
-            if leading != Some(leads) {
-                tracing::info!(
-                    leading = leads,
-                    "node advertiser {}",
-                    if leads { "leads" } else { "follows" }
-                );
-                leading = Some(leads);
-            }
             if !leads {
                 continue;
             }

@@ -492,7 +492,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             store.clone(),
             reservations.clone(),
             metrics.clone(),
-            extender::reservation_controller::Leadership::new(&args.leader_lease),
+            crate::cluster::leadership::Leadership::new(&args.leader_lease),
             shutdown_rx.clone(),
         );
         extender::defrag_controller::spawn(
@@ -500,7 +500,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             ext.clone(),
             store.clone(),
             metrics.clone(),
-            extender::reservation_controller::Leadership::new(&args.leader_lease),
+            crate::cluster::leadership::Leadership::new(&args.leader_lease),
             shutdown_rx.clone(),
         );
     }

@@ -150,7 +150,7 @@ pub(super) async fn connect(
                 store.clone(),
                 advertised,
                 metrics.clone(),
-                extender::reservation_controller::Leadership::new(&args.leader_lease),
+                crate::cluster::leadership::Leadership::new(&args.leader_lease),
                 shutdown.clone(),
             );
             extender::sync::spawn_reconcile(

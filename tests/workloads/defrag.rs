@@ -37,12 +37,13 @@ fn bare(name: &str, class: &str, node: Option<&str>) -> Value {
     p
 }
 
-/// The message of an event of `reason` on pod `name` that says `words`, within 60 s.
+/// The message of an event of `reason` on pod `name` that says `words`, within 90 s (the
+/// controller weighs every 10 s; the margin is for a machine whose cores another build shares).
 async fn event_on(c: &Cluster, name: &str, reason: &str, words: &str) -> Result<String, String> {
     let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
     wait_for(
         &format!("a {reason} event on {name} saying {words:?}"),
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         || async {
             let list = events
                 .list(&ListParams::default())

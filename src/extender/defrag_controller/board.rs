@@ -2,10 +2,9 @@
 //! replica that leads), for `/v1/nodes`, `gpu-share status` and the page. A leaf: the extender's
 //! state holds it, and it reads nothing of the state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
-use crate::cache::Wanting;
 use crate::sync::lock;
 
 /// The latest plan for each waiting pod (by UID): the node room would be made on, and the plan
@@ -26,9 +25,9 @@ impl Board {
         lock(&self.plans).remove(uid);
     }
 
-    /// Keeps the plans of the pods `waiting` only.
-    pub fn keep_only(&self, waiting: &[Wanting]) {
-        lock(&self.plans).retain(|uid, _| waiting.iter().any(|w| w.uid == *uid));
+    /// Keeps the plans of the pods still waiting (`waiting`: their UIDs) only.
+    pub fn keep_only(&self, waiting: &HashSet<&str>) {
+        lock(&self.plans).retain(|uid, _| waiting.contains(uid.as_str()));
     }
 
     /// Takes every plan down (defragmentation turned off, or this replica no longer leads).
@@ -38,10 +37,15 @@ impl Board {
 
     /// The plans that would make room on `node`, in words.
     pub fn on(&self, node: &str) -> Vec<String> {
-        lock(&self.plans)
-            .values()
-            .filter(|(n, _)| n == node)
-            .map(|(_, w)| w.clone())
-            .collect()
+        self.by_node().remove(node).unwrap_or_default()
+    }
+
+    /// Every plan, in words, by the node it would make room on (read once for `/v1/nodes`).
+    pub fn by_node(&self) -> HashMap<String, Vec<String>> {
+        let mut out: HashMap<String, Vec<String>> = HashMap::new();
+        for (node, words) in lock(&self.plans).values() {
+            out.entry(node.clone()).or_default().push(words.clone());
+        }
+        out
     }
 }

@@ -30,10 +30,9 @@ use kube::Client;
 use tokio::sync::watch::Receiver;
 
 use super::executor::{self, Executor};
-use super::reservation_controller::Leadership;
 use super::state::ExtenderState;
 use crate::cache::Wanting;
-use crate::cluster::reservation_api as api;
+use crate::cluster::leadership::Leadership;
 use crate::defrag::{NoPlan, Plan};
 use crate::metrics::Metrics;
 use crate::packing::Scorer;
@@ -81,11 +80,10 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// Forgets the pods no longer waiting.
-    fn keep_only(&mut self, waiting: &[Wanting]) {
-        let still = |uid: &String| waiting.iter().any(|w| w.uid == *uid);
-        self.weighed.retain(|uid, _| still(uid));
-        self.said.retain(|uid, _| still(uid));
+    /// Forgets the pods no longer waiting (`waiting`: the UIDs of those that are).
+    fn keep_only(&mut self, waiting: &HashSet<&str>) {
+        self.weighed.retain(|uid, _| waiting.contains(uid.as_str()));
+        self.said.retain(|uid, _| waiting.contains(uid.as_str()));
     }
 }
 
@@ -115,27 +113,18 @@ async fn run(
             continue;
         }
         let waiting = ext.wanting_room();
-        memory.keep_only(&waiting);
-        ext.plans.keep_only(&waiting);
+        let uids: HashSet<&str> = waiting.iter().map(|w| w.uid.as_str()).collect();
+        memory.keep_only(&uids);
+        ext.plans.keep_only(&uids);
         if waiting.is_empty() {
             continue;
         }
-        let (ns, name) = &leadership.lease;
-        let leading = match api::leads(&client, ns, name, &leadership.hostname).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, lease = %format!("{ns}/{name}"), "cannot read the leader Lease; defragmentation waits");
-                continue;
-            }
+        let Some(leading) = leadership
+            .check(&client, &mut memory.leading, "defragmentation controller")
+            .await
+        else {
+            continue;
         };
-        if memory.leading != Some(leading) {
-            tracing::info!(
-                leading,
-                "defragmentation controller {}",
-                if leading { "leads" } else { "follows" }
-            );
-            memory.leading = Some(leading);
-        }
         if leading {
             tick(&io, &ext, &loaded.policy, &metrics, &waiting, &mut memory).await;
         } else {

@@ -33,7 +33,7 @@ use tokio::sync::watch::Receiver;
 
 use super::executor::{self, Executor};
 use super::state::ExtenderState;
-use crate::cluster::reservation_api as api;
+use crate::cluster::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::reservation::plan::{self, Action};
 use crate::reservation::view::{DEVICES_SELECTOR, Filled, FilledByOwner};
@@ -49,32 +49,6 @@ pub const TICK: Duration = Duration::from_secs(2);
 pub const HOLD_OFF: Duration = Duration::from_secs(300);
 /// How long an action done is not done again while the watches catch up with it.
 const DONE_FOR: Duration = Duration::from_secs(15);
-
-/// Where the controller learns whether its replica leads.
-#[derive(Debug, Clone)]
-pub struct Leadership {
-    /// The Lease kube-scheduler's leader election holds (`namespace`, `name`).
-    pub lease: (String, String),
-    /// This host's name: the holder identity of a kube-scheduler on it begins with it.
-    pub hostname: String,
-}
-
-impl Leadership {
-    /// The Lease `namespace/name`, and this host's name.
-    pub fn new(lease: &str) -> Self {
-        let (namespace, name) = lease.split_once('/').unwrap_or(("gpu-share", lease));
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_string())
-            .filter(|h| !h.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_default();
-        Leadership {
-            lease: (namespace.to_string(), name.to_string()),
-            hostname,
-        }
-    }
-}
 
 /// What the controller works with.
 #[derive(Clone)]
@@ -155,22 +129,12 @@ async fn run(
         if !ctx.ext.is_synced() {
             continue;
         }
-        let (ns, name) = &leadership.lease;
-        let leading = match api::leads(&ctx.client, ns, name, &leadership.hostname).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, lease = %format!("{ns}/{name}"), "cannot read the leader Lease; reservations wait");
-                continue;
-            }
+        let Some(leading) = leadership
+            .check(&ctx.client, &mut memory.leading, "reservation controller")
+            .await
+        else {
+            continue;
         };
-        if memory.leading != Some(leading) {
-            tracing::info!(
-                leading,
-                "reservation controller {}",
-                if leading { "leads" } else { "follows" }
-            );
-            memory.leading = Some(leading);
-        }
         if !leading {
             memory.idle.clear();
             continue;
