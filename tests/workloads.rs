@@ -749,6 +749,19 @@ async fn webhook_injects_host_ipc(c: &Cluster, ns: &str, inject: bool) -> Check 
 // ---- 5. exclusive training beside shared pods ----------------------------------------------------
 
 async fn exclusive_training(c: &Cluster) -> Check {
+    let r = training(c).await;
+    if r.is_err() {
+        // A trainer left waiting would take the whole GPUs of a node a later point adds.
+        let _ = kubectl(
+            c,
+            &["-n", "training", "delete", "job", "train", "--wait=true"],
+            None,
+        );
+    }
+    r
+}
+
+async fn training(c: &Cluster) -> Check {
     let ns = "training";
     namespace(c, ns).await?;
     // Not pinned: whole GPUs only, so never a shared node, whatever is free there.

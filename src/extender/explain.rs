@@ -16,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodSpec};
 use tokio::sync::mpsc;
 
-use crate::cache::Nodes;
+use crate::cache::{NodeFacts, Nodes};
 use crate::ledger;
 use crate::packing::Reason;
 use crate::sync::lock;
@@ -103,11 +103,12 @@ pub fn selected_by_node_selector(nodes: &Nodes, spec: &PodSpec) -> Vec<String> {
     names
 }
 
-/// The nodes a pod's nodeSelector and required node affinity allow, sorted.
+/// The nodes kube-scheduler's own placement rules leave a pod: its nodeSelector and required
+/// node affinity allow them, and it tolerates their taints (and their cordon), sorted.
 pub fn candidates(nodes: &Nodes, spec: &PodSpec) -> Vec<String> {
     let mut names: Vec<String> = nodes
         .iter()
-        .filter(|(name, f)| selects(spec, name, &f.labels))
+        .filter(|(name, f)| open_to(spec, name, f))
         .map(|(name, _)| name.clone())
         .collect();
     names.sort();
@@ -138,6 +139,14 @@ pub fn unexplained_refusal(pod: &Pod) -> Option<String> {
     }
     let message = condition.message.clone().unwrap_or_default();
     (!Reason::all_messages().any(|m| message.contains(m))).then_some(message)
+}
+
+/// Whether a node is open to a pod under kube-scheduler's own placement rules: its nodeSelector
+/// and required node affinity ([`selects`]), the node's `NoSchedule` and `NoExecute` taints, and
+/// a cordon ([`NodeFacts::tolerated_by`]).
+pub fn open_to(spec: &PodSpec, name: &str, facts: &NodeFacts) -> bool {
+    selects(spec, name, &facts.labels)
+        && facts.tolerated_by(spec.tolerations.as_deref().unwrap_or_default())
 }
 
 /// Whether a node (its name and labels) passes a pod's nodeSelector and required node affinity,
@@ -193,7 +202,7 @@ fn holds(e: &NodeSelectorRequirement, value: Option<&String>) -> bool {
 pub fn explanation(class: &str, verdicts: &[(String, Result<(), Reason>)]) -> Option<String> {
     if verdicts.is_empty() {
         return Some(format!(
-            "gpu-share: no GPU node matches this {class} pod's nodeSelector and node affinity"
+            "gpu-share: no GPU node is left to this {class} pod by its nodeSelector, node affinity and tolerations"
         ));
     }
     if verdicts.iter().any(|(_, v)| v.is_ok()) {
@@ -325,6 +334,49 @@ mod tests {
         );
     }
 
+    /// kube-scheduler's TaintToleration and NodeUnschedulable leave out a node whose taint the pod
+    /// does not tolerate, or a cordoned one: the explainer weighs neither (a node there with room
+    /// would otherwise keep it silent).
+    #[test]
+    fn taints_and_cordons_leave_a_node_out_as_kube_scheduler_does() {
+        let mut nodes = Nodes::default();
+        let facts = |v: serde_json::Value| -> NodeFacts {
+            let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(v).unwrap();
+            NodeFacts::read(&node, &crate::inventory::Reading::default()).0
+        };
+        nodes.apply("plain", facts(json!({"metadata": {"name": "plain"}})));
+        nodes.apply(
+            "tainted",
+            facts(json!({"metadata": {"name": "tainted"}, "spec": {"taints": [
+                {"key": "gpu-share.io/test", "value": "defrag", "effect": "NoSchedule"},
+                {"key": "soft", "effect": "PreferNoSchedule"}]}})),
+        );
+        nodes.apply(
+            "draining",
+            facts(
+                json!({"metadata": {"name": "draining"}, "spec": {"taints": [
+                {"key": "maintenance", "effect": "NoExecute"}]}}),
+            ),
+        );
+        nodes.apply(
+            "cordoned",
+            facts(json!({"metadata": {"name": "cordoned"}, "spec": {"unschedulable": true}})),
+        );
+        assert_eq!(candidates(&nodes, &spec(json!({}))), ["plain"]);
+        let tolerant = spec(json!({"tolerations": [
+            {"key": "gpu-share.io/test", "operator": "Equal", "value": "defrag", "effect": "NoSchedule"},
+            {"key": "maintenance", "operator": "Exists"}]}));
+        assert_eq!(
+            candidates(&nodes, &tolerant),
+            ["draining", "plain", "tainted"]
+        );
+        let everything = spec(json!({"tolerations": [{"operator": "Exists"}]}));
+        assert_eq!(
+            candidates(&nodes, &everything),
+            ["cordoned", "draining", "plain", "tainted"]
+        );
+    }
+
     #[test]
     fn the_note_groups_nodes_by_reason_and_stays_silent_when_a_node_fits() {
         let v = |n: &str, r: Result<(), Reason>| (n.to_string(), r);
@@ -346,7 +398,7 @@ mod tests {
         assert!(
             explanation("mps", &[])
                 .unwrap()
-                .contains("no GPU node matches")
+                .contains("no GPU node is left to this mps pod")
         );
     }
 

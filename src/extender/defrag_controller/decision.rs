@@ -49,9 +49,9 @@ pub fn limits(policy: &DefragPolicy) -> Limits {
     }
 }
 
-/// The plan for `waiter` over `ground`: it goes only to nodes its nodeSelector and required
-/// node affinity pick, no pod goes to a cordoned node, and a pod that moves goes only where
-/// `may_go` (its UID, the node) says.
+/// The plan for `waiter` over `ground`: it goes only to nodes kube-scheduler's own placement
+/// rules leave it (its nodeSelector, required node affinity and tolerations,
+/// [`explain::open_to`]), and a pod that moves goes only where `may_go` (its UID, the node) says.
 pub fn weigh(
     ground: &Ground,
     nodes: &Nodes,
@@ -61,7 +61,6 @@ pub fn weigh(
     may_go: &dyn Fn(&str, &str) -> bool,
 ) -> Result<Plan, NoPlan> {
     let spec = waiter.pod.spec.clone().unwrap_or_default();
-    let open = |name: &str| nodes.get(name).is_some_and(|f| !f.cordoned);
     crate::defrag::plan(
         scorer,
         &ground.sites(),
@@ -71,22 +70,19 @@ pub fn weigh(
         },
         &limits(policy),
         |guest, node| match guest {
-            Guest::Waiting => {
-                open(node)
-                    && nodes
-                        .get(node)
-                        .is_some_and(|f| explain::selects(&spec, node, &f.labels))
-            }
-            Guest::Moved(r) => open(node) && may_go(&r.id, node),
+            Guest::Waiting => nodes
+                .get(node)
+                .is_some_and(|f| explain::open_to(&spec, node, f)),
+            Guest::Moved(r) => may_go(&r.id, node),
         },
     )
 }
 
-/// The nodes a pod's nodeSelector and required node affinity pick, cordoned ones left out.
+/// The nodes kube-scheduler's own placement rules leave a pod ([`explain::open_to`]).
 pub fn picked_by(nodes: &Nodes, spec: &k8s_openapi::api::core::v1::PodSpec) -> HashSet<String> {
     nodes
         .iter()
-        .filter(|(n, f)| !f.cordoned && explain::selects(spec, n, &f.labels))
+        .filter(|(n, f)| explain::open_to(spec, n, f))
         .map(|(n, _)| n.clone())
         .collect()
 }

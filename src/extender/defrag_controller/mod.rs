@@ -222,7 +222,7 @@ pub async fn tick<E: Executor>(
 }
 
 /// The plan for `waiter`, each pod it would move read from the API first: a pod moves only to
-/// nodes its own nodeSelector and required node affinity pick, and a pod that cannot be read, or
+/// nodes its own nodeSelector, required node affinity and tolerations leave it, and a pod that cannot be read, or
 /// is no longer the pod the ledger holds (another UID under its name), does not move. Weighed
 /// again while a plan names a pod not yet read; in the last round, only pods read may move.
 async fn checked_plan<E: Executor>(

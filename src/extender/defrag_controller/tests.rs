@@ -134,10 +134,20 @@ fn pod(
 /// by bare pods. An `exclusive-2` pod `big` (`big_spec` merged into its spec) waits: no node has
 /// two free GPUs, and moving `a` to n1's free GPU frees two on n0.
 fn cluster(a_spec: Value, big_spec: Value) -> (ExtenderState, Fake) {
+    cluster_tainted(a_spec, big_spec, &[])
+}
+
+/// [`cluster`], n1 with these taints.
+fn cluster_tainted(a_spec: Value, big_spec: Value, n1_taints: &[Value]) -> (ExtenderState, Fake) {
     let ext = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
     for n in ["n0", "n1"] {
+        let taints = if n == "n1" { n1_taints } else { &[] };
         let facts = NodeFacts {
             labels: BTreeMap::from([("pool".to_string(), n.to_string())]),
+            hard_taints: taints
+                .iter()
+                .map(|t| serde_json::from_value(t.clone()).unwrap())
+                .collect(),
             ..NodeFacts::default()
         };
         ext.apply_node(n, facts, Some(GpuNode::whole(n, "NVIDIA-L40S", 4, 46068)));
@@ -274,5 +284,34 @@ async fn a_moved_pods_own_constraints_hold() {
                 .contains("no other node that takes it without breaking a free GPU (as ml/a)"),
         "{}",
         events[0]
+    );
+}
+
+/// A taint on n1 that `a` does not tolerate keeps it on n0, as kube-scheduler would; tolerated,
+/// the plan moves it there.
+#[tokio::test]
+async fn a_taint_the_moved_pod_does_not_tolerate_keeps_it() {
+    let taint = json!({"key": "team", "value": "vision", "effect": "NoSchedule"});
+    let (ext, fake) = cluster_tainted(json!({}), json!({}), std::slice::from_ref(&taint));
+    let mut memory = Memory::default();
+    tick_once(&ext, &fake, &policy(&["ml"]), &mut memory).await;
+    let events = fake.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("GpuShareNoDefragPlan")
+            && events[0]
+                .contains("no other node that takes it without breaking a free GPU (as ml/a)"),
+        "{}",
+        events[0]
+    );
+    let tolerates = json!({"tolerations": [{"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}]});
+    let (ext, fake) = cluster_tainted(tolerates, json!({}), &[taint]);
+    let mut memory = Memory::default();
+    tick_once(&ext, &fake, &policy(&["ml"]), &mut memory).await;
+    assert_eq!(
+        fake.events(),
+        [
+            "Defragmentation GpuShareDefragPlan ml/big: moving ml/a from node n0 to n1 makes room on node n0 (GPU 0, 1); defrag.mode is plan, so nothing moves"
+        ]
     );
 }

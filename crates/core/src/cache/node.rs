@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 
 use crate::inventory::{self, GpuNode};
 
@@ -19,6 +19,9 @@ pub struct NodeFacts {
     pub shares_declared: bool,
     /// Cordoned (`spec.unschedulable`): kube-scheduler places nothing new there.
     pub cordoned: bool,
+    /// Its `NoSchedule` and `NoExecute` taints: kube-scheduler's TaintToleration passes only pods
+    /// that tolerate each ([`NodeFacts::tolerated_by`]).
+    pub hard_taints: Vec<Taint>,
 }
 
 impl NodeFacts {
@@ -33,9 +36,31 @@ impl NodeFacts {
             shares_declared: inventory::declares_time_slicing(&labels, &reading.declared),
             soft_taints: soft_taints(spec.and_then(|s| s.taints.as_deref())),
             cordoned: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            hard_taints: spec
+                .and_then(|s| s.taints.as_deref())
+                .into_iter()
+                .flatten()
+                .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+                .cloned()
+                .collect(),
             labels,
         };
         (facts, inventory::read_node(node, reading))
+    }
+
+    /// Whether a pod with these tolerations may be placed here, as kube-scheduler's
+    /// TaintToleration and NodeUnschedulable plugins judge: each `NoSchedule` and `NoExecute`
+    /// taint tolerated, and, when cordoned, the `node.kubernetes.io/unschedulable` taint too.
+    pub fn tolerated_by(&self, tolerations: &[Toleration]) -> bool {
+        let cordon = Taint {
+            key: UNSCHEDULABLE.to_string(),
+            effect: "NoSchedule".to_string(),
+            ..Taint::default()
+        };
+        self.hard_taints
+            .iter()
+            .chain(self.cordoned.then_some(&cordon))
+            .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)))
     }
 
     /// A node known by name alone (`--dev`'s `--nodes`, a request's node names): no labels, no
@@ -57,6 +82,32 @@ pub fn soft_taints(taints: Option<&[Taint]>) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The taint a cordoned node carries (kube-scheduler's NodeUnschedulable reads
+/// `spec.unschedulable` as this taint).
+pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+
+/// Whether one toleration tolerates one taint, as Kubernetes matches them: the same effect (or
+/// none named), the same key (or none named, with `Exists`), and the same value under `Equal` (the
+/// default operator) or any value under `Exists`.
+pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    if !effect.is_empty() && effect != taint.effect {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" | "" => {
+            toleration.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default()
+        }
+        _ => false,
+    }
 }
 
 /// Every node the API shows, by name.
@@ -139,6 +190,13 @@ mod tests {
         assert_eq!(f.soft_taints, ["a=", "b=2"]);
         assert!(soft_taints(None).is_empty());
         assert!(f.cordoned);
+        assert_eq!(
+            f.hard_taints
+                .iter()
+                .map(|t| t.key.as_str())
+                .collect::<Vec<_>>(),
+            ["gpu"]
+        );
         assert!(!f.shares_declared);
         assert_eq!(inventory.map(|g| g.gpus), Some(2));
         let (plain, none) = NodeFacts::read(
@@ -146,6 +204,83 @@ mod tests {
             &inventory::Reading::default(),
         );
         assert_eq!((plain, none), (NodeFacts::default(), None));
+    }
+
+    fn toleration(v: serde_json::Value) -> Toleration {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn taints_are_tolerated_as_kubernetes_matches_them() {
+        let taint = |key: &str, value: Option<&str>, effect: &str| Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            ..Taint::default()
+        };
+        let gpu = taint("nvidia.com/gpu", Some("present"), "NoSchedule");
+        let cases = [
+            (
+                serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists"}),
+                true,
+            ),
+            (
+                serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+                true,
+            ),
+            (
+                serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}),
+                false,
+            ),
+            (
+                serde_json::json!({"key": "nvidia.com/gpu", "value": "present"}),
+                true,
+            ),
+            (
+                serde_json::json!({"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}),
+                false,
+            ),
+            (serde_json::json!({"key": "nvidia.com/gpu"}), false),
+            (serde_json::json!({"operator": "Exists"}), true),
+            (
+                serde_json::json!({"key": "other", "operator": "Exists"}),
+                false,
+            ),
+        ];
+        for (t, want) in cases {
+            assert_eq!(tolerates(&toleration(t.clone()), &gpu), want, "{t}");
+        }
+        let node = NodeFacts {
+            hard_taints: vec![gpu, taint("pool", Some("defrag"), "NoExecute")],
+            ..NodeFacts::named()
+        };
+        let gpu_only = [toleration(
+            serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists"}),
+        )];
+        assert!(
+            !node.tolerated_by(&gpu_only),
+            "every taint must be tolerated"
+        );
+        assert!(!node.tolerated_by(&[]));
+        let both = [
+            gpu_only[0].clone(),
+            toleration(
+                serde_json::json!({"key": "pool", "value": "defrag", "effect": "NoExecute"}),
+            ),
+        ];
+        assert!(node.tolerated_by(&both));
+        assert!(
+            NodeFacts::named().tolerated_by(&[]),
+            "an untainted node takes any pod"
+        );
+        let cordoned = NodeFacts {
+            cordoned: true,
+            ..NodeFacts::named()
+        };
+        assert!(!cordoned.tolerated_by(&both));
+        assert!(cordoned.tolerated_by(&[toleration(
+            serde_json::json!({"key": UNSCHEDULABLE, "operator": "Exists", "effect": "NoSchedule"})
+        )]));
     }
 
     #[test]
