@@ -18,9 +18,11 @@
 //! pods the claims stand for.
 //!
 //! Bind's steps are bind's own: its decision (`bind::decide`: reserve, and hold the reservation
-//! on its way), the create's settling (`Decision::created`) and the binding's
-//! (`Decision::settle`, with `read_back_needed` saying when the pod is read back), each API
-//! answer chosen by the case. Only the calls between them are the case's.
+//! on its way) and its settling by the answers to its calls (`Decision::settle`: the create's,
+//! then the binding's, with `read_back_needed` saying when the pod is read back), each API
+//! answer chosen by the case. Only the calls between them are the case's: a create's answer is
+//! made when the bind begins, the binding's later, and the decision settles by both, as
+//! `Executor::carry_out_bind` hands them back (at once, where the create failed).
 //! The replays at the end are the two races the fault runner found; each fails with its fix
 //! taken out (docs/lifecycle.md says how).
 
@@ -36,7 +38,7 @@ use serde_json::{Value, json};
 use gpu_share::cluster::reservation_api::CreateError;
 use gpu_share::dra::claim::EXTENDED_RESOURCE_CLAIM;
 use gpu_share::extender::bind::{
-    BindCallError, Decision, Ended, ReadBackError, Settled, decide, read_back_needed,
+    BindAnswers, BindCallError, Decision, Ended, ReadBackError, Settled, decide, read_back_needed,
 };
 use gpu_share::extender::dra::Relisted;
 use gpu_share::extender::state::{ExtenderState, Mode};
@@ -143,6 +145,8 @@ struct ApiClaim {
 struct InFlight<'a> {
     decision: Decision<'a>,
     uid: String,
+    /// The reservation's create, made: the pod as created, `None` where it existed.
+    created: Option<Box<Option<Pod>>>,
 }
 
 /// The API and the extender, step by step.
@@ -613,10 +617,11 @@ fn apply<'a>(
             }
             let template = gpu_share::reservation::Template::default();
             // Refused in words: nothing reserved (and the claim unreserved).
-            let Ok(mut decision) = decide(e, &w.policy, &template, &p, node, true) else {
+            let Ok(decision) = decide(e, &w.policy, &template, &p, node, true) else {
                 w.deallocate(&uid);
                 return Ok(());
             };
+            let mut made = None;
             if let Some(c) = &decision.create {
                 let gpu = c.gpu;
                 let created = match create {
@@ -628,13 +633,24 @@ fn apply<'a>(
                     }
                     Answer::Lost => Err(CreateError::Unanswered),
                 };
-                if decision.created(created).is_err() {
-                    decision.abort();
-                    w.deallocate(&uid);
-                    return Ok(());
+                match created {
+                    Ok(pod) => made = Some(Box::new(pod)),
+                    Err(error) => {
+                        // The binding is not tried: the bind settles at once.
+                        let settled = decision.settle(BindAnswers::NotCreated { gpu, error });
+                        if !matches!(settled, Settled::Failed(_)) {
+                            return Err(format!("a failed create settled as {settled:?}"));
+                        }
+                        w.deallocate(&uid);
+                        return Ok(());
+                    }
                 }
             }
-            busy.push(InFlight { decision, uid });
+            busy.push(InFlight {
+                decision,
+                uid,
+                created: made,
+            });
         }
         Step::Answer {
             bind,
@@ -673,7 +689,11 @@ fn apply<'a>(
                     Ended::Failed { why, read }
                 }
             };
-            if let Settled::InDoubt(_) = b.decision.settle(ended) {
+            let answers = BindAnswers::Tried {
+                created: b.created,
+                ended,
+            };
+            if let Settled::InDoubt(_) = b.decision.settle(answers) {
                 w.doubt.push(b.uid);
             }
         }

@@ -1,7 +1,6 @@
 //! Kubernetes I/O: the facts the webhook needs (namespace labels, RuntimeClass existence), each
 //! cached with moka so the webhook costs the API server at most one read per TTL.
 
-pub mod binder;
 pub mod certs;
 pub mod dra;
 pub mod leadership;

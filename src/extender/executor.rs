@@ -1,20 +1,32 @@
 //! What carries the extender's decisions out: the API server in a cluster ([`Api`]), nothing in
-//! `--dev` ([`Dev`]). Bind ([`super::bind`]) and the reservation controller
-//! ([`super::reservation_controller`]) decide over the cache and say what to do; an executor
-//! does it, one request per call, bounded in time where the verb has a deadline. What an answer
-//! means is the decision's to say.
+//! `--dev` ([`Dev`]). Bind ([`super::bind`]), the reservation controller
+//! ([`super::reservation_controller`]), the defragmentation controller and the requeuer decide
+//! over the cache and say what to do; an executor does it, bounded in time where the verb has a
+//! deadline, and hands the answers back. A bind's calls go out together
+//! ([`Executor::carry_out_bind`]: its reservation, the binding, and the pod read back where the
+//! binding's outcome is unknown), so a bind leaves the cache once and comes back once. What an
+//! answer means is the decision's to say.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
 
+use super::bind::calls::{BindAnswers, BindCalls, Ended, read_back_needed};
 use super::bind::error::{BIND_API_TIMEOUT, BIND_READBACK_TIMEOUT, BindCallError, ReadBackError};
 use crate::cluster::reservation_api::{self as api, CreateError};
 use crate::reservation::Template;
 use crate::reservation::view::{Owner, Pointing};
+
+/// The annotation that nudges a pod waiting for GPU capacity back into kube-scheduler's queue:
+/// an update of an unschedulable pod moves it out of the unschedulable queue (pods rejected by
+/// an extender name no in-tree plugin, so any update requeues them), instead of waiting for the
+/// 5-minute flush.
+pub const ANNOTATION_REQUEUE: &str = "gpu-share.io/requeued-at";
 
 /// Pointing a share at its GPU: its devices ConfigMap, whom it belongs to, and the reservation
 /// whose GPU it names.
@@ -99,6 +111,92 @@ pub trait Executor: Clone + Send + Sync + 'static {
         reason: &str,
         note: &str,
     ) -> impl Future<Output = ()> + Send;
+
+    /// Carries a bind's calls out in their order: creates the reservation, binds the pod only
+    /// once the create did not fail, and reads the pod back where the binding's outcome is
+    /// unknown ([`read_back_needed`]).
+    fn carry_out_bind(&self, calls: BindCalls) -> impl Future<Output = BindAnswers> + Send {
+        async move {
+            let created = match &calls.reservation {
+                Some(r) => match self
+                    .create_reservation(&calls.node, r.gpu, r.mps, &r.template)
+                    .await
+                {
+                    Ok(pod) => Some(Box::new(pod)),
+                    Err(error) => return BindAnswers::NotCreated { gpu: r.gpu, error },
+                },
+                None => None,
+            };
+            let BindCalls {
+                namespace,
+                name,
+                uid,
+                node,
+                annotations,
+                ..
+            } = calls;
+            let ended = match self
+                .bind_pod(&namespace, &name, &uid, &node, annotations)
+                .await
+            {
+                Ok(()) => Ended::Bound,
+                Err(why) => {
+                    let read = if read_back_needed(&why) {
+                        Some(self.read_back(&namespace, &name, &uid).await)
+                    } else {
+                        None
+                    };
+                    Ended::Failed { why, read }
+                }
+            };
+            BindAnswers::Tried { created, ended }
+        }
+    }
+
+    /// Where the API has pod `uid`: the node it is bound to, `None` if unbound, gone or
+    /// replaced; `Err` when the API gave no answer.
+    fn read_back(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<String>, ReadBackError>> + Send {
+        async move {
+            let pod = match self.get_pod(namespace, name).await {
+                Err(ReadBackError::Api(kube::Error::Api(s))) if s.code == 404 => return Ok(None),
+                Err(e) => return Err(e),
+                Ok(pod) => pod,
+            };
+            if pod.metadata.uid.as_deref() != Some(uid) {
+                return Ok(None);
+            }
+            Ok(pod.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()))
+        }
+    }
+}
+
+/// The Binding object for a pod (with the pod's UID as a precondition, and the annotations the
+/// API server copies onto the pod).
+pub fn binding_body(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Value {
+    let mut metadata = json!({ "name": name, "namespace": namespace });
+    if !uid.is_empty() {
+        metadata["uid"] = json!(uid);
+    }
+    if !annotations.is_empty() {
+        metadata["annotations"] = json!(annotations);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": metadata,
+        "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+    })
 }
 
 /// The API server's executor, and the recorder of the events it writes (made at the first
@@ -115,6 +213,10 @@ impl Api {
             client,
             recorder: OnceLock::new(),
         }
+    }
+
+    fn pods(&self, namespace: &str) -> kube::Api<Pod> {
+        kube::Api::namespaced(self.client.clone(), namespace)
     }
 
     /// Events are reported as `gpu-share-scheduler`, instance `POD_NAME` (else the host name).
@@ -139,13 +241,11 @@ impl Executor for Api {
     const ASKS_API: bool = true;
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ReadBackError> {
-        tokio::time::timeout(
-            BIND_READBACK_TIMEOUT,
-            crate::cluster::binder::get_pod(&self.client, namespace, name),
-        )
-        .await
-        .map_err(|_| ReadBackError::Unanswered)?
-        .map_err(ReadBackError::Api)
+        let pods = self.pods(namespace);
+        tokio::time::timeout(BIND_READBACK_TIMEOUT, pods.get(name))
+            .await
+            .map_err(|_| ReadBackError::Unanswered)?
+            .map_err(ReadBackError::Api)
     }
 
     async fn bind_pod(
@@ -156,13 +256,15 @@ impl Executor for Api {
         node: &str,
         annotations: BTreeMap<String, String>,
     ) -> Result<(), BindCallError> {
-        tokio::time::timeout(
-            BIND_API_TIMEOUT,
-            crate::cluster::binder::bind_pod(&self.client, namespace, name, uid, node, annotations),
-        )
-        .await
-        .map_err(|_| BindCallError::Unanswered)?
-        .map_err(BindCallError::Api)
+        let body = binding_body(namespace, name, uid, node, &annotations);
+        let pods = self.pods(namespace);
+        let params = PostParams::default();
+        let post = pods.create_subresource::<_, Value>("binding", name, &params, &body);
+        tokio::time::timeout(BIND_API_TIMEOUT, post)
+            .await
+            .map_err(|_| BindCallError::Unanswered)?
+            .map(drop)
+            .map_err(BindCallError::Api)
     }
 
     async fn create_reservation(
@@ -197,7 +299,11 @@ impl Executor for Api {
         key: &str,
         value: &str,
     ) -> Result<(), kube::Error> {
-        crate::cluster::binder::annotate(&self.client, namespace, name, key, value).await
+        let patch = json!({ "metadata": { "annotations": { key: value } } });
+        self.pods(namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
     }
 
     async fn evict(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
@@ -260,4 +366,87 @@ impl Executor for Dev {
     }
 
     async fn note(&self, _: &Owner, _: bool, _: &str, _: &str, _: &str) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_binding_posts_the_binding_with_the_annotation() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            assert_eq!(req.method(), http::Method::POST);
+            assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/p/binding");
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["kind"], "Binding");
+            assert_eq!(v["metadata"]["uid"], "u-1");
+            assert_eq!(v["metadata"]["annotations"]["gpu-share.io/gpus"], "1:250");
+            assert_eq!(v["target"]["name"], "gpu-a");
+            assert_eq!(v["target"]["kind"], "Node");
+            send.send_response(crate::cluster::mock::text(
+                201,
+                br#"{"kind":"Status","apiVersion":"v1","status":"Success","code":201}"#.to_vec(),
+            ));
+        });
+        Api::new(client)
+            .bind_pod(
+                "ml",
+                "p",
+                "u-1",
+                "gpu-a",
+                [("gpu-share.io/gpus".to_string(), "1:250".to_string())].into(),
+            )
+            .await
+            .unwrap();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_an_error() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let server = tokio::spawn(async move {
+            let (_req, send) = handle.next_request().await.expect("a request");
+            send.send_response(crate::cluster::mock::text(
+                409,
+                br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pod p is already assigned to node \"gpu-b\"","reason":"Conflict","code":409}"#
+                    .to_vec(),
+            ));
+        });
+        let err = Api::new(client)
+            .bind_pod("ml", "p", "u-1", "gpu-a", BTreeMap::new())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("already assigned"), "{err}");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_nudge_patches_the_annotation() {
+        let (client, mut handle) = crate::cluster::mock::client();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            assert_eq!(req.method(), http::Method::PATCH);
+            assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/waiting");
+            assert_eq!(
+                req.headers()["content-type"],
+                "application/merge-patch+json"
+            );
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["metadata"]["annotations"][ANNOTATION_REQUEUE], "t1");
+            send.send_response(crate::cluster::mock::text(
+                200,
+                br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"waiting","namespace":"ml"}}"#
+                    .to_vec(),
+            ));
+        });
+        Api::new(client)
+            .annotate("ml", "waiting", ANNOTATION_REQUEUE, "t1")
+            .await
+            .unwrap();
+        server.await.unwrap();
+    }
 }

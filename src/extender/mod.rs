@@ -10,7 +10,6 @@ pub mod explain;
 pub mod handlers;
 pub mod listed;
 pub mod nudge;
-pub mod on_its_way;
 mod online;
 pub mod pending;
 pub mod preempt;

@@ -30,7 +30,7 @@ pub use super::nudge::Released;
 pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
 pub use crate::cache::NoRoom;
 
-pub mod binding;
+pub mod in_flight;
 
 /// How the extender learns about nodes and binds pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub use crate::cache::pod::Assumed;
 
 /// The extender's state. Its fields are its own: filter, prioritize, bind and the API's events
 /// change it through the verbs below (remember a pod, mark one waiting, bind as a
-/// [`binding::Binding`], and in `extender::sync` apply a watch event or a reconcile).
+/// [`in_flight::Binding`], and in `extender::sync` apply a watch event or a reconcile).
 pub struct ExtenderState {
     mode: Mode,
     ledger: Arc<Ledger>,

@@ -13,6 +13,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
 use tokio::sync::watch::Receiver;
 
+use super::executor::{ANNOTATION_REQUEUE, Executor};
 pub use super::listed::{Listed, list_compact};
 use super::nudge::pods_to_nudge;
 use super::state::{ExtenderState, Released};
@@ -452,6 +453,7 @@ pub fn spawn_requeuer(
     mut released: mpsc::UnboundedReceiver<Released>,
     mut shutdown: Receiver<bool>,
 ) {
+    let io = super::executor::Api::new(client);
     tokio::spawn(async move {
         loop {
             let first = tokio::select! {
@@ -476,7 +478,10 @@ pub fn spawn_requeuer(
             let mut n = 0;
             for (uid, w) in chosen {
                 ext.clear_no_room(&uid);
-                match crate::cluster::binder::nudge(&client, &w.namespace, &w.name, &stamp).await {
+                match io
+                    .annotate(&w.namespace, &w.name, ANNOTATION_REQUEUE, &stamp)
+                    .await
+                {
                     Ok(()) => n += 1,
                     Err(e) => {
                         tracing::debug!(pod = %format!("{}/{}", w.namespace, w.name), error = %e, "cannot nudge waiting pod")
@@ -635,7 +640,7 @@ async fn explain_one(
 mod tests {
     use super::*;
     use crate::cluster::watch::POD_FIELD_SELECTOR;
-    use crate::extender::state::binding::Binding;
+    use crate::extender::state::in_flight::Binding;
     use crate::extender::state::{Mode, NoRoom};
     use crate::inventory::GpuNode;
     use crate::policy::Policy;
@@ -900,9 +905,19 @@ mod tests {
         e.apply_node_event(&mut r, Event::Apply(cpu), &reading);
         assert!(e.nodes().get("g1").is_some_and(|f| f.cordoned));
         assert_eq!(e.nodes().get("cpu").unwrap().soft_taints, ["spot="]);
+        // A pod that tolerates everything (a cordon too) may go to either.
+        let anywhere: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(
+            json!({"containers": [], "tolerations": [{"operator": "Exists"}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            super::super::explain::candidates(&e.nodes(), &anywhere),
+            ["cpu", "g1"]
+        );
         assert_eq!(
             super::super::explain::candidates(&e.nodes(), &Default::default()),
-            ["cpu", "g1"]
+            ["cpu"],
+            "a cordoned node is left out for a pod that does not tolerate its cordon"
         );
         // The watch was cut; both went meanwhile, and the relist shows another node only.
         e.apply_node_event(&mut r, Event::Init, &reading);
@@ -912,7 +927,7 @@ mod tests {
         assert!(e.ledger().node_names().is_empty());
         assert!(!e.knows_node("cpu") && !e.knows_node("g1"));
         assert_eq!(
-            super::super::explain::candidates(&e.nodes(), &Default::default()),
+            super::super::explain::candidates(&e.nodes(), &anywhere),
             ["other"]
         );
         // A deletion forgets it as well.

@@ -1,18 +1,19 @@
 //! Bind's decision, over the cache and without I/O: what to hold on the node, which reservation
-//! to create first, what the binding carries, and how each answer the API can give settles the
-//! holding. [`super::run`] carries it out through an [`super::Executor`]; the lifecycle property
+//! to create first, what the binding carries ([`Decision::calls`]), and how the answers the API
+//! can give settle the holding ([`Decision::settle`]). [`super::run`] has an
+//! [`super::Executor`] carry the calls out in one go; the lifecycle property
 //! (`tests/lifecycle_props.rs`) drives these same steps with the answers its cases choose.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::error::{BindCallError, BindError, HoldError, ReadBackError};
+use super::calls::{BindAnswers, BindCalls, Ended, ReservationCall};
+use super::error::{BindError, HoldError};
 use crate::cluster::reservation_api::CreateError;
 use crate::extender::executor::Fill;
-use crate::extender::on_its_way::{self, OnItsWay};
 use crate::extender::state::ExtenderState;
-use crate::extender::state::binding::Binding;
+use crate::extender::state::in_flight::{Binding, OnItsWay};
 use crate::ledger;
 use crate::packing;
 use crate::shared::LoadedPolicy;
@@ -29,8 +30,8 @@ pub struct Create<'a> {
 }
 
 /// Bind's decision for one pod on one node, held in the cache: settle it with what the API
-/// answers ([`Decision::created`], then [`Decision::settle`]). Dropped unsettled (the request
-/// cancelled mid-call), its holding stays assumed until the assume TTL or the watch settles it.
+/// answers to its calls ([`Decision::settle`]). Dropped unsettled (the request cancelled
+/// mid-call), its holding stays assumed until the assume TTL or the watch settles it.
 pub struct Decision<'a> {
     binding: Binding<'a>,
     /// `namespace/name`.
@@ -120,7 +121,7 @@ pub fn decide<'a>(
     template.cdi_device = cdi_device;
     // Held for the reservation from before the create leaves: should this bind fail after it,
     // the reservation's pod exists, and its GPU must not look free until the watch shows it.
-    match on_its_way::hold(ext, &scorer, node, gpu, mps, cdi_device) {
+    match ext.begin_create(&scorer, node, gpu, mps, cdi_device) {
         Ok(hold) => Ok(decided(
             binding,
             annotations,
@@ -138,19 +139,6 @@ pub fn decide<'a>(
     }
 }
 
-/// How the binding call ended.
-#[derive(Debug)]
-pub enum Ended {
-    /// The API bound the pod (in `--dev`, there is no API to ask).
-    Bound,
-    /// The call failed; for an outcome it leaves unknown ([`read_back_needed`]), where reading
-    /// the pod back found it (`Ok(node)`, `None` for unbound, gone or replaced) or why not.
-    Failed {
-        why: BindCallError,
-        read: Option<Result<Option<String>, ReadBackError>>,
-    },
-}
-
 /// What the bind came to.
 #[derive(Debug)]
 pub enum Settled {
@@ -162,42 +150,64 @@ pub enum Settled {
     Failed(BindError),
 }
 
-/// Whether a failed binding call leaves its outcome unknown: a server error, a lost connection,
-/// no answer, or a conflict (409: already bound, perhaps by this very binding's earlier try);
-/// the pod is then read back rather than guessed about, since releasing a binding that took
-/// would free capacity a running pod holds. A refusal (any other 4xx) bound nothing.
-pub fn read_back_needed(why: &BindCallError) -> bool {
-    match why {
-        BindCallError::Api(kube::Error::Api(s)) if s.code == 409 => true,
-        BindCallError::Api(kube::Error::Api(s)) => !(400..500).contains(&s.code),
-        BindCallError::Api(_) | BindCallError::Unanswered => true,
-    }
-}
-
 impl Decision<'_> {
-    /// Settles the reservation's create by how it ended: the stand-in is kept while the pod
-    /// may exist, and a create that failed fails the bind (its holding released).
-    pub fn created(&mut self, created: Result<Option<Pod>, CreateError>) -> Result<(), BindError> {
-        let Some(create) = self.create.take() else {
-            return Ok(());
-        };
-        create.hold.settle(&created);
-        created.map(drop).map_err(|source| BindError::Reservation {
-            key: self.key.clone(),
+    /// The calls that carry the decision out, for pod `namespace/name` (`uid`): the reservation
+    /// to create first, if any, then the binding with its annotations.
+    pub fn calls(&self, namespace: &str, name: &str, uid: &str) -> BindCalls {
+        BindCalls {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
             node: self.node.clone(),
-            gpu: create.gpu,
-            source,
-        })
+            annotations: self.annotations.clone(),
+            reservation: self.create.as_ref().map(|c| ReservationCall {
+                gpu: c.gpu,
+                mps: c.mps,
+                template: c.template.clone(),
+            }),
+        }
     }
 
-    /// Gives up before the binding call (a create that failed): releases the holding.
+    /// Settles the decision by the API's answers: the reservation's stand-in kept while its pod
+    /// may exist, a create that failed failing the bind (its holding released), and the holding
+    /// settled by how the binding ended ([`Decision::settle_binding`]).
+    pub fn settle(mut self, answers: BindAnswers) -> Settled {
+        match answers {
+            BindAnswers::NotCreated { gpu, error } => {
+                self.created(Err(&error));
+                let e = BindError::Reservation {
+                    key: self.key.clone(),
+                    node: self.node.clone(),
+                    gpu,
+                    source: error,
+                };
+                self.abort();
+                Settled::Failed(e)
+            }
+            BindAnswers::Tried { created, ended } => {
+                if let Some(pod) = &created {
+                    self.created(Ok(&**pod));
+                }
+                self.settle_binding(ended)
+            }
+        }
+    }
+
+    /// Settles the reservation's stand-in by how its create ended: kept while the pod may exist.
+    fn created(&mut self, created: Result<&Option<Pod>, &CreateError>) {
+        if let Some(create) = self.create.take() {
+            create.hold.settle(created);
+        }
+    }
+
+    /// Gives up without an answer (the caller goes away): releases the holding.
     pub fn abort(self) {
         self.binding.abort();
     }
 
     /// Settles the holding by how the binding call ended: kept where the API has the pod on
     /// this node, released where it surely has not, and held in doubt where nobody answered.
-    pub fn settle(self, ended: Ended) -> Settled {
+    fn settle_binding(self, ended: Ended) -> Settled {
         let Decision {
             binding, key, node, ..
         } = self;

@@ -1,8 +1,9 @@
 //! `POST /scheduler/bind`: decide over the cache and hold the pod on its node
-//! ([`decision`]), carry the decision out through an [`Executor`] (the API server, or nothing in
-//! `--dev`), and settle the holding by how each call ended (accepted, refused, or unknown: read
-//! back, and held in doubt while the read gets no answer either).
+//! ([`decision`]), have an [`Executor`] carry the decision's calls out in one go (the API
+//! server, or nothing in `--dev`), and settle the holding by how they ended (accepted, refused,
+//! or unknown: read back, and held in doubt while the read gets no answer either).
 
+pub mod calls;
 pub mod decision;
 pub mod error;
 
@@ -21,7 +22,8 @@ use super::state::{ExtenderState, Mode};
 use super::wire::{self, ExtenderBindingArgs, ExtenderBindingResult};
 use crate::cluster::reservation_api as api;
 use crate::ledger;
-pub use decision::{Decision, Ended, Settled, decide, read_back_needed};
+pub use calls::{BindAnswers, BindCalls, Ended, ReservationCall, read_back_needed};
+pub use decision::{Decision, Settled, decide};
 pub use error::{
     BIND_API_TIMEOUT, BIND_READBACK_TIMEOUT, BindCallError, BindError, HoldError, ReadBackError,
 };
@@ -56,9 +58,10 @@ async fn bind(
     }
 }
 
-/// Bind: decides over the cache ([`decide`], which holds the pod on the node), has `io` create
-/// the reservation the decision needs and bind the pod, reads the pod back where the binding's
-/// outcome is unknown, and settles the holding by the answers.
+/// Bind: decides over the cache ([`decide`], which holds the pod on the node), has `io` carry
+/// the decision's calls out ([`Executor::carry_out_bind`]: the reservation it needs, the
+/// binding, the pod read back where the binding's outcome is unknown), and settles the holding
+/// by the answers.
 pub async fn run<E: Executor>(
     state: &Context,
     ext: &ExtenderState,
@@ -100,7 +103,7 @@ pub async fn run<E: Executor>(
         }
     };
     let policy = state.policy.current();
-    let mut decision = decide(
+    let decision = decide(
         ext,
         &policy,
         &state.reservations,
@@ -108,37 +111,9 @@ pub async fn run<E: Executor>(
         &args.node,
         E::ASKS_API,
     )?;
-    if let Some(c) = &decision.create {
-        let created = io
-            .create_reservation(&args.node, c.gpu, c.mps, &c.template)
-            .await;
-        if let Err(e) = decision.created(created) {
-            decision.abort();
-            return Err(e);
-        }
-    }
-    let annotations = std::mem::take(&mut decision.annotations);
-    let ended = match io
-        .bind_pod(
-            &args.pod_namespace,
-            &args.pod_name,
-            &args.pod_uid,
-            &args.node,
-            annotations,
-        )
-        .await
-    {
-        Ok(()) => Ended::Bound,
-        Err(why) => {
-            let read = if read_back_needed(&why) {
-                Some(read_back(io, &args.pod_namespace, &args.pod_name, &args.pod_uid).await)
-            } else {
-                None
-            };
-            Ended::Failed { why, read }
-        }
-    };
-    match decision.settle(ended) {
+    let calls = decision.calls(&args.pod_namespace, &args.pod_name, &args.pod_uid);
+    let answers = io.carry_out_bind(calls).await;
+    match decision.settle(answers) {
         Settled::Bound { retried_first } => {
             if retried_first {
                 state.metrics.retried_first();
@@ -157,25 +132,6 @@ pub async fn run<E: Executor>(
         }
         Settled::Failed(e) => Err(e),
     }
-}
-
-/// Where the API has pod `uid`: the node it is bound to, `None` if unbound, gone or replaced;
-/// `Err` when the API gave no answer.
-async fn read_back<E: Executor>(
-    io: &E,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Result<Option<String>, ReadBackError> {
-    let pod = match io.get_pod(namespace, name).await {
-        Err(ReadBackError::Api(kube::Error::Api(s))) if s.code == 404 => return Ok(None),
-        Err(e) => return Err(e),
-        Ok(pod) => pod,
-    };
-    if pod.metadata.uid.as_deref() != Some(uid) {
-        return Ok(None);
-    }
-    Ok(pod.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()))
 }
 
 /// How often a pod in doubt is read again.
@@ -201,7 +157,7 @@ fn resolve_later<E: Executor>(
                 ext.resolve(&uid, None);
                 return;
             }
-            if let Ok(bound) = read_back(&io, &namespace, &name, &uid).await {
+            if let Ok(bound) = io.read_back(&namespace, &name, &uid).await {
                 tracing::info!(pod = %key, bound = bound.as_deref().unwrap_or("nowhere"), "a binding in doubt is settled by reading the pod back");
                 ext.resolve(&uid, bound.as_deref());
                 return;

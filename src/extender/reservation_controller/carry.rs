@@ -45,7 +45,7 @@ pub async fn carry_out<E: Executor>(io: &E, step: Step<'_>) -> Result<(), Action
             on_its_way,
         } => {
             let created = io.create_reservation(&node, gpu, mps, &template).await;
-            on_its_way.settle(&created);
+            on_its_way.settle(created.as_ref());
             created?;
             tracing::info!(
                 node,

@@ -2,12 +2,12 @@
 //! [`crate::reservation::plan`], with no I/O: the call to make and, where the ledger must move
 //! before the API does, the ledger moved (a reservation's GPU held from before its create is
 //! sent, a share re-pointed before its annotation is written). How each answer settles it is
-//! here too ([`Move::settle`], [`crate::extender::on_its_way::OnItsWay::settle`]);
+//! here too ([`Move::settle`], [`crate::extender::state::in_flight::OnItsWay::settle`]);
 //! [`super::carry`] makes the calls.
 
 use crate::extender::executor::Fill;
-use crate::extender::on_its_way::{self, OnItsWay};
 use crate::extender::state::ExtenderState;
+use crate::extender::state::in_flight::OnItsWay;
 use crate::packing::{Placement, Scorer};
 use crate::reservation::Template;
 use crate::reservation::plan::{self, Action, ReservationState, Share, ShareKind};
@@ -167,7 +167,10 @@ fn recreate<'a>(
     template.cdi_device = !mps && (policy.policy.per_gpu.timeslice_cdi || takes);
     let scorer = ext.scorer(policy.policy.packing.policy.into());
     let on_its_way = has_shares(ext.ledger(), &node, index)
-        .then(|| on_its_way::hold(ext, &scorer, &node, index, mps, template.cdi_device).ok())
+        .then(|| {
+            ext.begin_create(&scorer, &node, index, mps, template.cdi_device)
+                .ok()
+        })
         .flatten();
     match on_its_way {
         Some(on_its_way) => Decided::Do(Box::new(Step::Create {
