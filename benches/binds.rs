@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use gpu_share::extender::state::{ExtenderState, Mode};
 use gpu_share::inventory::GpuNode;
-use gpu_share::ledger::{NodeLedger, PodRef};
+use gpu_share::ledger::{Ledger, NodeLedger, PodRef};
 use gpu_share::packing::{Demand, PackingPolicy, Scorer};
 
 mod nodes;
@@ -65,25 +65,29 @@ fn demands() -> Vec<Vec<Demand>> {
         .collect()
 }
 
-/// The ledger's nodes and a scorer with a learnt workload, as the extender holds them.
-fn cluster() -> (ExtenderState, Scorer, Vec<String>) {
+/// The ledger's nodes, and a scorer with the workload the extender learns over them.
+fn cluster() -> (Ledger, Scorer, Vec<String>) {
     let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(3600));
+    let ledger = Ledger::new();
     for i in 0..NODES {
-        ext.ledger().upsert_node(node(i));
+        ext.set_node(&node(i).name, Some(node(i)));
+        ledger.upsert_node(node(i));
     }
     for k in 0..2048 {
         let kinds = kinds(k);
         ext.observe_demand(&request(kinds[k % kinds.len()]), PackingPolicy::GpuShare);
     }
     let scorer = ext.scorer(PackingPolicy::GpuShare);
+    // Warm, as the extender warms its own nodes' memos for a learnt workload.
+    ledger.for_each_node(|nl| scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo));
     let names = (0..NODES).map(|i| node(i).name).collect();
-    (ext, scorer, names)
+    (ledger, scorer, names)
 }
 
 /// One round: `threads` threads each bind BINDS pods to their own nodes and release them.
 /// Binds per second over the round.
 fn round(
-    ext: &ExtenderState,
+    ledger: &Ledger,
     scorer: &Scorer,
     names: &[String],
     demands: &[Vec<Demand>],
@@ -99,8 +103,7 @@ fn round(
                     let uid = format!("t{t}-{i}");
                     let n = mine[i % mine.len()];
                     let d = &demands[n];
-                    let ok = ext
-                        .ledger()
+                    let ok = ledger
                         .hold(
                             scorer,
                             &names[n],
@@ -113,11 +116,11 @@ fn round(
                     }
                     // Keep the nodes part full: release the oldest once a thread holds 4 a node.
                     if held.len() > 4 * mine.len() {
-                        ext.ledger().release(&held.remove(0));
+                        ledger.release(&held.remove(0));
                     }
                 }
                 for uid in held {
-                    ext.ledger().release(&uid);
+                    ledger.release(&uid);
                 }
             });
         }
@@ -131,7 +134,7 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 
 /// The sections a bind holds a lock for, timed on copies of the nodes.
 fn hold_times(
-    ext: &ExtenderState,
+    ledger: &Ledger,
     scorer: &Scorer,
     names: &[String],
     demands: &[Vec<Demand>],
@@ -140,7 +143,7 @@ fn hold_times(
     let mut commit = Vec::new();
     let index: Mutex<HashMap<String, String>> = Mutex::new(HashMap::new());
     for (i, name) in names.iter().enumerate().take(4000) {
-        let Some(mut nl): Option<NodeLedger> = ext.ledger().with_node(name, |nl| nl.clone()) else {
+        let Some(mut nl): Option<NodeLedger> = ledger.with_node(name, |nl| nl.clone()) else {
             continue;
         };
         let demand = demands[i][i % demands[i].len()].clone();
@@ -174,19 +177,19 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let (ext, scorer, names) = cluster();
+    let (ledger, scorer, names) = cluster();
     let demands = demands();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "binds in parallel: {NODES} nodes, {BINDS} binds per thread per round, {rounds} rounds, {cores} cores"
     );
-    round(&ext, &scorer, &names, &demands, 1);
+    round(&ledger, &scorer, &names, &demands, 1);
     let mut base = None;
     println!("| threads | binds/s (median) | range | vs 1 thread |");
     println!("|---|---|---|---|");
     for &t in &threads {
         let mut r: Vec<f64> = (0..rounds)
-            .map(|_| round(&ext, &scorer, &names, &demands, t))
+            .map(|_| round(&ledger, &scorer, &names, &demands, t))
             .collect();
         r.sort_by(f64::total_cmp);
         let median = r[r.len() / 2];
@@ -198,7 +201,7 @@ fn main() {
             median / base
         );
     }
-    let [(plan50, plan99), (commit50, commit99)] = hold_times(&ext, &scorer, &names, &demands);
+    let [(plan50, plan99), (commit50, commit99)] = hold_times(&ledger, &scorer, &names, &demands);
     println!("| held | lock | p50 | p99 |");
     println!("|---|---|---|---|");
     println!("| placement | the node's | {plan50:?} | {plan99:?} |");

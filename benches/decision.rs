@@ -8,7 +8,8 @@
 //!   best tier is ranked as kube-scheduler's default topology spread would rank it;
 //!   `filter_5000_empty` and `filter_5000_empty_owned`: a bare and an owned pod on the same nodes
 //!   empty, where the best tier is every node of the pod's kind (3,000 time-sliced nodes);
-//! - `extender/bind_reserve`: the ledger half of bind (fit re-check and record) and its undo;
+//! - `extender/bind_reserve`: the ledger half of bind (`Binding::hold`: fit re-check and record)
+//!   and its undo (`Binding::abort`);
 //! - `simulate/fgd_replay`: one replay of the default openb trace (or the test slice when
 //!   ../shared/data is absent).
 //!
@@ -31,7 +32,7 @@ use gpu_share::ledger::PodRef;
 use gpu_share::metrics::Metrics;
 use gpu_share::packing::TYPICAL_COVERAGE;
 use gpu_share::packing::frag::TargetWorkload;
-use gpu_share::packing::{Demand, FragMemo, PackingPolicy};
+use gpu_share::packing::{Demand, FragMemo, PackingPolicy, Scorer};
 use gpu_share::policy::Policy;
 use gpu_share::server::LoadedPolicy;
 use gpu_share_simulator::{driver, replay};
@@ -99,6 +100,18 @@ fn pod_ref(uid: &str) -> PodRef {
     PodRef::new(uid, "bench", uid)
 }
 
+/// Holds pod `uid` on `node` as bind does (`--dev`: nothing to assume); whether it fit.
+fn hold(ext: &ExtenderState, scorer: &Scorer, node: &str, uid: &str, demand: Demand) -> bool {
+    let mut binding = ext.begin_bind(uid, node, false);
+    let held = binding.hold(scorer, pod_ref(uid), demand).is_ok();
+    if held {
+        binding.commit();
+    } else {
+        binding.abort();
+    }
+    held
+}
+
 /// The requests the bench's pods carry.
 const KINDS: [&str; 8] = [
     "timeslice-30",
@@ -141,11 +154,7 @@ fn cluster() -> Cluster {
         let demand = request(req, [2000, 4000, 8000, 16_000][rng.random_range(0..4)]);
         ext.observe_demand(&demand, PackingPolicy::GpuShare);
         let target = &names[rng.random_range(0..NODES)];
-        if ext
-            .ledger()
-            .hold(&scorer, target, pod_ref(&format!("fill-{k}")), demand)
-            .is_ok()
-        {
+        if hold(&ext, &scorer, target, &format!("fill-{k}"), demand) {
             placed += 1;
         }
     }
@@ -217,16 +226,13 @@ fn percentiles_stream(c: &Cluster) {
             .max_by_key(|h| (h.score, std::cmp::Reverse(&h.host)));
         let scorer = c.ext.scorer(PackingPolicy::GpuShare);
         if let Some(h) = best
-            && c.ext
-                .ledger()
-                .hold(&scorer, &h.host, pod_ref(&uid), demand)
-                .is_ok()
+            && hold(&c.ext, &scorer, &h.host, &uid, demand)
         {
             held.push_back(uid);
             if held.len() > 500
                 && let Some(old) = held.pop_front()
             {
-                c.ext.ledger().release(&old);
+                c.ext.release(&old);
             }
         }
     }
@@ -241,7 +247,7 @@ fn percentiles_cold(c: &Cluster) {
         .map(|_| {
             c.ext
                 .ledger()
-                .with_nodes(&c.names, |nl| nl.memo = FragMemo::default());
+                .with_nodes_scoring(&c.names, |_, _, memo| *memo = FragMemo::default());
             let (_, scoring, whole) = served(c, &b);
             (scoring, whole)
         })
@@ -263,12 +269,14 @@ fn extender(cr: &mut Criterion) {
     // spread would rank it.
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     for k in 0..5 {
-        let _ = c.ext.ledger().hold(
-            &scorer,
-            &c.names[k * 7],
-            pod_ref(&format!("sibling-{k}")).controlled_by(Some("rs-probe".into())),
-            request("timeslice-30", 8000),
-        );
+        let mut binding = c
+            .ext
+            .begin_bind(&format!("sibling-{k}"), &c.names[k * 7], false);
+        let sibling = pod_ref(&format!("sibling-{k}")).controlled_by(Some("rs-probe".into()));
+        match binding.hold(&scorer, sibling, request("timeslice-30", 8000)) {
+            Ok(_) => drop(binding.commit()),
+            Err(_) => binding.abort(),
+        }
     }
     let owned = owned_pod("probe-owned", "timeslice-30", "rs-probe");
     g.bench_function("filter_5000_owned", |b| {
@@ -334,13 +342,13 @@ fn extender(cr: &mut Criterion) {
     let scorer = c.ext.scorer(PackingPolicy::GpuShare);
     g.bench_function("bind_reserve", |b| {
         b.iter(|| {
-            let r = c.ext.ledger().hold(
+            let mut binding = c.ext.begin_bind("bind-probe", &c.names[0], false);
+            let r = binding.hold(
                 &scorer,
-                &c.names[0],
                 pod_ref("bind-probe"),
                 request("timeslice-10", 2000),
             );
-            c.ext.ledger().release("bind-probe");
+            binding.abort();
             black_box(r.is_ok())
         })
     });

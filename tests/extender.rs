@@ -487,10 +487,16 @@ async fn preempt_keeps_only_victims_of_the_pods_class() {
         json!({"NodeNameToMetaVictims": {}}),
         "victims still leaving"
     );
-    let ledger = s.extender.as_ref().unwrap().ledger();
-    assert!(ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
-    ledger.release("victim-3g-a");
-    assert!(!ledger.victims_leaving("e1e1e1e1-2222-4333-8444-555555555555"));
+    let ext = s.extender.as_ref().unwrap();
+    assert!(
+        ext.ledger()
+            .victims_leaving("e1e1e1e1-2222-4333-8444-555555555555")
+    );
+    ext.release("victim-3g-a");
+    assert!(
+        !ext.ledger()
+            .victims_leaving("e1e1e1e1-2222-4333-8444-555555555555")
+    );
     // The ledger has seen the victim go, and kube-scheduler (whose cache saw it first, so that
     // its retry found no room here) asks again: the room is made, so no second victim.
     let (_, r) = post(

@@ -33,7 +33,7 @@ struct Counts {
 fn replay(inputs: &driver::Inputs) -> Counts {
     let ext = ExtenderState::new(Mode::Dev, Duration::from_secs(60));
     for n in &inputs.nodes {
-        ext.ledger().upsert_node(n.clone());
+        ext.set_node(&n.name, Some(n.clone()));
     }
     let names: Vec<String> = inputs.nodes.iter().map(|n| n.name.clone()).collect();
     let mut pods: Vec<_> = inputs.pods.iter().collect();
@@ -87,12 +87,12 @@ fn replay(inputs: &driver::Inputs) -> Counts {
         counts.fitting += raw.iter().filter(|r| r.is_some()).count();
         counts.tier += kept.len();
         let who = PodRef::new(format!("uid-{i}"), "trace", pod.name.clone());
-        if ext
-            .ledger()
-            .hold(&scorer, &names[best], who, pod.demand.clone())
-            .is_ok()
-        {
+        let mut binding = ext.begin_bind(&format!("uid-{i}"), &names[best], false);
+        if binding.hold(&scorer, who, pod.demand.clone()).is_ok() {
+            binding.commit();
             placed += 1;
+        } else {
+            binding.abort();
         }
     }
     assert!(placed > 0, "nothing was placed");

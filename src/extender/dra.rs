@@ -143,15 +143,15 @@ impl ExtenderState {
                 (_, Some(g)) => {
                     self.touch_node(name);
                     self.set_node(name, Some(g));
-                    self.ledger().sync_claims(name, &holdings, &covered);
+                    self.sync_claims(name, &holdings, &covered);
                 }
                 (Some(_), None) => {
                     self.touch_node(name);
-                    self.ledger().drop_claims(name);
+                    self.drop_claims(name);
                     self.set_node(name, None);
                 }
                 (None, None) => {
-                    self.ledger().sync_claims(name, &holdings, &covered);
+                    self.sync_claims(name, &holdings, &covered);
                 }
             }
         }

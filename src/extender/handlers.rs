@@ -112,10 +112,10 @@ fn verdicts(
         Default::default()
     };
     ext.ledger()
-        .with_nodes_par(names, |nl| {
-            packing::fit(&nl.node, &nl.usage, demand).map(|()| {
+        .with_nodes_scoring(names, |node, usage, memo| {
+            packing::fit(node, usage, demand).map(|()| {
                 scorer.and_then(|s| {
-                    s.evaluate(&nl.node, &nl.usage, demand, &mut nl.memo)
+                    s.evaluate(node, usage, demand, memo)
                         .map(|(_, score)| score)
                 })
             })
@@ -426,8 +426,8 @@ pub fn raw_scores(
     demand: &packing::Demand,
 ) -> Vec<Option<f64>> {
     ext.ledger()
-        .with_nodes_par(names, |nl| {
-            packing::place(scorer, &nl.node, &nl.usage, demand, &mut nl.memo)
+        .with_nodes_scoring(names, |node, usage, memo| {
+            packing::place(scorer, node, usage, demand, memo)
                 .ok()
                 .map(|(_, s)| s)
         })

@@ -129,7 +129,7 @@ pub fn preempt(
                     .map(move |p| (node.clone(), p.uid.clone()))
             })
             .collect();
-        ext.ledger().note_victims(&uid, given);
+        ext.note_victims(&uid, given);
     }
     Ok(ExtenderPreemptionResult {
         node_name_to_meta_victims: Some(out),

@@ -31,6 +31,9 @@ pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled
 pub use crate::cache::NoRoom;
 
 pub mod in_flight;
+pub mod ledger_view;
+
+pub use ledger_view::LedgerView;
 
 /// How the extender learns about nodes and binds pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,9 +308,42 @@ impl ExtenderState {
         self.mode
     }
 
-    /// The cluster's ledger, to read (fit, scores, reports). Its changes go through the verbs.
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
+    /// The cluster's ledger, to read (fit, scores, reports): a view with no verb that changes
+    /// it. Its changes go through the state's verbs.
+    pub fn ledger(&self) -> LedgerView<'_> {
+        LedgerView(&self.ledger)
+    }
+
+    /// Re-points the share in per-GPU form `uid` at one of the GPUs `to` of its node (the
+    /// reservation controller's move, [`Ledger::repoint`]).
+    pub fn repoint(&self, scorer: &Scorer, uid: &str, to: &[u32]) -> Option<Vec<(u32, u32)>> {
+        self.ledger.repoint(scorer, uid, to)
+    }
+
+    /// Holds shares in per-GPU form off `node` until `until`, for `why` (a reservation failed).
+    pub fn hold_off(&self, node: &str, until: Instant, why: String) {
+        self.ledger.hold_off(node, until, why);
+    }
+
+    /// Records the victims preemptor `uid` was given, node by node.
+    pub fn note_victims(&self, uid: &str, victims: Vec<crate::ledger::NodeVictim>) {
+        self.ledger.note_victims(uid, victims);
+    }
+
+    /// What NVIDIA's DRA driver's claims hold on `node` now ([`Ledger::sync_claims`]): their
+    /// holdings, and the pods they stand for. Returns how many holdings changed.
+    pub fn sync_claims(
+        &self,
+        node: &str,
+        holdings: &[crate::ledger::ObservedPod],
+        covered: &std::collections::BTreeSet<String>,
+    ) -> usize {
+        self.ledger.sync_claims(node, holdings, covered)
+    }
+
+    /// Forgets the DRA claims on a node that is no longer one.
+    pub fn drop_claims(&self, node: &str) {
+        self.ledger.drop_claims(node);
     }
 
     /// Keeps a pod as filter or prioritize read it, for bind. Returns whether it was new.
@@ -358,6 +394,22 @@ impl ExtenderState {
     pub fn release(&self, uid: &str) {
         self.confirm(uid);
         self.ledger.release(uid);
+    }
+
+    /// Whether the ledger holds `uid` as a list shows it (`o`): its demand, and its GPUs where the
+    /// list names them. Compared in place, under the pod's node alone (the ledger keeps a pod
+    /// under one node), so a reconcile of 150,000 pods allocates only for the ones that differ.
+    /// What the pod says of being moved follows the list on the way (no drift: it holds
+    /// nothing).
+    pub fn holds_as_listed(&self, uid: &str, o: &crate::ledger::ObservedPod) -> bool {
+        self.ledger
+            .with_node(&o.node, |nl| {
+                nl.note_consent(o);
+                nl.holdings.get(uid).is_some_and(|h| {
+                    h.demand == o.demand && o.gpus.as_ref().is_none_or(|g| *g == h.placement.gpus)
+                })
+            })
+            .unwrap_or(false)
     }
 
     /// Records a holding the API shows: no longer merely assumed.
@@ -634,7 +686,7 @@ mod tests {
                 Sharing::TimeSlicing { replicas: 4 },
             );
             n.cpu_milli = Some(64_000);
-            ext.ledger().upsert_node(n);
+            ext.ledger.upsert_node(n);
         }
         let d = |milli| {
             Demand::gpu(GpuDemand::Timeslice {
@@ -664,7 +716,7 @@ mod tests {
         // Every memo already holds the new workload's value: reading it computes nothing new.
         let scorer = ext.scorer(PackingPolicy::GpuShare);
         let mut hits = 0;
-        ext.ledger().for_each_node(|nl| {
+        ext.ledger.for_each_node(|nl| {
             let before = nl.memo.clone();
             scorer.warm_memo(&nl.node, &nl.usage, &mut nl.memo);
             if format!("{before:?}") == format!("{:?}", nl.memo) {
@@ -690,7 +742,7 @@ mod tests {
                 23034,
                 Sharing::TimeSlicing { replicas: 4 },
             );
-            ext.ledger().upsert_node(n);
+            ext.ledger.upsert_node(n);
         }
         let d = |models: &[&str]| Demand {
             models: models.iter().map(|m| m.to_string()).collect(),

@@ -249,22 +249,7 @@ impl ExtenderState {
             }
             // The API shows it bound: no longer merely assumed.
             self.confirm(uid);
-            // Compared in place, under the API's node alone (a holding there is on that node:
-            // the ledger keeps a pod under one node): a reconcile of 150,000 pods allocates only
-            // for the ones that differ.
-            let same = self
-                .ledger()
-                .with_node(&o.node, |nl| {
-                    // What the pod says of being moved follows the list (no drift: it holds
-                    // nothing).
-                    nl.note_consent(o);
-                    nl.holdings.get(uid).is_some_and(|h| {
-                        h.demand == o.demand
-                            && o.gpus.as_ref().is_none_or(|g| *g == h.placement.gpus)
-                    })
-                })
-                .unwrap_or(false);
-            if same {
+            if self.holds_as_listed(uid, o) {
                 continue;
             }
             let before = self.ledger().holding(uid);
@@ -651,8 +636,7 @@ mod tests {
 
     fn ext() -> ExtenderState {
         let e = ExtenderState::new(Mode::Cluster, Duration::from_secs(60));
-        e.ledger()
-            .upsert_node(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068));
+        e.set_node("n1", Some(GpuNode::whole("n1", "NVIDIA-L40S", 4, 46068)));
         e
     }
 
@@ -1197,7 +1181,7 @@ mod tests {
         let read = |reading: &inventory::Reading| {
             inventory::read_node(&serde_json::from_value(node.clone()).unwrap(), reading).unwrap()
         };
-        e.ledger().upsert_node(read(&policy.current().reading));
+        e.set_node("ts", Some(read(&policy.current().reading)));
         e.mark_synced();
         let unreached = || e.ledger().with_node("ts", |nl| nl.node.unreached.is_some());
         assert_eq!(

@@ -334,8 +334,7 @@ async fn a_share_on_a_held_gpu_is_pointed_at_it_at_bind() {
             r["metadata"]["annotations"]["gpu-share.io/gpu-uuid"] = json!(uuid);
         }
         let r: Pod = serde_json::from_value(r).unwrap();
-        ext.ledger()
-            .record(&ledger::observed_holding(&r).unwrap().unwrap());
+        ext.record(&ledger::observed_holding(&r).unwrap().unwrap());
         let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
         ext.reservations.watch(store);

@@ -83,7 +83,6 @@ impl Move<'_> {
     pub fn settle(self, written: bool) {
         if !written {
             self.ext
-                .ledger()
                 .repoint(&self.scorer, &self.owner.uid, &[self.from]);
         }
     }
@@ -207,7 +206,7 @@ fn move_share<'a>(
         .map(|g| g.index)
         .collect();
     let scorer = ext.scorer(policy.policy.packing.policy.into());
-    let Some(gpus) = ext.ledger().repoint(&scorer, &share.uid, &ready) else {
+    let Some(gpus) = ext.repoint(&scorer, &share.uid, &ready) else {
         return Decided::Do(Box::new(Step::Evict {
             owner: owner(share),
             why: format!(

@@ -5,14 +5,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime};
 
-use crate::ledger::Ledger;
+use crate::extender::state::LedgerView;
 use crate::reservation::plan::{self, Share, ShareKind};
 use crate::reservation::view::{FilledByOwner, ReservationPod};
 
 /// The shared GPUs: every GPU the ledger holds shares in per-GPU form on, or that a reservation
 /// holds, with how long each reserved one has been idle (counted from its first idle tick).
 pub fn gather(
-    ledger: &Ledger,
+    ledger: LedgerView<'_>,
     reservations: &[ReservationPod],
     filled: &FilledByOwner,
     idle: &mut HashMap<(String, u32), Instant>,
@@ -77,7 +77,7 @@ pub fn gather(
 }
 
 /// Whether the ledger holds a share in per-GPU form on GPU `index` of `node`.
-pub fn has_shares(ledger: &Ledger, node: &str, index: u32) -> bool {
+pub fn has_shares(ledger: LedgerView<'_>, node: &str, index: u32) -> bool {
     ledger
         .with_node(node, |nl| {
             nl.holdings

@@ -163,7 +163,6 @@ async fn run(
                 } = a
                 {
                     ctx.ext
-                        .ledger()
                         .hold_off(&g.node, Instant::now() + HOLD_OFF, why.clone());
                 }
             }

@@ -11,7 +11,7 @@ use super::gather::{gather, has_shares};
 use super::{Decided, Step, carry_out, decide, execute};
 use crate::cluster::reservation_api::{self as api, CreateError};
 use crate::extender::executor::{Executor, Fill};
-use crate::extender::state::{ExtenderState, Mode};
+use crate::extender::state::{ExtenderState, LedgerView, Mode};
 use crate::ledger::{Holder, Ledger};
 use crate::metrics::Metrics;
 use crate::reservation::Template;
@@ -88,7 +88,7 @@ fn gather_meets_shares_and_reservations_per_gpu() {
     filled.insert("b".into(), f("b", "some-other-configmap"));
     let mut idle = HashMap::new();
     let t0 = Instant::now();
-    let gpus = gather(&ledger, &pods, &filled, &mut idle, t0);
+    let gpus = gather(LedgerView::new(&ledger), &pods, &filled, &mut idle, t0);
     assert_eq!(
         gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
         vec![0, 1, 2]
@@ -114,7 +114,7 @@ fn gather_meets_shares_and_reservations_per_gpu() {
     assert!(gpus[2].reservation.is_none() && gpus[2].shares.len() == 1);
     // A later tick: idle since the first.
     let gpus = gather(
-        &ledger,
+        LedgerView::new(&ledger),
         &pods,
         &filled,
         &mut idle,
@@ -129,7 +129,7 @@ fn gather_meets_shares_and_reservations_per_gpu() {
     // A share arriving resets it.
     ledger.record(&share("d", 1, 100));
     let gpus = gather(
-        &ledger,
+        LedgerView::new(&ledger),
         &pods,
         &filled,
         &mut idle,
@@ -164,10 +164,16 @@ fn a_share_is_repointed_only_where_it_fits() {
             assert!(nl.within_capacity());
         })
         .unwrap();
-    assert!(has_shares(&ledger, "n1", 3) && !has_shares(&ledger, "n1", 0));
+    assert!(
+        has_shares(LedgerView::new(&ledger), "n1", 3)
+            && !has_shares(LedgerView::new(&ledger), "n1", 0)
+    );
     // Put back (a failed patch): the ledger follows the API again.
     assert_eq!(ledger.repoint(&scorer, "a", &[0]), Some(vec![(0, 600)]));
-    assert!(has_shares(&ledger, "n1", 0) && !has_shares(&ledger, "n1", 2));
+    assert!(
+        has_shares(LedgerView::new(&ledger), "n1", 0)
+            && !has_shares(LedgerView::new(&ledger), "n1", 2)
+    );
     ledger
         .with_node("n1", |nl| assert_eq!(nl.usage.gpu_milli[3], 300))
         .unwrap();

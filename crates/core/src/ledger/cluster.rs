@@ -80,12 +80,12 @@ impl Ledger {
         crate::sync::read(&self.nodes).get(name).cloned()
     }
 
-    /// Every node's name, sorted.
     /// How many node ledgers there are.
     pub fn node_count(&self) -> usize {
         crate::sync::read(&self.nodes).len()
     }
 
+    /// Every node's name, sorted.
     pub fn node_names(&self) -> Vec<String> {
         let mut names: Vec<String> = crate::sync::read(&self.nodes).keys().cloned().collect();
         names.sort_unstable();
