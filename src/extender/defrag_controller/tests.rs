@@ -207,6 +207,19 @@ async fn tick_once(ext: &ExtenderState, fake: &Fake, policy: &Policy, memory: &m
     tick(fake, ext, policy, &Metrics::new(), &waiting, memory).await;
 }
 
+/// The one event said: no plan, since `ml/a` has nowhere else to go.
+fn told_a_stays(fake: &Fake) {
+    let events = fake.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("GpuShareNoDefragPlan")
+            && events[0]
+                .contains("no other node that takes it without breaking a free GPU (as ml/a)"),
+        "{}",
+        events[0]
+    );
+}
+
 /// The waiting pod is told which move would make room, once; nothing moves.
 #[tokio::test]
 async fn a_waiting_pod_is_told_the_plan_once_and_nothing_moves() {
@@ -276,15 +289,7 @@ async fn a_moved_pods_own_constraints_hold() {
     let (ext, fake) = cluster(json!({"nodeSelector": {"pool": "n0"}}), json!({}));
     let mut memory = Memory::default();
     tick_once(&ext, &fake, &policy(&["ml"]), &mut memory).await;
-    let events = fake.events();
-    assert_eq!(events.len(), 1, "{events:?}");
-    assert!(
-        events[0].contains("GpuShareNoDefragPlan")
-            && events[0]
-                .contains("no other node that takes it without breaking a free GPU (as ml/a)"),
-        "{}",
-        events[0]
-    );
+    told_a_stays(&fake);
 }
 
 /// A taint on n1 that `a` does not tolerate keeps it on n0, as kube-scheduler would; tolerated,
@@ -295,15 +300,7 @@ async fn a_taint_the_moved_pod_does_not_tolerate_keeps_it() {
     let (ext, fake) = cluster_tainted(json!({}), json!({}), std::slice::from_ref(&taint));
     let mut memory = Memory::default();
     tick_once(&ext, &fake, &policy(&["ml"]), &mut memory).await;
-    let events = fake.events();
-    assert_eq!(events.len(), 1, "{events:?}");
-    assert!(
-        events[0].contains("GpuShareNoDefragPlan")
-            && events[0]
-                .contains("no other node that takes it without breaking a free GPU (as ml/a)"),
-        "{}",
-        events[0]
-    );
+    told_a_stays(&fake);
     let tolerates = json!({"tolerations": [{"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}]});
     let (ext, fake) = cluster_tainted(tolerates, json!({}), &[taint]);
     let mut memory = Memory::default();

@@ -52,15 +52,16 @@ impl NodeFacts {
     /// TaintToleration and NodeUnschedulable plugins judge: each `NoSchedule` and `NoExecute`
     /// taint tolerated, and, when cordoned, the `node.kubernetes.io/unschedulable` taint too.
     pub fn tolerated_by(&self, tolerations: &[Toleration]) -> bool {
-        let cordon = Taint {
-            key: UNSCHEDULABLE.to_string(),
-            effect: "NoSchedule".to_string(),
-            ..Taint::default()
+        let tolerated = |key: &str, value: &str, effect: &str| {
+            tolerations.iter().any(|t| matches(t, key, value, effect))
         };
-        self.hard_taints
-            .iter()
-            .chain(self.cordoned.then_some(&cordon))
-            .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)))
+        self.hard_taints.iter().all(|taint| {
+            tolerated(
+                &taint.key,
+                taint.value.as_deref().unwrap_or_default(),
+                &taint.effect,
+            )
+        }) && (!self.cordoned || tolerated(UNSCHEDULABLE, "", "NoSchedule"))
     }
 
     /// A node known by name alone (`--dev`'s `--nodes`, a request's node names): no labels, no
@@ -92,20 +93,27 @@ pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 /// none named), the same key (or none named, with `Exists`), and the same value under `Equal` (the
 /// default operator) or any value under `Exists`.
 pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect = toleration.effect.as_deref().unwrap_or_default();
-    if !effect.is_empty() && effect != taint.effect {
+    matches(
+        toleration,
+        &taint.key,
+        taint.value.as_deref().unwrap_or_default(),
+        &taint.effect,
+    )
+}
+
+/// [`tolerates`] over a taint's parts (a cordon's taint is never built).
+fn matches(toleration: &Toleration, key: &str, value: &str, effect: &str) -> bool {
+    let wanted = toleration.effect.as_deref().unwrap_or_default();
+    if !wanted.is_empty() && wanted != effect {
         return false;
     }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
+    let named = toleration.key.as_deref().unwrap_or_default();
+    if !named.is_empty() && named != key {
         return false;
     }
     match toleration.operator.as_deref().unwrap_or("Equal") {
         "Exists" => true,
-        "Equal" | "" => {
-            toleration.value.as_deref().unwrap_or_default()
-                == taint.value.as_deref().unwrap_or_default()
-        }
+        "Equal" | "" => toleration.value.as_deref().unwrap_or_default() == value,
         _ => false,
     }
 }
