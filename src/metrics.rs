@@ -97,6 +97,9 @@ pub struct Metrics {
     drift: Family<ResultLabels, Counter>,
     reservation_actions: Family<ActionLabels, Counter>,
     defrag_plans: Family<OutcomeLabels, Counter>,
+    defrag_evictions: Family<OutcomeLabels, Counter>,
+    defrag_given_up: Family<ReasonLabels, Counter>,
+    defrag_gpus_freed: Counter,
     advertisements: Family<ResultLabels, Counter>,
     reservations: Family<StateLabels, Gauge>,
     requeues: Counter,
@@ -175,6 +178,24 @@ impl Metrics {
             "defrag_plans",
             "Defragmentation plans weighed for waiting pods, by outcome: planned, or why none (fits, no-node, no-room, over-limit, no-target)",
             defrag_plans.clone(),
+        );
+        let defrag_evictions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "defrag_evictions",
+            "Evictions defragmentation asked of the Eviction API to move pods, by outcome: evicted (a move), gone (the pod was gone already), refused (a PodDisruptionBudget allowed none), failed",
+            defrag_evictions.clone(),
+        );
+        let defrag_given_up = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "defrag_plans_given_up",
+            "Defragmentation plans under way given up, by why: lapsed, eviction-refused, eviction-failed, waiting-gone, orphaned (begun by a replica that no longer holds it), turned-off",
+            defrag_given_up.clone(),
+        );
+        let defrag_gpus_freed = Counter::default();
+        registry.register(
+            "defrag_gpus_freed",
+            "GPUs defragmentation made room on for the waiting pods it placed (the waiting pod's GPUs on its node)",
+            defrag_gpus_freed.clone(),
         );
         let advertisements = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -327,6 +348,9 @@ impl Metrics {
             drift,
             reservation_actions,
             defrag_plans,
+            defrag_evictions,
+            defrag_given_up,
+            defrag_gpus_freed,
             advertisements,
             reservations,
             requeues,
@@ -423,6 +447,28 @@ impl Metrics {
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    /// Counts one eviction asked to move a pod, by its outcome (`evicted`, `gone`, `refused`,
+    /// `failed`).
+    pub fn defrag_eviction(&self, outcome: &str) {
+        self.defrag_evictions
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one plan under way given up, by why ([`crate::defrag::flight::GiveUp::label`]).
+    pub fn defrag_given_up(&self, why: &str) {
+        self.defrag_given_up
+            .get_or_create(&ReasonLabels { reason: why.into() })
+            .inc();
+    }
+
+    /// Counts the GPUs a plan made room on, once its waiting pod is placed.
+    pub fn defrag_gpus_freed(&self, n: u64) {
+        self.defrag_gpus_freed.inc_by(n);
     }
 
     pub fn requeued(&self, n: u64) {

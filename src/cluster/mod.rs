@@ -3,6 +3,7 @@
 
 pub mod certs;
 pub mod dra;
+pub mod eviction;
 pub mod leadership;
 #[cfg(test)]
 pub mod mock;

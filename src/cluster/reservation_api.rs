@@ -147,9 +147,9 @@ pub async fn note(
     }
 }
 
-/// Evicts share `owner`: an event saying why, then the pod deleted (this pod only: its UID is a
-/// precondition). One already gone is evicted.
-pub async fn evict(
+/// Deletes share `owner`: an event saying why, then the pod deleted (this pod only: its UID is a
+/// precondition). One already gone is deleted.
+pub async fn delete_share(
     recorder: &Recorder,
     client: &Client,
     owner: &Owner,

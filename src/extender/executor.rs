@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use super::bind::calls::{BindAnswers, BindCalls, Ended, read_back_needed};
 use super::bind::error::{BIND_API_TIMEOUT, BIND_READBACK_TIMEOUT, BindCallError, ReadBackError};
+pub use crate::cluster::eviction::Evicted;
 use crate::cluster::reservation_api::{self as api, CreateError};
 use crate::reservation::Template;
 use crate::reservation::view::{Owner, Pointing};
@@ -84,22 +85,28 @@ pub trait Executor: Clone + Send + Sync + 'static {
     /// Creates a share's devices ConfigMap, pointing it at its GPU.
     fn fill(&self, fill: &Fill) -> impl Future<Output = Result<api::Fill, kube::Error>> + Send;
 
-    /// Writes annotation `key` on pod `namespace/name`.
+    /// Writes annotation `key` on pod `namespace/name` (`None`: removes it).
     fn annotate(
         &self,
         namespace: &str,
         name: &str,
         key: &str,
-        value: &str,
+        value: Option<&str>,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 
-    /// Evicts pod `owner` (this pod only), with a warning event saying why; one already gone is
-    /// evicted.
-    fn evict(
+    /// Deletes share `owner` (this pod only), with a warning event saying why; one already gone
+    /// is deleted. For a share that cannot run where it is (its reservation failed, its devices
+    /// ConfigMap is foreign): a PodDisruptionBudget protects pods that run, and this one does not.
+    fn delete_share(
         &self,
         owner: &Owner,
         why: &str,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+
+    /// Evicts running pod `owner` (this pod only) through the Eviction API, so that its
+    /// PodDisruptionBudgets hold: `Ok(Evicted::Refused)` with the API's words where a budget
+    /// allows no disruption now (429); one already gone is evicted.
+    fn evict(&self, owner: &Owner) -> impl Future<Output = Result<Evicted, kube::Error>> + Send;
 
     /// Records an event on pod `owner`, reporting `action` for `reason` (logged, not fatal,
     /// when it cannot be recorded).
@@ -297,7 +304,7 @@ impl Executor for Api {
         namespace: &str,
         name: &str,
         key: &str,
-        value: &str,
+        value: Option<&str>,
     ) -> Result<(), kube::Error> {
         let patch = json!({ "metadata": { "annotations": { key: value } } });
         self.pods(namespace)
@@ -306,8 +313,12 @@ impl Executor for Api {
             .map(drop)
     }
 
-    async fn evict(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
-        api::evict(self.recorder(), &self.client, owner, why).await
+    async fn delete_share(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
+        api::delete_share(self.recorder(), &self.client, owner, why).await
+    }
+
+    async fn evict(&self, owner: &Owner) -> Result<Evicted, kube::Error> {
+        crate::cluster::eviction::evict(&self.client, owner).await
     }
 
     async fn note(&self, owner: &Owner, warning: bool, action: &str, reason: &str, note: &str) {
@@ -357,12 +368,23 @@ impl Executor for Dev {
         Ok(api::Fill::Done)
     }
 
-    async fn annotate(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), kube::Error> {
+    async fn annotate(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+    ) -> Result<(), kube::Error> {
         Ok(())
     }
 
-    async fn evict(&self, _: &Owner, _: &str) -> Result<(), kube::Error> {
+    async fn delete_share(&self, _: &Owner, _: &str) -> Result<(), kube::Error> {
         Ok(())
+    }
+
+    async fn evict(&self, _: &Owner) -> Result<Evicted, kube::Error> {
+        // No pod runs in --dev, and no defragmentation controller.
+        Ok(Evicted::Gone)
     }
 
     async fn note(&self, _: &Owner, _: bool, _: &str, _: &str, _: &str) {}
@@ -444,7 +466,7 @@ mod tests {
             ));
         });
         Api::new(client)
-            .annotate("ml", "waiting", ANNOTATION_REQUEUE, "t1")
+            .annotate("ml", "waiting", ANNOTATION_REQUEUE, Some("t1"))
             .await
             .unwrap();
         server.await.unwrap();

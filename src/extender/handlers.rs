@@ -105,12 +105,17 @@ fn verdicts(
     names: &[String],
     demand: &Demand,
     scorer: Option<&packing::Scorer>,
+    pod: &ledger::BindPod,
 ) -> Vec<Result<Option<f64>, Reason>> {
     let held_off = if demand.pointed() {
         ext.ledger().held_off_now()
     } else {
         Default::default()
     };
+    // Defragmentation: a moved pod's replacement goes to the room held for it alone, and the
+    // nodes where plans make room take their waiting pods alone.
+    let steer = ext.steer(pod);
+    let fences = ext.ledger().fences_now();
     ext.ledger()
         .with_nodes_scoring(names, |node, usage, memo| {
             packing::fit(node, usage, demand).map(|()| {
@@ -123,6 +128,15 @@ fn verdicts(
         .into_iter()
         .zip(names)
         .map(|(r, name)| match r {
+            _ if steer.is_some() => match &steer {
+                Some(st) if st.node == *name => Ok(None),
+                _ => Err(Reason::SteeredElsewhere),
+            },
+            Some(_) if fences.get(name).is_some_and(|f| f.waiting != pod.pod.uid) => {
+                Err(Reason::HeldForPlan {
+                    why: fences[name].why.clone(),
+                })
+            }
             Some(Ok(score)) => match held_off.get(name) {
                 Some(why) => Err(Reason::ReservationFailed { why: why.clone() }),
                 None => Ok(score),
@@ -200,7 +214,7 @@ pub fn filter(
             }
             let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
             let scorer = best_only.then(|| ext.scorer(policy.policy.packing.policy.into()));
-            for (i, v) in verdicts(ext, names, &demand, scorer.as_ref())
+            for (i, v) in verdicts(ext, names, &demand, scorer.as_ref(), &seen)
                 .into_iter()
                 .enumerate()
             {

@@ -30,6 +30,7 @@ pub use super::nudge::Released;
 pub use super::pending::{PendingClass, UNSCHEDULED_CAP, Unscheduled, unscheduled_of};
 pub use crate::cache::NoRoom;
 
+pub mod flights;
 pub mod in_flight;
 pub mod ledger_view;
 
@@ -77,6 +78,8 @@ pub struct ExtenderState {
     pub reservations: crate::cluster::reservation_api::Seen,
     /// Defragmentation's latest plan for each waiting pod, as its controller posts them.
     pub plans: super::defrag_controller::board::Board,
+    /// Defragmentation's plans under way ([`flights`]).
+    flights: Mutex<Vec<crate::defrag::flight::Flight>>,
     /// NVIDIA's DRA driver's slices and the claims allocated its devices ([`super::dra`]).
     dra: Mutex<crate::dra::DraView>,
 }
@@ -94,6 +97,7 @@ impl ExtenderState {
             explainer: super::explain::Explainer::default(),
             reservations: Default::default(),
             plans: Default::default(),
+            flights: Mutex::new(Vec::new()),
             bypassed: Mutex::new(std::collections::BTreeSet::new()),
             dra: Mutex::new(crate::dra::DraView::default()),
         }

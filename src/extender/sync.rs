@@ -464,7 +464,7 @@ pub fn spawn_requeuer(
             for (uid, w) in chosen {
                 ext.clear_no_room(&uid);
                 match io
-                    .annotate(&w.namespace, &w.name, ANNOTATION_REQUEUE, &stamp)
+                    .annotate(&w.namespace, &w.name, ANNOTATION_REQUEUE, Some(&stamp))
                     .await
                 {
                     Ok(()) => n += 1,

@@ -56,6 +56,10 @@ pub fn decide<'a>(
     asks_api: bool,
 ) -> Result<Decision<'a>, HoldError> {
     let mut binding = ext.begin_bind(&pod.pod.uid, node, asks_api);
+    // A moved pod's replacement takes the room its plan holds for it, where it is held.
+    if let Some(steer) = ext.steer(pod).filter(|s| s.node == node) {
+        binding = binding.redeeming(steer.promise);
+    }
     let decided = |binding, annotations, create| Decision {
         binding,
         key: pod.key.clone(),

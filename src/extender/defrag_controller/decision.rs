@@ -51,7 +51,8 @@ pub fn limits(policy: &DefragPolicy) -> Limits {
 
 /// The plan for `waiter` over `ground`: it goes only to nodes kube-scheduler's own placement
 /// rules leave it (its nodeSelector, required node affinity and tolerations,
-/// [`explain::open_to`]), and a pod that moves goes only where `may_go` (its UID, the node) says.
+/// [`explain::open_to`]) and `open` leaves it (no other plan under way holds them), and a pod
+/// that moves goes only where `may_go` (its UID, the node) says.
 pub fn weigh(
     ground: &Ground,
     nodes: &Nodes,
@@ -59,6 +60,7 @@ pub fn weigh(
     waiter: &Waiter,
     policy: &DefragPolicy,
     may_go: &dyn Fn(&str, &str) -> bool,
+    open: &dyn Fn(&str) -> bool,
 ) -> Result<Plan, NoPlan> {
     let spec = waiter.pod.spec.clone().unwrap_or_default();
     crate::defrag::plan(
@@ -70,9 +72,12 @@ pub fn weigh(
         },
         &limits(policy),
         |guest, node| match guest {
-            Guest::Waiting => nodes
-                .get(node)
-                .is_some_and(|f| explain::open_to(&spec, node, f)),
+            Guest::Waiting => {
+                open(node)
+                    && nodes
+                        .get(node)
+                        .is_some_and(|f| explain::open_to(&spec, node, f))
+            }
             Guest::Moved(r) => may_go(&r.id, node),
         },
     )

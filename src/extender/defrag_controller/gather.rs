@@ -80,7 +80,7 @@ fn resident(key: &str, h: &Holding, rules: &Rules) -> Resident {
             }
             m => m,
         },
-        Holder::Claim | Holder::StandIn => Mobility::Pinned(Pinned::Unsettled),
+        Holder::Claim | Holder::StandIn | Holder::Promise => Mobility::Pinned(Pinned::Unsettled),
     };
     Resident {
         id: key.to_string(),

@@ -19,6 +19,7 @@
 pub mod board;
 pub mod decision;
 pub mod gather;
+pub mod moving;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use tokio::sync::watch::Receiver;
 
@@ -33,6 +35,7 @@ use super::executor::{self, Executor};
 use super::state::ExtenderState;
 use crate::cache::Wanting;
 use crate::cluster::leadership::Leadership;
+use crate::defrag::flight::{GiveUp, Lineage, PodId, carries_plan};
 use crate::defrag::{NoPlan, Plan};
 use crate::metrics::Metrics;
 use crate::packing::Scorer;
@@ -77,6 +80,9 @@ pub struct Memory {
     /// What each was last told.
     said: HashMap<String, String>,
     leading: Option<bool>,
+    /// When each workload (`namespace/Kind/name`) last had a pod moved, or an eviction
+    /// refused: it is left alone for `defrag.cooldownSeconds`.
+    cooled: HashMap<String, Instant>,
 }
 
 impl Memory {
@@ -103,6 +109,12 @@ async fn run(
             _ = tokio::time::sleep(TICK) => {}
         }
         let loaded = policy.current();
+        if loaded.policy.defrag.mode != DefragMode::On && !ext.flights().is_empty() {
+            // Moving turned off: the plans under way are given up, their holds released.
+            for f in ext.flights() {
+                moving::unwind(&io, &ext, &metrics, &f.waiting, GiveUp::TurnedOff).await;
+            }
+        }
         if loaded.policy.defrag.mode == DefragMode::Off {
             // Turned off: nothing posted stays, and a pod told before is told again once on.
             ext.plans.clear();
@@ -128,7 +140,8 @@ async fn run(
         if leading {
             tick(&io, &ext, &loaded.policy, &metrics, &waiting, &mut memory).await;
         } else {
-            // The replica that leads posts and tells.
+            // The replica that leads posts, tells and moves; it unwinds what this one began.
+            moving::drop_all(&ext);
             ext.plans.clear();
             memory.weighed.clear();
             memory.said.clear();
@@ -145,9 +158,15 @@ pub async fn tick<E: Executor>(
     waiting: &[Wanting],
     memory: &mut Memory,
 ) {
+    let on = policy.defrag.mode == DefragMode::On;
+    if on {
+        moving::advance(io, ext, metrics).await;
+    }
+    let flying: HashSet<String> = ext.flights().into_iter().map(|f| f.waiting.uid).collect();
     let now = Instant::now();
     let due: Vec<&Wanting> = waiting
         .iter()
+        .filter(|w| !flying.contains(&w.uid))
         .filter(|w| {
             memory
                 .weighed
@@ -159,16 +178,20 @@ pub async fn tick<E: Executor>(
     if due.is_empty() {
         return;
     }
-    let defrag = &policy.defrag;
+    let mut defrag = policy.defrag.clone();
     let unsettled = |uid: &str| ext.assumption(uid).is_some() || ext.in_doubt(uid).is_some();
-    let ground = Ground::gather(
-        ext.ledger().snapshot(),
-        &Rules {
-            namespaces: &defrag.namespaces,
-            cooling: &|_| false,
-            unsettled: &unsettled,
-        },
-    );
+    let cooldown = Duration::from_secs(u64::from(defrag.cooldown_seconds));
+    let gather = |cooled: &HashMap<String, Instant>| {
+        Ground::gather(
+            ext.ledger().snapshot(),
+            &Rules {
+                namespaces: &defrag.namespaces,
+                cooling: &|w| cooled.get(w).is_some_and(|t| t.elapsed() < cooldown),
+                unsettled: &unsettled,
+            },
+        )
+    };
+    let mut ground = gather(&memory.cooled);
     let scorer = ext.scorer(policy.packing.policy.into());
     for who in due {
         let uid = &who.uid;
@@ -183,11 +206,63 @@ pub async fn tick<E: Executor>(
         if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
             continue;
         }
+        let id = PodId {
+            uid: uid.clone(),
+            namespace: who.namespace.clone(),
+            name: who.name.clone(),
+        };
+        if carries_plan(&pod) {
+            // Begun by a replica that no longer holds it: its holds went with that replica.
+            moving::unwind(io, ext, metrics, &id, GiveUp::Orphaned).await;
+            continue;
+        }
         let Some(waiter) = Waiter::of(Arc::new(pod), policy) else {
             continue;
         };
-        let outcome = checked_plan(io, ext, &ground, &scorer, &waiter, defrag).await;
+        if on {
+            // At most `movesAtOnce` moves under way, over every plan.
+            let left = policy
+                .defrag
+                .moves_at_once
+                .saturating_sub(ext.moves_under_way() as u32);
+            if left == 0 {
+                memory.weighed.remove(uid);
+                break;
+            }
+            defrag.moves_at_once = left;
+        }
+        let (outcome, read) = checked_plan(io, ext, &ground, &scorer, &waiter, &defrag).await;
         metrics.defrag_plan(decision::label(&outcome));
+        if let (true, Ok(plan)) = (on, &outcome) {
+            let lineages: Option<Vec<Lineage>> = plan
+                .moves
+                .iter()
+                .map(|m| read.get(&m.id).and_then(Lineage::of))
+                .collect();
+            let Some(lineages) = lineages else {
+                continue;
+            };
+            memory.said.remove(uid);
+            if moving::begin(
+                io,
+                ext,
+                &scorer,
+                &defrag,
+                metrics,
+                memory,
+                id,
+                plan.clone(),
+                lineages,
+            )
+            .await
+                && let Some(f) = ext.with_flight(uid, |f| f.clone())
+            {
+                ext.plans.post(uid, &f.plan.node, f.words());
+            }
+            // The ledger changed (promises, and the pods evicted are leaving): weighed afresh.
+            ground = gather(&memory.cooled);
+            continue;
+        }
         match &outcome {
             Ok(plan) => ext.plans.post(
                 uid,
@@ -225,6 +300,8 @@ pub async fn tick<E: Executor>(
 /// nodes its own nodeSelector, required node affinity and tolerations leave it, and a pod that cannot be read, or
 /// is no longer the pod the ledger holds (another UID under its name), does not move. Weighed
 /// again while a plan names a pod not yet read; in the last round, only pods read may move.
+/// Nodes another plan under way holds for its waiting pod are left alone. Returns the pods
+/// read, by UID, with the outcome.
 async fn checked_plan<E: Executor>(
     io: &E,
     ext: &ExtenderState,
@@ -232,18 +309,25 @@ async fn checked_plan<E: Executor>(
     scorer: &Scorer,
     waiter: &Waiter,
     defrag: &DefragPolicy,
-) -> Result<Plan, NoPlan> {
+) -> (Result<Plan, NoPlan>, HashMap<String, Pod>) {
     // The nodes each pod read may go to, by its UID.
     let mut allowed: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut read: HashMap<String, Pod> = HashMap::new();
+    let fences = ext.ledger().fences_now();
+    let uid = waiter.pod.metadata.uid.clone().unwrap_or_default();
+    let open = |node: &str| fences.get(node).is_none_or(|f| f.waiting == uid);
     for round in 0..=RETRIES {
         let last = round == RETRIES;
-        let may_go = |id: &str, node: &str| match allowed.get(id) {
-            Some(nodes) => nodes.contains(node),
-            None => !last,
+        let may_go = |id: &str, node: &str| {
+            open(node)
+                && match allowed.get(id) {
+                    Some(nodes) => nodes.contains(node),
+                    None => !last,
+                }
         };
-        let outcome = weigh(ground, &ext.nodes(), scorer, waiter, defrag, &may_go);
+        let outcome = weigh(ground, &ext.nodes(), scorer, waiter, defrag, &may_go, &open);
         let Ok(plan) = &outcome else {
-            return outcome;
+            return (outcome, read);
         };
         let unread: Vec<(String, String)> = plan
             .moves
@@ -252,13 +336,18 @@ async fn checked_plan<E: Executor>(
             .map(|m| (m.id.clone(), m.key.clone()))
             .collect();
         if unread.is_empty() {
-            return outcome;
+            return (outcome, read);
         }
         for (id, key) in unread {
             let nodes = match key.split_once('/') {
                 Some((namespace, name)) => match io.get_pod(namespace, name).await {
                     Ok(pod) if pod.metadata.uid.as_deref() == Some(id.as_str()) => {
-                        decision::picked_by(&ext.nodes(), &pod.spec.unwrap_or_default())
+                        let nodes = decision::picked_by(
+                            &ext.nodes(),
+                            &pod.spec.clone().unwrap_or_default(),
+                        );
+                        read.insert(id.clone(), pod);
+                        nodes
                     }
                     Ok(_) => HashSet::new(),
                     Err(e) => {
@@ -272,5 +361,8 @@ async fn checked_plan<E: Executor>(
         }
     }
     let none = |_: &str, _: &str| false;
-    weigh(ground, &ext.nodes(), scorer, waiter, defrag, &none)
+    (
+        weigh(ground, &ext.nodes(), scorer, waiter, defrag, &none, &open),
+        read,
+    )
 }

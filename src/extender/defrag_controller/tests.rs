@@ -1,8 +1,11 @@
-//! The defragmentation controller in plan mode over a cluster's state (pods recorded as the API
-//! shows them), against an executor that serves pods and records events: what a waiting pod is
-//! told, said once, and that nothing moves.
+//! The defragmentation controller over a cluster's state (pods recorded as the API shows them),
+//! against an executor that serves pods and records events, annotations and evictions: in plan
+//! mode, what a waiting pod is told, said once, and that nothing moves; moving (`mode: on`) is in
+//! [`moving`].
 
-use std::collections::{BTreeMap, HashMap};
+mod moving;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,16 +22,39 @@ use crate::inventory::GpuNode;
 use crate::policy::Policy;
 use crate::reservation::Template;
 
-/// Serves the pods it holds (by `namespace/name`) and records the events written.
+/// Serves the pods it holds (by `namespace/name`), records the events written, and writes
+/// annotations on its pods and evicts them (refusing the names in `refuse`, as a
+/// PodDisruptionBudget would), recording each call.
 #[derive(Clone, Default)]
 struct Fake {
-    pods: Arc<HashMap<String, Pod>>,
+    pods: Arc<Mutex<HashMap<String, Pod>>>,
     events: Arc<Mutex<Vec<String>>>,
+    calls: Arc<Mutex<Vec<String>>>,
+    refuse: Arc<Mutex<HashSet<String>>>,
+    /// Refuses every eviction after this many.
+    refuse_after: Arc<Mutex<Option<usize>>>,
 }
 
 impl Fake {
     fn events(&self) -> Vec<String> {
         self.events.lock().unwrap().clone()
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn pod(&self, key: &str) -> Option<Pod> {
+        self.pods.lock().unwrap().get(key).cloned()
+    }
+
+    fn put(&self, pod: Pod) {
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.clone().unwrap(),
+            pod.metadata.name.clone().unwrap()
+        );
+        self.pods.lock().unwrap().insert(key, pod);
     }
 }
 
@@ -36,9 +62,7 @@ impl Executor for Fake {
     const ASKS_API: bool = true;
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ReadBackError> {
-        self.pods
-            .get(&format!("{namespace}/{name}"))
-            .cloned()
+        self.pod(&format!("{namespace}/{name}"))
             .ok_or(ReadBackError::Unanswered)
     }
 
@@ -71,12 +95,59 @@ impl Executor for Fake {
         unreachable!("planning fills nothing")
     }
 
-    async fn annotate(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), kube::Error> {
-        unreachable!("planning writes no annotation")
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), kube::Error> {
+        let at = format!("{namespace}/{name}");
+        let word = if value.is_some() {
+            "written"
+        } else {
+            "removed"
+        };
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("annotate {at} {key} {word}"));
+        if let Some(pod) = self.pods.lock().unwrap().get_mut(&at) {
+            let a = pod.metadata.annotations.get_or_insert_default();
+            match value {
+                Some(v) => a.insert(key.to_string(), v.to_string()),
+                None => a.remove(key),
+            };
+        }
+        Ok(())
     }
 
-    async fn evict(&self, _: &Owner, _: &str) -> Result<(), kube::Error> {
-        unreachable!("planning evicts nothing")
+    async fn delete_share(&self, _: &Owner, _: &str) -> Result<(), kube::Error> {
+        unreachable!("defragmentation deletes no pod")
+    }
+
+    async fn evict(
+        &self,
+        owner: &Owner,
+    ) -> Result<crate::extender::executor::Evicted, kube::Error> {
+        use crate::extender::executor::Evicted;
+        let at = format!("{}/{}", owner.namespace, owner.name);
+        let evictions = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(format!("evict {at}"));
+            calls.iter().filter(|c| c.starts_with("evict ")).count()
+        };
+        let past = self
+            .refuse_after
+            .lock()
+            .unwrap()
+            .is_some_and(|n| evictions > n);
+        if past || self.refuse.lock().unwrap().contains(&at) {
+            return Ok(Evicted::Refused(
+                "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            ));
+        }
+        Ok(Evicted::Done)
     }
 
     async fn note(&self, owner: &Owner, _: bool, action: &str, reason: &str, note: &str) {
@@ -129,6 +200,15 @@ fn pod(
     .unwrap()
 }
 
+/// A fake serving `pods`.
+fn serving(pods: Vec<Pod>) -> Fake {
+    let fake = Fake::default();
+    for p in pods {
+        fake.put(p);
+    }
+    fake
+}
+
 /// Two nodes of four L40S, labelled `pool=<name>`. n0: GPU 0 held by `a` (a ReplicaSet's; `a_spec`
 /// merged into its spec), GPU 1 free, GPUs 2 and 3 by bare pods. n1: GPU 0 free, the rest held
 /// by bare pods. An `exclusive-2` pod `big` (`big_spec` merged into its spec) waits: no node has
@@ -174,25 +254,7 @@ fn cluster_tainted(a_spec: Value, big_spec: Value, n1_taints: &[Value]) -> (Exte
         },
     );
     pods.push(big);
-    let fake = Fake {
-        pods: Arc::new(
-            pods.into_iter()
-                .map(|p| {
-                    let m = &p.metadata;
-                    (
-                        format!(
-                            "{}/{}",
-                            m.namespace.clone().unwrap(),
-                            m.name.clone().unwrap()
-                        ),
-                        p,
-                    )
-                })
-                .collect(),
-        ),
-        ..Fake::default()
-    };
-    (ext, fake)
+    (ext, serving(pods))
 }
 
 fn policy(namespaces: &[&str]) -> Policy {

@@ -25,7 +25,7 @@ pub async fn carry_out<E: Executor>(io: &E, step: Step<'_>) -> Result<(), Action
                 Ok(())
             }
             api::Fill::Foreign(what) => {
-                evict(io, &fill.owner, &decision::foreign(&fill, &at, &what)).await
+                delete_share(io, &fill.owner, &decision::foreign(&fill, &at, &what)).await
             }
         },
         Step::Delete {
@@ -61,7 +61,7 @@ pub async fn carry_out<E: Executor>(io: &E, step: Step<'_>) -> Result<(), Action
                     &owner.namespace,
                     &owner.name,
                     crate::ledger::ANNOTATION_GPUS,
-                    &m.annotation,
+                    Some(&m.annotation),
                 )
                 .await;
             m.settle(written.is_ok());
@@ -71,13 +71,13 @@ pub async fn carry_out<E: Executor>(io: &E, step: Step<'_>) -> Result<(), Action
             tracing::info!(pod = %format!("{}/{}", owner.namespace, owner.name), from, note, "share re-pointed");
             Ok(())
         }
-        Step::Evict { owner, why } => evict(io, &owner, &why).await,
+        Step::Evict { owner, why } => delete_share(io, &owner, &why).await,
     }
 }
 
-/// Evicts a share, with an event saying why.
-async fn evict<E: Executor>(io: &E, owner: &Owner, why: &str) -> Result<(), ActionError> {
-    io.evict(owner, why).await?;
+/// Deletes a share that cannot run where it is, with an event saying why.
+async fn delete_share<E: Executor>(io: &E, owner: &Owner, why: &str) -> Result<(), ActionError> {
+    io.delete_share(owner, why).await?;
     tracing::warn!(pod = %format!("{}/{}", owner.namespace, owner.name), why, "share evicted");
     Ok(())
 }

@@ -276,13 +276,18 @@ impl Executor for Fake {
         namespace: &str,
         name: &str,
         key: &str,
-        value: &str,
+        value: Option<&str>,
     ) -> Result<(), kube::Error> {
+        let value = value.unwrap_or("<removed>");
         self.call(format!("annotate {namespace}/{name} {key}={value}"))
     }
 
-    async fn evict(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
+    async fn delete_share(&self, owner: &Owner, why: &str) -> Result<(), kube::Error> {
         self.call(format!("evict {}/{}: {why}", owner.namespace, owner.name))
+    }
+
+    async fn evict(&self, _: &Owner) -> Result<crate::extender::executor::Evicted, kube::Error> {
+        unreachable!("the reservation controller evicts nothing through the Eviction API")
     }
 
     async fn note(&self, owner: &Owner, _: bool, _: &str, reason: &str, note: &str) {

@@ -32,9 +32,21 @@ pub struct Binding<'a> {
     /// Whether the pod was marked waiting for a release when its bind began (the watch may
     /// show it bound, and unmark it, before the binding's answer comes back).
     was_waiting: bool,
+    /// The promise the pod takes the room of: it replaces a pod a defragmentation plan moved
+    /// ([`Binding::redeeming`]).
+    promise: Option<String>,
 }
 
 impl Binding<'_> {
+    /// The bind places the pod in the room promise `promise` holds on its node for it
+    /// ([`crate::ledger::Ledger::redeem`]), rather than beside it.
+    pub fn redeeming(self, promise: String) -> Self {
+        Binding {
+            promise: Some(promise),
+            ..self
+        }
+    }
+
     /// Re-checks the fit and holds the demand on the node. In a cluster the pod is assumed
     /// there first: a watch event of the still-unbound pod in between must not free it. When
     /// nothing is held, there is nothing to shield and the assumption goes.
@@ -53,7 +65,13 @@ impl Binding<'_> {
                 },
             );
         }
-        let placed = self.ext.ledger.hold(scorer, &self.node, pod, demand);
+        let placed = match &self.promise {
+            Some(promise) => self
+                .ext
+                .ledger
+                .redeem(scorer, &self.node, promise, pod, demand),
+            None => self.ext.ledger.hold(scorer, &self.node, pod, demand),
+        };
         self.held = placed.is_ok();
         if self.assume && !self.held {
             self.ext.confirm(&self.uid);
@@ -121,6 +139,7 @@ impl ExtenderState {
             assume,
             held: false,
             was_waiting: self.has_no_room(uid),
+            promise: None,
         }
     }
 

@@ -93,6 +93,11 @@ impl<'a> LedgerView<'a> {
         self.0.held_off(node)
     }
 
+    /// The nodes defragmentation plans hold for their waiting pods now ([`Ledger::fence`]).
+    pub fn fences_now(&self) -> HashMap<String, crate::ledger::Fence> {
+        self.0.fences_now()
+    }
+
     /// The nodes shares in per-GPU form are held off now, and why.
     pub fn held_off_now(&self) -> HashMap<String, String> {
         self.0.held_off_now()

@@ -635,6 +635,7 @@ mod tests {
                 format!("ml/{uid}"),
                 "x".repeat(reason_bytes),
             )),
+            lineage: None,
         })
     }
 

@@ -9,6 +9,8 @@
 //!   the packing's own fit decides.
 //! - [`search`]: the node where room is cheapest, and a target for each pod that moves, which
 //!   the scorer picks among the nodes the move breaks no free GPU on.
+//! - [`flight`]: a plan under way (`defrag.mode: on`): its moves' progress, how a moved pod's
+//!   replacement is known, what the waiting pod's annotation records, and how a plan ends.
 //! - [`mobility`]: whether a running pod may move, read from the pod (its controller, its
 //!   `gpu-share.io/defrag` and `gpu-share.io/restart-cost` annotations, its phase) and the
 //!   namespaces the policy opts in.
@@ -19,6 +21,7 @@
 //! holds each target and the freed room before anything is evicted; the simulator replays the
 //! same plans.
 
+pub mod flight;
 pub mod mobility;
 pub mod model;
 pub mod room;

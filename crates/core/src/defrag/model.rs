@@ -65,7 +65,7 @@ pub enum Pinned {
     NotOptedIn,
     /// It opts out (`gpu-share.io/defrag: never`).
     OptedOut,
-    /// Its workload had a pod moved less than the cooldown ago.
+    /// Its workload had a pod moved, or an eviction refused, less than the cooldown ago.
     CoolingDown,
     /// Not running as the API last showed it (pending a bind, in doubt, leaving), or held for a
     /// DRA claim or a reservation on its way: only settled pods move.
@@ -91,7 +91,9 @@ impl Pinned {
             Pinned::NoController => "no controller would recreate them",
             Pinned::NotOptedIn => "neither their namespace nor their workload is opted in",
             Pinned::OptedOut => "they opt out",
-            Pinned::CoolingDown => "their workload had a pod moved within the cooldown",
+            Pinned::CoolingDown => {
+                "their workload had a pod moved, or an eviction refused, within the cooldown"
+            }
             Pinned::Unsettled => "they are not settled on their node",
             Pinned::HigherPriority => "their priority is higher than the waiting pod's",
         }

@@ -27,6 +27,16 @@ pub const VICTIMS_LEAVING: std::time::Duration = std::time::Duration::from_secs(
 /// it under the index's too: each retry means another change on that node was recorded first.
 pub const PLACE_TRIES: u32 = 4;
 
+/// A node held for the pod a defragmentation plan makes room for ([`Ledger::fence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub until: std::time::Instant,
+    /// The waiting pod's UID.
+    pub waiting: String,
+    /// Why, in words (`for ns/name: moving ...`).
+    pub why: String,
+}
+
 /// A victim a preemptor was given: `(node, victim UID)`.
 pub type NodeVictim = (String, String);
 
@@ -47,6 +57,11 @@ pub struct Ledger {
     /// Nodes where a reservation failed a moment ago: until when, and why. Shares in per-GPU
     /// form are not placed there meanwhile ([`Reason::ReservationFailed`]).
     held_off: Mutex<HashMap<String, (std::time::Instant, String)>>,
+    /// Nodes where a defragmentation plan is making room for a waiting pod: until when, the
+    /// waiting pod's UID, and the plan in words. Only that pod (and what holds for it: a
+    /// reservation's stand-in, the plan's promises) is placed there meanwhile
+    /// ([`Reason::HeldForPlan`]).
+    fenced: Mutex<HashMap<String, Fence>>,
     /// The victims each preemptor (by UID) was last given, and when.
     preempted: Mutex<HashMap<String, (std::time::Instant, Vec<NodeVictim>)>>,
     /// Pods a DRA claim stands for (by UID), and the claim's node: the claim holds their
@@ -361,6 +376,13 @@ impl Ledger {
         {
             return Err(Reason::ReservationFailed { why });
         }
+        if pod.holder == Holder::Pod
+            && let Some(fence) = self.fence_of(node)
+            && fence.waiting != pod.uid
+            && self.node_of(&pod.uid).is_none_or(|at| at != node)
+        {
+            return Err(Reason::HeldForPlan { why: fence.why });
+        }
         let uid = pod.uid.clone();
         // Where the placement is recorded: the pod as it goes into the node's ledger.
         let indexed = pod.clone();
@@ -429,6 +451,94 @@ impl Ledger {
                 None
             }
             None => None,
+        }
+    }
+
+    /// Holds `node` for pod `waiting` until `until` (a defragmentation plan is making room there
+    /// for it): no other pod is placed there meanwhile, whatever its demand. The plan's own holds
+    /// (promises, and a reservation's stand-in for the waiting pod's share) are not pods, and
+    /// pass.
+    pub fn fence(&self, node: &str, waiting: &str, until: std::time::Instant, why: String) {
+        lock(&self.fenced).insert(
+            node.to_string(),
+            Fence {
+                until,
+                waiting: waiting.to_string(),
+                why,
+            },
+        );
+    }
+
+    /// Lifts the fence `waiting`'s plan put on `node`, if it is still that plan's.
+    pub fn unfence(&self, node: &str, waiting: &str) {
+        let mut fenced = lock(&self.fenced);
+        if fenced.get(node).is_some_and(|f| f.waiting == waiting) {
+            fenced.remove(node);
+        }
+    }
+
+    /// `node`'s fence, if one holds now (one past its time is lifted).
+    pub fn fence_of(&self, node: &str) -> Option<Fence> {
+        let mut fenced = lock(&self.fenced);
+        match fenced.get(node) {
+            Some(f) if f.until > std::time::Instant::now() => Some(f.clone()),
+            Some(_) => {
+                fenced.remove(node);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Every fence that holds now, by node (usually none: one lookup for a whole filter).
+    pub fn fences_now(&self) -> HashMap<String, Fence> {
+        let now = std::time::Instant::now();
+        let mut fenced = lock(&self.fenced);
+        fenced.retain(|_, f| f.until > now);
+        fenced.clone()
+    }
+
+    /// Places pod `pod` on `node` in the room promise `promise` holds there for it: under the
+    /// node's lock, the promise is released and the pod placed; should the pod not fit even so,
+    /// the promise stays as it was and the reason is returned. A promise no longer held (its
+    /// plan ended) is an ordinary hold.
+    pub fn redeem(
+        &self,
+        scorer: &Scorer,
+        node: &str,
+        promise: &str,
+        pod: PodRef,
+        demand: Demand,
+    ) -> Result<Placement, Reason> {
+        let n = self.node(node).ok_or(Reason::UnknownNode)?;
+        let mut index = lock(&self.index);
+        if index.get(promise).is_none_or(|(at, _)| at != node) || index.get(&pod.uid).is_some() {
+            drop(index);
+            return self.hold(scorer, node, pod, demand);
+        }
+        let mut nl = lock(&n);
+        let Some(kept) = nl.release(promise) else {
+            drop((nl, index));
+            return self.hold(scorer, node, pod, demand);
+        };
+        match nl.plan(scorer, &demand) {
+            Ok(placement) => {
+                let indexed = pod.clone();
+                let placed = nl.commit(pod, demand, placement);
+                index.remove(promise);
+                index.insert(node, &indexed);
+                drop((nl, index));
+                self.notify(&kept);
+                Ok(placed)
+            }
+            Err(why) => {
+                nl.commit(
+                    kept.pod.clone(),
+                    kept.demand.clone(),
+                    kept.placement.clone(),
+                );
+                Err(why)
+            }
         }
     }
 
@@ -539,11 +649,11 @@ impl Ledger {
     }
 
     /// The key of every holding (placed or not) but DRA claims' ([`Ledger::sync_claims`] keeps
-    /// those): pods' UIDs, and stand-ins' keys, which lapse with their assumption.
+    /// those) and defragmentation's promises (their plan's controller does): pods' UIDs, and stand-ins' keys, which lapse with their assumption.
     pub fn uids(&self) -> Vec<String> {
         let mut v: Vec<String> = lock(&self.index)
             .keys()
-            .filter(|(_, holder)| *holder != Holder::Claim)
+            .filter(|(_, holder)| !matches!(holder, Holder::Claim | Holder::Promise))
             .map(|(u, _)| u.clone())
             .collect();
         v.extend(lock(&self.unplaced).keys().cloned());

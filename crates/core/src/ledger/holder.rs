@@ -86,6 +86,11 @@ pub enum Holder {
     /// reservation is about to run on; the reservation itself, once recorded, takes its place
     /// ([`super::NodeLedger::record`]).
     StandIn,
+    /// Room a defragmentation plan holds for the replacement of a pod it moves, on the move's
+    /// target, from before the pod is evicted until the replacement's bind takes its place
+    /// ([`super::Ledger::redeem`]) or the plan ends. The plan's controller releases it; a relist
+    /// never does ([`super::Ledger::uids`]).
+    Promise,
 }
 
 impl Holder {
@@ -98,6 +103,12 @@ impl Holder {
 /// its devices (`gpu`, `share-<i>`, `mig-<profile>`).
 pub fn claim_key(claim: &str, node: &str, kind: &str) -> String {
     format!("dra-claim/{claim}/{node}/{kind}")
+}
+
+/// The ledger's key for the room defragmentation plan `plan` (its waiting pod's UID) holds for
+/// the replacement of its move number `index`.
+pub fn promise_key(plan: &str, index: usize) -> String {
+    format!("defrag-promise/{plan}/{index}")
 }
 
 /// The ledger's key for stand-in number `serial` for a reservation of GPU `gpu` of `node`.

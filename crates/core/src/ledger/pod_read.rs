@@ -434,6 +434,9 @@ pub struct BindPod {
     pub pod: PodRef,
     pub key: String,
     pub demand: Result<Option<Demand>, DemandError>,
+    /// Its controller and pod template, where a controller that recreates pods owns it: how a
+    /// replacement for a pod defragmentation moved is known ([`crate::defrag::flight`]).
+    pub lineage: Option<crate::defrag::flight::Lineage>,
 }
 
 impl BindPod {
@@ -442,6 +445,7 @@ impl BindPod {
             pod: pod_ref(pod),
             key: pod_key(pod),
             demand: demand_of_pod(pod),
+            lineage: crate::defrag::flight::Lineage::of(pod),
         }
     }
 
@@ -461,6 +465,9 @@ impl BindPod {
             + p.name.len()
             + self.key.len()
             + p.controller.as_ref().map_or(0, |c| c.len())
+            + self.lineage.as_ref().map_or(0, |l| {
+                l.controller.len() + l.template.as_ref().map_or(0, |t| t.len())
+            })
             + demand
             + 64;
         u32::try_from(n).unwrap_or(u32::MAX)

@@ -56,6 +56,14 @@ pub enum Reason {
     ReservationFailed {
         why: String,
     },
+    /// A defragmentation plan is making room on the node for another pod (why: the plan in
+    /// words): nothing else is placed there until it ends.
+    HeldForPlan {
+        why: String,
+    },
+    /// The pod replaces one a defragmentation plan moved, and the room for it is held on
+    /// another node.
+    SteeredElsewhere,
     Cpu,
     Memory,
     /// The policy requires a share's memory to be held to its budget, and nothing on the node
@@ -81,6 +89,10 @@ pub enum Reason {
 
 /// How [`Reason::ReservationFailed`]'s sentence begins, whatever the failure.
 const RESERVATION_FAILED_HEAD: &str = "a reservation of a GPU on this node failed";
+
+/// How [`Reason::HeldForPlan`]'s sentence begins, whatever the plan.
+const HELD_FOR_PLAN_HEAD: &str =
+    "a defragmentation plan is making room on this node for a waiting pod";
 
 /// How [`Reason::ResourceNotAdvertised`]'s sentence ends, whatever the resource.
 const NOT_ADVERTISED_TAIL: &str = ", the resource the pod's limits name";
@@ -143,6 +155,12 @@ impl Reason {
                 "{RESERVATION_FAILED_HEAD} moments ago ({why}); shares in per-GPU form go to other nodes for a while"
             )
             .into(),
+            Reason::HeldForPlan { why } => {
+                format!("{HELD_FOR_PLAN_HEAD} ({why}); other pods go elsewhere until it ends").into()
+            }
+            Reason::SteeredElsewhere => {
+                "the pod replaces one a defragmentation plan moved, and its room is held on another node".into()
+            }
             Reason::Cpu => "not enough free CPU".into(),
             Reason::Memory => "not enough free memory".into(),
             Reason::MemoryNotHeld(gap) => gap.sentence().into(),
@@ -200,13 +218,19 @@ impl Reason {
             Reason::DraShareTooSmall,
             Reason::DraMigForm,
             Reason::DraSharedDevices,
+            Reason::SteeredElsewhere,
         ]
         .into_iter()
         .filter_map(|r| match r.message_static() {
             std::borrow::Cow::Borrowed(m) => Some(m),
             std::borrow::Cow::Owned(_) => None,
         })
-        .chain(["; pod asks ", NOT_ADVERTISED_TAIL, RESERVATION_FAILED_HEAD])
+        .chain([
+            "; pod asks ",
+            NOT_ADVERTISED_TAIL,
+            RESERVATION_FAILED_HEAD,
+            HELD_FOR_PLAN_HEAD,
+        ])
     }
 
     /// True when freed capacity could make the node fit (kube-scheduler's `FailedNodes`, where
@@ -260,6 +284,8 @@ impl Reason {
             Reason::NotEnoughUnits => "not_enough_units",
             Reason::ResourceNotAdvertised { .. } => "resource_not_advertised",
             Reason::ReservationFailed { .. } => "reservation_failed",
+            Reason::HeldForPlan { .. } => "held_for_plan",
+            Reason::SteeredElsewhere => "steered_elsewhere",
             Reason::Cpu => "cpu",
             Reason::Memory => "memory",
             Reason::MemoryNotHeld(gap) => gap.label(),

@@ -14,6 +14,14 @@ fn moves_at_once() -> u32 {
     4
 }
 
+fn cooldown_seconds() -> u32 {
+    600
+}
+
+fn plan_timeout_seconds() -> u32 {
+    300
+}
+
 /// What the extender does for a pod that waits because the free capacity is scattered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -24,6 +32,10 @@ pub enum DefragMode {
     /// Tells each waiting pod in an event what moving would make room for it, or why no moves
     /// would, shows the plans (`/v1/nodes`, `gpu-share status`, the page), and moves nothing.
     Plan,
+    /// Carries the plans out: the targets and the freed room held first, each pod evicted
+    /// through the Eviction API (so PodDisruptionBudgets hold), its replacement steered to its
+    /// held target, the room given to the waiting pod.
+    On,
 }
 
 /// The policy file's `defrag` section.
@@ -43,6 +55,13 @@ pub struct DefragPolicy {
     /// At most this many moves in one plan.
     #[serde(default = "moves_at_once")]
     pub moves_at_once: u32,
+    /// A workload that had a pod moved, or an eviction refused, is left alone this long.
+    #[serde(default = "cooldown_seconds")]
+    pub cooldown_seconds: u32,
+    /// A plan under way that has not placed its waiting pod this long after it began is given
+    /// up, and its holds released.
+    #[serde(default = "plan_timeout_seconds")]
+    pub plan_timeout_seconds: u32,
 }
 
 impl Default for DefragPolicy {
@@ -52,6 +71,8 @@ impl Default for DefragPolicy {
             namespaces: Vec::new(),
             moves_per_gpu: moves_per_gpu(),
             moves_at_once: moves_at_once(),
+            cooldown_seconds: cooldown_seconds(),
+            plan_timeout_seconds: plan_timeout_seconds(),
         }
     }
 }
@@ -61,6 +82,11 @@ impl DefragPolicy {
         if self.moves_per_gpu == 0 || self.moves_at_once == 0 {
             return Err(Violation(
                 "defrag.movesPerGpu and defrag.movesAtOnce must be 1 or more (defrag.mode: off turns planning off)".into(),
+            ));
+        }
+        if self.plan_timeout_seconds < 30 {
+            return Err(Violation(
+                "defrag.planTimeoutSeconds must be 30 or more: a moved pod's replacement needs time to be created and placed".into(),
             ));
         }
         if let Some(ns) = self.namespaces.iter().find(|n| !is_dns_label(n)) {
@@ -100,6 +126,15 @@ mod tests {
         );
         assert_eq!((p.defrag.moves_per_gpu, p.defrag.moves_at_once), (2, 4));
         assert_eq!(
+            (p.defrag.cooldown_seconds, p.defrag.plan_timeout_seconds),
+            (600, 300)
+        );
+        let on = Policy::from_yaml("defrag: {mode: on, cooldownSeconds: 60}").unwrap();
+        assert_eq!(
+            (on.defrag.mode, on.defrag.cooldown_seconds),
+            (DefragMode::On, 60)
+        );
+        assert_eq!(
             Policy::default_policy().defrag,
             DefragPolicy::default(),
             "the embedded default is off, with the same limits"
@@ -113,8 +148,9 @@ mod tests {
             ("defrag: {movesAtOnce: 0}", "must be 1 or more"),
             ("defrag: {namespaces: [ML]}", "is not a namespace name"),
             ("defrag: {namespaces: ['']}", "is not a namespace name"),
-            ("defrag: {mode: on}", "unknown variant"),
+            ("defrag: {mode: yes}", "unknown variant"),
             ("defrag: {mode: plan, cooldown: 5}", "unknown field"),
+            ("defrag: {planTimeoutSeconds: 5}", "must be 30 or more"),
         ] {
             let e = Policy::from_yaml(yaml).unwrap_err().to_string();
             assert!(e.contains(words), "{yaml}: {e}");

@@ -44,6 +44,8 @@ pub(super) const FIELDS: &[&str] = &[
     "defrag.namespaces",
     "defrag.movesPerGpu",
     "defrag.movesAtOnce",
+    "defrag.cooldownSeconds",
+    "defrag.planTimeoutSeconds",
 ];
 
 /// Whether the parsed file `value` holds the field at `path` (`mps.hostIPC`).
