@@ -35,7 +35,11 @@
 //!    topology spread would put them, gpu-share passing that one node (tests/workloads/spread.rs);
 //! defragmentation plan: with `defrag.mode: plan`, an `exclusive-2` pod refused for scattered free
 //!    GPUs is told which move of a Deployment's pod would make room, and nothing moves
-//!    (tests/workloads/defrag.rs).
+//!    (tests/workloads/defrag.rs);
+//! defragmentation moves: with `defrag.mode: on`, the same move refused by a PodDisruptionBudget
+//!    is unwound with nothing left held; allowed, the pod is evicted through the Eviction API,
+//!    its replacement lands on its held target and the waiting pod where room was made, and the
+//!    audit log shows no pod deleted by gpu-share (tests/workloads/defrag.rs).
 
 mod common;
 #[path = "workloads/defrag.rs"]
@@ -1234,6 +1238,12 @@ async fn workloads_on_a_cluster_whose_pods_run() {
         &mut failures,
         "defragmentation plan",
         defrag::defrag_plan(&c),
+    )
+    .await;
+    point(
+        &mut failures,
+        "defragmentation moves",
+        defrag::defrag_moves(&c),
     )
     .await;
     assert!(

@@ -7,6 +7,20 @@ use kube::{Api, Client};
 
 use crate::reservation::view::Owner;
 
+/// How long one eviction may take before it counts as failed.
+pub const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A client for evictions: the cluster's configuration, with no retries. The client's default
+/// retries a 429 (up to 15 times, honouring `Retry-After`), and for an eviction a 429 is an
+/// answer: a PodDisruptionBudget allows no disruption now, which the plan acts on at once.
+pub async fn client() -> Result<Client, kube::Error> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    Client::try_from(config)
+}
+
 /// What the API answered an eviction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Evicted {
@@ -31,7 +45,18 @@ pub async fn evict(client: &Client, owner: &Owner) -> Result<Evicted, kube::Erro
         }),
         ..EvictParams::default()
     };
-    match api.evict(&owner.name, &params).await {
+    let answer = tokio::time::timeout(EVICTION_TIMEOUT, api.evict(&owner.name, &params))
+        .await
+        .map_err(|_| {
+            kube::Error::Service(
+                format!(
+                    "no answer to the eviction within {} s",
+                    EVICTION_TIMEOUT.as_secs()
+                )
+                .into(),
+            )
+        })?;
+    match answer {
         Ok(_) => Ok(Evicted::Done),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Evicted::Gone),
         Err(kube::Error::Api(s)) if s.code == 429 => Ok(Evicted::Refused(s.message)),

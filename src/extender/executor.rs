@@ -211,6 +211,9 @@ pub fn binding_body(
 #[derive(Clone)]
 pub struct Api {
     client: kube::Client,
+    /// The client evictions go through: one that does not retry a 429
+    /// ([`crate::cluster::eviction::client`]), where one was given.
+    evictions: Option<kube::Client>,
     recorder: OnceLock<Recorder>,
 }
 
@@ -218,7 +221,16 @@ impl Api {
     pub fn new(client: kube::Client) -> Self {
         Api {
             client,
+            evictions: None,
             recorder: OnceLock::new(),
+        }
+    }
+
+    /// Evictions go through `client` ([`crate::cluster::eviction::client`]).
+    pub fn evicting_with(self, client: kube::Client) -> Self {
+        Api {
+            evictions: Some(client),
+            ..self
         }
     }
 
@@ -318,7 +330,8 @@ impl Executor for Api {
     }
 
     async fn evict(&self, owner: &Owner) -> Result<Evicted, kube::Error> {
-        crate::cluster::eviction::evict(&self.client, owner).await
+        let client = self.evictions.as_ref().unwrap_or(&self.client);
+        crate::cluster::eviction::evict(client, owner).await
     }
 
     async fn note(&self, owner: &Owner, warning: bool, action: &str, reason: &str, note: &str) {

@@ -2,7 +2,8 @@
 # Starts a real Kubernetes control plane on 127.0.0.1 with gpu-share wired in, and returns once
 # everything is ready:
 #   - etcd, kube-apiserver (RBAC, throwaway certificates and service-account keys, every default
-#     admission plugin), kube-controller-manager (its own client certificate and RBAC identity,
+#     admission plugin, an audit log of pod deletes and evictions in DIR/logs/audit.log),
+#     kube-controller-manager (its own client certificate and RBAC identity,
 #     per-controller ServiceAccounts, as kubeadm runs it: namespaces are deleted for real,
 #     Deployments, ReplicaSets, Jobs and StatefulSets create their pods, drained and deleted nodes
 #     lose them) and kube-scheduler with the shipped KubeSchedulerConfiguration;
@@ -203,7 +204,23 @@ if [[ -n $real_nodes ]]; then
 else
   api_address=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --endpoint-reconciler-type none)
 fi
+# The audit log keeps how pods are removed (deletes, and evictions through the Eviction API), so
+# a test can tell which identity removed which pod how (defragmentation evicts, never deletes).
+cat >"$dir/audit-policy.yaml" <<'AUDIT'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [delete, deletecollection]
+    resources: [{group: "", resources: [pods]}]
+  - level: Metadata
+    verbs: [create]
+    resources: [{group: "", resources: [pods/eviction]}]
+  - level: None
+AUDIT
 launch_env="" launcher kube-apiserver "$bin/kube-apiserver" \
+  --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/logs/audit.log" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
   "${api_address[@]}" --secure-port "$api_port" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \

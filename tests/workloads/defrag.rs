@@ -1,9 +1,16 @@
-//! Defragmentation in plan mode (`defrag.mode: plan`): two plain nodes of two A100s each, one GPU
-//! of each held, one of them by a Deployment's pod, and an `exclusive-2` pod waiting, refused by
-//! kube-scheduler's own resource check (`Insufficient nvidia.com/gpu`). The waiting pod is told,
-//! in an event, that moving the Deployment's pod to the other node would make room; nothing
-//! moves. The nodes are tainted (`gpu-share.io/test=defrag`) so that only this point's pods land
-//! there.
+//! Defragmentation on two plain nodes of two A100s each, one GPU of each held, one of them by a
+//! Deployment's pod, and an `exclusive-2` pod waiting, refused by kube-scheduler's own resource
+//! check (`Insufficient nvidia.com/gpu`).
+//!
+//! - Plan mode (`defrag.mode: plan`): the waiting pod is told, in an event, that moving the
+//!   Deployment's pod to the other node would make room; nothing moves.
+//! - Moving (`defrag.mode: on`): with a PodDisruptionBudget that allows no disruption, the
+//!   eviction is refused and the plan unwound, the waiting pod told why and nothing left held;
+//!   with one that allows it, the Deployment's pod is evicted through the Eviction API, its
+//!   replacement lands on the other node, and the waiting pod binds where room was made. The API
+//!   server's audit log shows gpu-share's evictions and no pod deleted by it.
+//!
+//! The nodes are tainted (`gpu-share.io/test=defrag`) so that only this point's pods land there.
 
 use super::*;
 
@@ -18,6 +25,21 @@ const PLAN: [(&str, &str); 2] = [
     ("  mode: off\n", "  mode: plan\n"),
     ("  namespaces: []\n", "  namespaces: [defrag]\n"),
 ];
+/// Moving, with a cooldown short enough for the point's second plan.
+const ON: [(&str, &str); 3] = [
+    ("  mode: off\n", "  mode: on\n"),
+    ("  namespaces: []\n", "  namespaces: [defrag]\n"),
+    ("  cooldownSeconds: 600\n", "  cooldownSeconds: 5\n"),
+];
+const ON_OFF: [(&str, &str); 3] = [
+    ("  mode: on\n", "  mode: off\n"),
+    ("  namespaces: [defrag]\n", "  namespaces: []\n"),
+    ("  cooldownSeconds: 5\n", "  cooldownSeconds: 600\n"),
+];
+/// The Deployment the moving point moves.
+const SHIFTER: &str = "shifter";
+/// The identity gpu-share's extender (and kube-scheduler) act as (tests/cluster/up.sh).
+const EXTENDER_USER: &str = "system:serviceaccount:gpu-share:gpu-share-scheduler";
 
 /// A pod template of `class` on the point's nodes (their pool, their taint), on `node` if given.
 fn pool_template(class: &str, node: Option<&str>) -> Value {
@@ -82,7 +104,10 @@ pub async fn defrag_plan(c: &Cluster) -> Check {
     result.and(restored).and(cleaned.map(|_| ()))
 }
 
-async fn plan_told(c: &Cluster) -> Check {
+/// The Deployment's pod, the node it is on and the other node, once the GPUs are scattered: one
+/// free on each node, the Deployment's pod beside one of them.
+/// `workload` names the Deployment (each point its own: a moved workload cools down).
+async fn scatter(c: &Cluster, workload: &str) -> Result<(String, String, &'static str), String> {
     // One GPU of each node held by a bare pod.
     for (i, node) in NODES.iter().enumerate() {
         apply(
@@ -96,13 +121,13 @@ async fn plan_told(c: &Cluster) -> Check {
     apply(
         c,
         NS,
-        &deployment("mover", 1, pool_template("exclusive-1", None)),
+        &deployment(workload, 1, pool_template("exclusive-1", None)),
     )?;
     wait_pods(c, NS, 3, 0).await?;
     let pods = pods_of(c, NS).await?;
     let (mover, p) = pods
         .iter()
-        .find(|(n, _)| n.starts_with("mover-"))
+        .find(|(n, _)| n.starts_with(&format!("{workload}-")))
         .ok_or("no pod of the Deployment")?;
     let from = node_of(p)
         .ok_or("the Deployment's pod has no node")?
@@ -112,6 +137,12 @@ async fn plan_told(c: &Cluster) -> Check {
     kubectl(c, &["-n", NS, "delete", "pod", beside, "--wait=true"], None)?;
     wait_pods(c, NS, 2, 0).await?;
     ledger_is_the_api(c, "one GPU held on each node, one by a Deployment's pod").await?;
+    Ok((mover.clone(), from, to))
+}
+
+async fn plan_told(c: &Cluster) -> Check {
+    let (mover, from, to) = scatter(c, "mover").await?;
+    let mover = &mover;
     // Two GPUs are free, one on each node: an exclusive-2 pod waits.
     apply(c, NS, &bare("big", "exclusive-2", None))?;
     wait_pods(c, NS, 2, 1).await?;
@@ -137,4 +168,177 @@ async fn plan_told(c: &Cluster) -> Check {
         "the waiting pod was bound",
     )?;
     ledger_is_the_api(c, "a plan said, nothing moved").await
+}
+
+pub async fn defrag_moves(c: &Cluster) -> Check {
+    namespace(c, NS).await?;
+    // The plan point's events name pods of the same names: only this point's are read.
+    kubectl(c, &["-n", NS, "delete", "events", "--all"], None)?;
+    super::quota::set_policy(c, &ON)?;
+    let result = moved(c).await;
+    let restored = super::quota::set_policy(c, &ON_OFF);
+    let cleaned = kubectl(
+        c,
+        &[
+            "-n",
+            NS,
+            "delete",
+            "deployment,pod,poddisruptionbudget",
+            "--all",
+            "--wait=false",
+        ],
+        None,
+    );
+    result.and(restored).and(cleaned.map(|_| ()))
+}
+
+/// The PodDisruptionBudget over the Deployment's pods, once the disruption controller has
+/// counted it to allow `allowed` disruptions.
+async fn budget(c: &Cluster, spec: Value, allowed: i64) -> Check {
+    let pdb = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": SHIFTER},
+        "spec": spec,
+    });
+    kubectl(
+        c,
+        &["-n", NS, "delete", "pdb", SHIFTER, "--ignore-not-found"],
+        None,
+    )?;
+    apply(c, NS, &pdb)?;
+    wait_for(
+        &format!("the budget to allow {allowed} disruption(s)"),
+        Duration::from_secs(60),
+        || async {
+            let out = kubectl(c, &["-n", NS, "get", "pdb", SHIFTER, "-o", "json"], None)?;
+            let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            let counted = v["status"]["observedGeneration"] == v["metadata"]["generation"]
+                && v["status"]["expectedPods"].as_i64() == Some(1);
+            Ok(
+                (counted && v["status"]["disruptionsAllowed"].as_i64() == Some(allowed))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+}
+
+/// The audit log's entries for pods of the point's namespace: `(verb, subresource, pod, user,
+/// response code)`.
+type Audited = (String, String, String, String, i64);
+
+fn audited(c: &Cluster) -> Result<Vec<Audited>, String> {
+    let text = std::fs::read_to_string(c.dir.join("logs/audit.log"))
+        .map_err(|e| format!("the audit log: {e}"))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["objectRef"]["namespace"] == NS && e["stage"] == "ResponseComplete")
+        .map(|e| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&e["verb"]),
+                s(&e["objectRef"]["subresource"]),
+                s(&e["objectRef"]["name"]),
+                s(&e["user"]["username"]),
+                e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+async fn moved(c: &Cluster) -> Check {
+    let (mover, from, to) = scatter(c, SHIFTER).await?;
+    // A budget that allows no disruption: the eviction is refused, the plan unwound.
+    budget(
+        c,
+        json!({"minAvailable": 1, "selector": {"matchLabels": {"app": SHIFTER}}}),
+        0,
+    )
+    .await?;
+    apply(c, NS, &bare("big", "exclusive-2", None))?;
+    wait_pods(c, NS, 2, 1).await?;
+    let gave_up = event_on(c, "big", "GpuShareDefragGaveUp", "was refused").await?;
+    ensure(
+        gave_up.contains(&format!("the eviction of {NS}/{mover} was refused"))
+            && gave_up.contains("its holds are released"),
+        format!("the refusal is not said in words: {gave_up}"),
+    )?;
+    let pods = pods_of(c, NS).await?;
+    ensure(
+        pods.get(&mover).and_then(node_of) == Some(from.as_str()),
+        format!("{mover} left {from} though its budget allowed no disruption"),
+    )?;
+    // Nothing held is left behind: the ledger is the API (a promise would be a pod it lacks).
+    ledger_is_the_api(c, "an eviction refused, the plan unwound").await?;
+    let annotated = pods
+        .get("big")
+        .and_then(|p| p.metadata.annotations.as_ref())
+        .is_some_and(|a| a.contains_key("gpu-share.io/defrag-plan"));
+    ensure(
+        !annotated,
+        "the unwound plan's annotation is still on the waiting pod",
+    )?;
+
+    // A budget that allows one disruption: a new waiting pod (weighed at once) has room made.
+    kubectl(c, &["-n", NS, "delete", "pod", "big", "--wait=true"], None)?;
+    budget(
+        c,
+        json!({"maxUnavailable": 1, "selector": {"matchLabels": {"app": SHIFTER}}}),
+        1,
+    )
+    .await?;
+    // Past the workload's cooldown (5 s) from the refusal.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    apply(c, NS, &bare("big-2", "exclusive-2", None))?;
+    let done = event_on(c, "big-2", "GpuShareDefragDone", "placed on node").await?;
+    ensure(
+        done.contains(&format!("placed on node {from} after 1 move(s)")),
+        format!("the waiting pod was not placed where room was made: {done}"),
+    )?;
+    let pods = pods_of(c, NS).await?;
+    ensure(
+        pods.get("big-2").and_then(node_of) == Some(from.as_str()),
+        format!("big-2 is not on {from}"),
+    )?;
+    ensure(!pods.contains_key(&mover), format!("{mover} was not moved"))?;
+    let replacement = pods
+        .iter()
+        .find(|(n, _)| n.starts_with(&format!("{SHIFTER}-")))
+        .ok_or("the Deployment made no replacement")?;
+    ensure(
+        node_of(replacement.1) == Some(to),
+        format!(
+            "the replacement {} is not on {to}, where its room was held",
+            replacement.0
+        ),
+    )?;
+    let moved_event = event_on(c, &mover, "GpuShareDefragMoved", "evicted to make room").await?;
+    ensure(
+        moved_event.contains(&format!("for {NS}/big-2 on node {from}")),
+        format!("the moved pod's event: {moved_event}"),
+    )?;
+    // The audit log: gpu-share evicted the pod through the Eviction API, refused (429) while
+    // the budget allowed no disruption and done (201) once, and deleted no pod of the namespace.
+    let log = audited(c)?;
+    let ours: Vec<_> = log.iter().filter(|e| e.3 == EXTENDER_USER).collect();
+    let evictions = |code: i64| {
+        ours.iter()
+            .filter(|e| e.0 == "create" && e.1 == "eviction" && e.2 == mover && e.4 == code)
+            .count()
+    };
+    ensure(
+        evictions(429) >= 1 && evictions(201) == 1,
+        format!(
+            "the audit log's evictions of {mover} by {EXTENDER_USER}: {} refused, {} done (expected at least 1 and exactly 1): {ours:?}",
+            evictions(429),
+            evictions(201)
+        ),
+    )?;
+    let deletes: Vec<_> = ours.iter().filter(|e| e.0.starts_with("delete")).collect();
+    ensure(
+        deletes.is_empty(),
+        format!("gpu-share deleted pods: {deletes:?}"),
+    )?;
+    ledger_is_the_api(c, "a pod moved, the waiting pod placed").await
 }

@@ -68,8 +68,16 @@ pub fn spawn(
     leadership: Leadership,
     shutdown: Receiver<bool>,
 ) {
-    let io = executor::Api::new(client.clone());
-    tokio::spawn(run(client, io, ext, policy, metrics, leadership, shutdown));
+    tokio::spawn(async move {
+        let io = match crate::cluster::eviction::client().await {
+            Ok(evictions) => executor::Api::new(client.clone()).evicting_with(evictions),
+            Err(e) => {
+                tracing::error!(error = %e, "no client for evictions without retries: a refused eviction is retried by the client until it gives up");
+                executor::Api::new(client.clone())
+            }
+        };
+        run(client, io, ext, policy, metrics, leadership, shutdown).await
+    });
 }
 
 /// What the loop remembers between ticks, by waiting pod's UID.
@@ -127,8 +135,12 @@ async fn run(
         let waiting = ext.wanting_room();
         let uids: HashSet<&str> = waiting.iter().map(|w| w.uid.as_str()).collect();
         memory.keep_only(&uids);
-        ext.plans.keep_only(&uids);
-        if waiting.is_empty() {
+        // A plan under way stays posted while its waiting pod is placed and its replacements land.
+        let flights = ext.flights();
+        let mut posted = uids.clone();
+        posted.extend(flights.iter().map(|f| f.waiting.uid.as_str()));
+        ext.plans.keep_only(&posted);
+        if waiting.is_empty() && flights.is_empty() {
             continue;
         }
         let Some(leading) = leadership
