@@ -10,7 +10,8 @@
 //! Invariants, from the API alone: no node or GPU over capacity, per class (checked every
 //! second, faults or not); nothing admitted unmutated; after each fault, once things settle,
 //! every gpu-share pod bound or Pending with a reason, each extender's `/v1/nodes` equal to the
-//! allocation the API implies, and reservations matching their shares.
+//! allocation the API implies, reservations matching their shares, and no hold of a
+//! defragmentation plan outliving it (the policy moves the churn's pods: `defrag.mode: on`).
 //!
 //! Run: `cargo test --test chaos -- --ignored --nocapture` (one round of the seven faults, seed
 //! 33; CI runs it). `GPU_SHARE_CHAOS_SEED=N|random`, `GPU_SHARE_CHAOS_SECONDS=S` (more rounds
@@ -358,8 +359,17 @@ async fn background(s: Arc<Shared>, seed: u64) {
     }
 }
 
-/// The policy file the local processes read (hot-reloaded): per-GPU time-slicing on or off, and
-/// a 5 s release grace.
+/// The policy's defragmentation under churn: moving, in the churn's namespace, with plans that
+/// lapse well within [`SETTLE`] (a plan under way holds its targets: after a settle, none may).
+const DEFRAG: [(&str, &str); 4] = [
+    ("  mode: off\n", "  mode: on\n"),
+    ("  namespaces: []\n", "  namespaces: [chaos]\n"),
+    ("  cooldownSeconds: 600\n", "  cooldownSeconds: 30\n"),
+    ("  planTimeoutSeconds: 300\n", "  planTimeoutSeconds: 60\n"),
+];
+
+/// The policy file the local processes read (hot-reloaded): per-GPU time-slicing on or off, a 5
+/// s release grace, and defragmentation moving pods ([`DEFRAG`]).
 fn set_per_gpu(c: &Cluster, on: bool) -> Result<(), String> {
     let path = c.dir.join("policy/policy.yaml");
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
@@ -379,6 +389,12 @@ fn set_per_gpu(c: &Cluster, on: bool) -> Result<(), String> {
             "the policy file has no {from:?} or releaseAfterSeconds"
         ));
     }
+    for (from, to) in DEFRAG {
+        out = out.replacen(from, to, 1);
+        if !out.contains(to) {
+            return Err(format!("the policy file has no {from:?}"));
+        }
+    }
     if out != text {
         std::fs::write(&path, out).map_err(|e| e.to_string())?;
     }
@@ -397,11 +413,18 @@ async fn settle(s: &Shared) -> Result<f64, String> {
             Ok(w) => {
                 for var in ["EXTENDER_ADMIN", "EXTENDER_ADMIN_2"] {
                     match s.c.admin_json(var, "/v1/nodes") {
-                        Ok(ledger) => diffs.extend(
-                            w.ledger_differences(&ledger)
-                                .into_iter()
-                                .map(|d| format!("{var}: {d}")),
-                        ),
+                        Ok(ledger) => {
+                            diffs.extend(
+                                w.ledger_differences(&ledger)
+                                    .into_iter()
+                                    .map(|d| format!("{var}: {d}")),
+                            );
+                            diffs.extend(
+                                promises(&ledger)
+                                    .into_iter()
+                                    .map(|d| format!("{var}: a hold outlived its plan: {d}")),
+                            );
+                        }
                         Err(e) => diffs.push(format!("{var}: {e}")),
                     }
                 }
@@ -431,6 +454,43 @@ async fn settle(s: &Shared) -> Result<f64, String> {
     };
     s.paused.store(false, Ordering::Relaxed);
     outcome
+}
+
+/// The holds defragmentation's plans keep for moved pods' replacements in an extender's
+/// `/v1/nodes` (`room for the replacement of ns/name` on a node), with their nodes. Churn is
+/// paused while a settle waits, and a plan lapses within [`DEFRAG`]'s timeout: none may remain.
+fn promises(ledger: &Value) -> Vec<String> {
+    ledger
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|n| {
+            n["pods"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(move |p| {
+                    let name = p["name"].as_str()?;
+                    name.starts_with("room for the replacement of ")
+                        .then(|| format!("{name} on {}", n["name"].as_str().unwrap_or_default()))
+                })
+        })
+        .collect()
+}
+
+/// How many of defragmentation's events of each reason the churn's namespace saw.
+async fn defrag_events(c: &Cluster) -> BTreeMap<String, usize> {
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(c.client.clone(), churn::NS);
+    let mut out = BTreeMap::new();
+    if let Ok(list) = events.list(&kube::api::ListParams::default()).await {
+        for e in list.items {
+            if let Some(r) = e.reason.filter(|r| r.starts_with("GpuShareDefrag")) {
+                *out.entry(r).or_default() += e.count.unwrap_or(1).max(1) as usize;
+            }
+        }
+    }
+    out
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -621,7 +681,8 @@ async fn faults_on_the_real_control_plane_overcommit_nothing() {
     }
     s.stop.store(true, Ordering::Relaxed);
     let _ = bg.await;
-    let report = report(&s, seed, &records, &settles);
+    let mut report = report(&s, seed, &records, &settles);
+    report["defragmentation_events"] = json!(defrag_events(&s.c).await);
     eprintln!(
         "fault runner: report {}",
         serde_json::to_string_pretty(&report).unwrap()

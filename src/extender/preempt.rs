@@ -88,6 +88,9 @@ pub fn preempt(
         }
     }
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    // Nodes a defragmentation plan holds for another pod take no other GPU pod until it ends:
+    // victims there would make room this pod cannot use.
+    let fences = ext.ledger().fences_now();
     let mut out = BTreeMap::new();
     let candidates = given.len();
     let mut victims = 0usize;
@@ -100,6 +103,10 @@ pub fn preempt(
             }
             continue;
         };
+        if fences.get(&node).is_some_and(|f| f.waiting != uid) {
+            tracing::debug!(pod = %ledger::pod_key(pod), node = %node, "preempt: a defragmentation plan holds this node for another pod; no victims here");
+            continue;
+        }
         let planned = ext
             .ledger()
             .with_node(&node, |nl| {

@@ -523,12 +523,12 @@ impl Ledger {
         };
         match nl.plan(scorer, &demand) {
             Ok(placement) => {
+                // The room passes from the promise to the pod: nothing was freed, so the release
+                // listener is not told.
                 let indexed = pod.clone();
                 let placed = nl.commit(pod, demand, placement);
                 index.remove(promise);
                 index.insert(node, &indexed);
-                drop((nl, index));
-                self.notify(&kept);
                 Ok(placed)
             }
             Err(why) => {

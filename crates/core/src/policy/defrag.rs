@@ -52,7 +52,7 @@ pub struct DefragPolicy {
     /// At most this many moves for each GPU the waiting pod asks (a share asks one).
     #[serde(default = "moves_per_gpu")]
     pub moves_per_gpu: u32,
-    /// At most this many moves in one plan.
+    /// At most this many moves in one plan, and (`on`) under way at once over every plan.
     #[serde(default = "moves_at_once")]
     pub moves_at_once: u32,
     /// A workload that had a pod moved, or an eviction refused, is left alone this long.
