@@ -19,7 +19,7 @@ pub struct Ground {
 pub struct Rules<'a> {
     /// The namespaces the policy opts in (`defrag.namespaces`).
     pub namespaces: &'a [String],
-    /// Whether a workload had a pod moved within the cooldown.
+    /// Whether a workload had a pod moved, or an eviction refused, within the cooldown.
     pub cooling: &'a dyn Fn(&str) -> bool,
     /// Whether a pod is not settled in the extender's eyes (a bind assumed or in doubt).
     pub unsettled: &'a dyn Fn(&str) -> bool,

@@ -1,15 +1,20 @@
-//! The defragmentation controller, in the policy's `defrag.mode: plan`. On the replica that
-//! leads (its kube-scheduler holds the Lease), every [`TICK`] it weighs the pods that wait for
-//! GPU room (filter found them none, or kube-scheduler's own resource check found no node with
-//! the `nvidia.com/*` resources they ask), longest waiting first, with [`crate::defrag::plan`]
-//! over the ledger: which running pods moving elsewhere would make room, within the policy's
-//! limits. It tells each waiting pod in an event what moving would do, or why no moves would,
-//! posts each plan on the node it would make room on ([`Board`]: `/v1/nodes`, `gpu-share
-//! status`, the page), and moves nothing: the mode is for watching what defragmentation would do
-//! before anything is evicted.
+//! The defragmentation controller, under the policy's `defrag.mode: plan` or `on`. On the
+//! replica that leads (its kube-scheduler holds the Lease), every [`TICK`] it weighs the pods that
+//! wait for GPU room (filter found them none, or kube-scheduler's own resource check found no node
+//! with the `nvidia.com/*` resources they ask), longest waiting first, with
+//! [`crate::defrag::plan`] over the ledger: which running pods moving elsewhere would make room,
+//! within the policy's limits. Each plan is posted on the node it would make room on ([`Board`]:
+//! `/v1/nodes`, `gpu-share status`, the page).
+//!
+//! - Under `plan`, it tells each waiting pod in an event what moving would do, or why no moves
+//!   would, and moves nothing: the mode is for watching before anything is evicted.
+//! - Under `on`, it carries each plan out and follows it to its end ([`moving`]): the targets
+//!   held and the freed node fenced first, the pods evicted through the Eviction API, their
+//!   replacements steered to their targets, the waiting pod placed; or the plan unwound in words.
 //!
 //! - [`gather`]: the ledger's nodes as the planner reads them, each holding with whether it may
-//!   move (its pod's controller, annotations and phase, the namespaces opted in);
+//!   move (its pod's controller, annotations and phase, the namespaces opted in, its workload's
+//!   cooldown);
 //! - [`decision`]: the plan for one waiting pod, and its words, with no I/O.
 //!
 //! The waiting pod's node constraints (nodeSelector, required node affinity) are read from the
@@ -252,6 +257,7 @@ pub async fn tick<E: Executor>(
                 .map(|m| read.get(&m.id).and_then(Lineage::of))
                 .collect();
             let Some(lineages) = lineages else {
+                tracing::debug!(pod = %id, "a pod the plan moves has no controller that recreates it, as read back; weighed again later");
                 continue;
             };
             memory.said.remove(uid);
