@@ -26,7 +26,7 @@ pub async fn client() -> Result<Client, kube::Error> {
 pub enum Evicted {
     /// Evicted: the pod is being deleted, and its controller makes a replacement.
     Done,
-    /// Already gone (404), or another pod holds its name now (the UID precondition failed, 409).
+    /// Already gone (404), or another pod holds its name now (409, the UID precondition failed).
     Gone,
     /// Refused (429): a PodDisruptionBudget allows no disruption now. The API's words.
     Refused(String),
@@ -58,7 +58,11 @@ pub async fn evict(client: &Client, owner: &Owner) -> Result<Evicted, kube::Erro
         })?;
     match answer {
         Ok(_) => Ok(Evicted::Done),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Evicted::Gone),
+        Err(kube::Error::Api(s))
+            if s.code == 404 || (s.code == 409 && s.message.contains("Precondition failed")) =>
+        {
+            Ok(Evicted::Gone)
+        }
         Err(kube::Error::Api(s)) if s.code == 429 => Ok(Evicted::Refused(s.message)),
         Err(e) => Err(e),
     }

@@ -114,7 +114,9 @@ fn verdicts(
     };
     // Defragmentation: a moved pod's replacement goes to the room held for it alone, and the
     // nodes where plans make room take their waiting pods alone.
-    let steer = ext.steer(pod);
+    // Passed the nodes kube-scheduler sent only: a target it left out (its own checks refused
+    // it) is no reason to refuse the pod everywhere else.
+    let steer = ext.steer(pod).filter(|s| names.contains(&s.node));
     let fences = ext.ledger().fences_now();
     ext.ledger()
         .with_nodes_scoring(names, |node, usage, memo| {

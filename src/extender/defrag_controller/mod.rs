@@ -176,8 +176,9 @@ pub async fn tick<E: Executor>(
     memory: &mut Memory,
 ) {
     let on = policy.defrag.mode == DefragMode::On;
+    let scorer = ext.scorer(policy.packing.policy.into());
     if on {
-        moving::advance(io, ext, metrics).await;
+        moving::advance(io, ext, &scorer, metrics).await;
     }
     let flying: HashSet<String> = ext.flights().into_iter().map(|f| f.waiting.uid).collect();
     let now = Instant::now();
@@ -208,8 +209,8 @@ pub async fn tick<E: Executor>(
             },
         )
     };
+    memory.cooled.retain(|_, t| t.elapsed() < cooldown);
     let mut ground = gather(&memory.cooled);
-    let scorer = ext.scorer(policy.packing.policy.into());
     for who in due {
         let uid = &who.uid;
         memory.weighed.insert(uid.clone(), now);

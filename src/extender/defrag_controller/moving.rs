@@ -196,8 +196,8 @@ async fn waiting_state<E: Executor>(
 
 /// Follows every plan under way: replacements that took their promise, the waiting pod placed
 /// (its node's fence lifted), done, or given up.
-pub async fn advance<E: Executor>(io: &E, ext: &ExtenderState, metrics: &Metrics) {
-    ext.note_landings();
+pub async fn advance<E: Executor>(io: &E, ext: &ExtenderState, scorer: &Scorer, metrics: &Metrics) {
+    ext.note_landings(scorer);
     for flight in ext.flights() {
         let id = flight.waiting.clone();
         let Ok((waiting, bound_on)) = waiting_state(io, &id).await else {
@@ -244,9 +244,8 @@ pub async fn advance<E: Executor>(io: &E, ext: &ExtenderState, metrics: &Metrics
     }
 }
 
-/// Ends every plan under way without a word to the pods: this replica no longer leads, or the
-/// process is turning defragmentation off. The holds go; a plan's annotation stays for the
-/// replica that leads next, which unwinds it.
+/// Ends every plan under way without a word to the pods: this replica no longer leads. The
+/// holds go; a plan's annotation stays for the replica that leads next, which unwinds it.
 pub fn drop_all(ext: &ExtenderState) {
     for f in ext.flights() {
         ext.end_flight(&f.waiting.uid);

@@ -24,9 +24,13 @@ pub struct Steer {
 impl ExtenderState {
     /// Where `pod` is steered, if it replaces a pod a plan under way moved (known by its
     /// controller and pod template, [`Flight::replaced_by`]).
+    /// A plan's waiting pod is never steered (its room is its own plan's).
     pub fn steer(&self, pod: &BindPod) -> Option<Steer> {
         let lineage = pod.lineage.as_ref()?;
         let flights = lock(&self.flights);
+        if flights.iter().any(|f| f.waiting.uid == pod.pod.uid) {
+            return None;
+        }
         flights.iter().find_map(|f| {
             let i = f.replaced_by(lineage, &pod.pod.uid)?;
             Some(Steer {
@@ -36,8 +40,8 @@ impl ExtenderState {
         })
     }
 
-    /// Begins `flight`: holds each move's target (a promise, placed by the packing as the plan
-    /// placed it) and fences the node room is made on for the waiting pod until the plan lapses
+    /// Begins `flight`: holds each move's target (a promise of the move's demand, placed on the
+    /// target by the packing) and fences the node room is made on for the waiting pod until the plan lapses
     /// (`timeout`). Should a target no longer take its move, nothing is held and the reason is
     /// returned with the move's pod.
     pub fn begin_flight(
@@ -51,14 +55,7 @@ impl ExtenderState {
         let mut held: Vec<String> = Vec::new();
         for (i, m) in plan.moves.iter().enumerate() {
             let key = promise_key(&waiting.uid, i);
-            let promise = PodRef::new(
-                key.clone(),
-                waiting.namespace.clone(),
-                format!("room for the replacement of {}", m.key),
-            )
-            .with_priority(i32::MAX)
-            .held_by(Holder::Promise);
-            if let Err(why) = self.ledger.hold(scorer, &m.to, promise, m.demand.clone()) {
+            if let Err(why) = self.promise(scorer, &flight, i) {
                 for k in held {
                     self.ledger.release(&k);
                 }
@@ -97,21 +94,62 @@ impl ExtenderState {
             .map(f)
     }
 
-    /// Marks the moves of plans under way whose replacement took its promise (the ledger no
-    /// longer holds it) as landed; returns how many it marked.
-    pub fn note_landings(&self) -> usize {
+    /// Holds move `i`'s promise of `flight` on its target.
+    fn promise(&self, scorer: &Scorer, flight: &Flight, i: usize) -> Result<(), Reason> {
+        let m = &flight.plan.moves[i];
+        let promise = PodRef::new(
+            promise_key(&flight.waiting.uid, i),
+            flight.waiting.namespace.clone(),
+            format!("room for the replacement of {}", m.key),
+        )
+        .with_priority(i32::MAX)
+        .held_by(Holder::Promise);
+        self.ledger
+            .hold(scorer, &m.to, promise, m.demand.clone())
+            .map(drop)
+    }
+
+    /// Pod `uid`'s bind took promise `promise` (its bind may still fail).
+    pub fn note_redeemed(&self, promise: &str, uid: &str) {
+        for f in lock(&self.flights).iter_mut() {
+            for i in 0..f.legs.len() {
+                if promise_key(&f.waiting.uid, i) == promise {
+                    f.redeemed[i] = Some(uid.to_string());
+                }
+            }
+        }
+    }
+
+    /// Marks the moves of plans under way whose replacement is held on its target, having taken
+    /// its promise, as landed; returns how many it marked. A promise gone with no pod held in
+    /// its place (the pod's bind failed after taking it, or its assumption lapsed) is held again,
+    /// and offered to the next replacement.
+    pub fn note_landings(&self, scorer: &Scorer) -> usize {
         let mut flights = lock(&self.flights);
         let mut landed = 0;
         for f in flights.iter_mut() {
-            for (i, leg) in f.legs.iter_mut().enumerate() {
-                if *leg == Leg::Evicted
-                    && self
+            for i in 0..f.legs.len() {
+                if f.legs[i] != Leg::Evicted
+                    || self
                         .ledger
                         .node_of(&promise_key(&f.waiting.uid, i))
-                        .is_none()
+                        .is_some()
                 {
-                    *leg = Leg::Landed;
+                    continue;
+                }
+                let to = &f.plan.moves[i].to;
+                let held = f.redeemed[i]
+                    .as_deref()
+                    .and_then(|uid| self.ledger.node_of(uid))
+                    .is_some_and(|at| at == *to);
+                if held {
+                    f.legs[i] = Leg::Landed;
                     landed += 1;
+                    continue;
+                }
+                f.redeemed[i] = None;
+                if let Err(why) = self.promise(scorer, f, i) {
+                    tracing::info!(waiting = %f.waiting, moved = %f.plan.moves[i].key, node = %to, reason = %why.message(), "a promise taken by a bind that did not last could not be held again; its replacement goes where filter finds room");
                 }
             }
         }

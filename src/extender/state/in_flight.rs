@@ -66,10 +66,16 @@ impl Binding<'_> {
             );
         }
         let placed = match &self.promise {
-            Some(promise) => self
-                .ext
-                .ledger
-                .redeem(scorer, &self.node, promise, pod, demand),
+            Some(promise) => {
+                let placed = self
+                    .ext
+                    .ledger
+                    .redeem(scorer, &self.node, promise, pod, demand);
+                if placed.is_ok() {
+                    self.ext.note_redeemed(promise, &self.uid);
+                }
+                placed
+            }
             None => self.ext.ledger.hold(scorer, &self.node, pod, demand),
         };
         self.held = placed.is_ok();

@@ -77,6 +77,9 @@ pub struct Flight {
     /// Each move's pod's lineage, in the plan's order.
     pub lineages: Vec<Lineage>,
     pub legs: Vec<Leg>,
+    /// The pod that took each move's promise, once one did (its bind may still fail: the
+    /// promise is held again if the pod is not held on the target, [`Leg::Landed`] once it is).
+    pub redeemed: Vec<Option<String>>,
     /// Seconds since the Unix epoch: when it began, and when it lapses unfinished.
     pub started: u64,
     pub deadline: u64,
@@ -172,11 +175,13 @@ impl Flight {
         timeout: u64,
     ) -> Flight {
         let legs = vec![Leg::Held; plan.moves.len()];
+        let redeemed = vec![None; plan.moves.len()];
         Flight {
             waiting,
             plan,
             lineages,
             legs,
+            redeemed,
             started: now,
             deadline: now + timeout,
             placed: false,
@@ -194,12 +199,13 @@ impl Flight {
     }
 
     /// The move a pending pod of `lineage` (not the moved pod itself, `uid`) is the replacement
-    /// of: the first move of that lineage whose replacement has not landed. A pod of the same
-    /// controller and template made before the eviction (a scale-up) takes the move's held room
-    /// just as well: it is the same demand.
+    /// of: the first move of that lineage whose promise no pod has taken (or `uid` has). A pod of
+    /// the same controller and template made before the eviction (a scale-up) takes the move's
+    /// held room just as well: it is the same demand.
     pub fn replaced_by(&self, lineage: &Lineage, uid: &str) -> Option<usize> {
         (0..self.legs.len()).find(|&i| {
             self.legs[i] != Leg::Landed
+                && self.redeemed[i].as_deref().is_none_or(|r| r == uid)
                 && self.lineages.get(i) == Some(lineage)
                 && self.plan.moves[i].id != uid
         })
@@ -215,6 +221,8 @@ impl Flight {
     /// it is bound to, if bound.
     pub fn tick(&mut self, now: u64, waiting: Option<bool>, bound_on: Option<&str>) -> Next {
         match (waiting, bound_on) {
+            // Placed, then gone (finished, deleted): the plan did its work.
+            (Some(false), _) if self.placed => {}
             (Some(false), _) => return Next::GiveUp(GiveUp::WaitingGone),
             (None, Some(node)) if node != self.plan.node && !self.placed => {
                 return Next::GiveUp(GiveUp::WaitingGone);
@@ -330,6 +338,11 @@ mod tests {
         assert_eq!(f.replaced_by(&l, "new-2"), Some(1));
         f.legs[1] = Leg::Landed;
         assert_eq!(f.replaced_by(&l, "new-3"), None);
+        // A promise taken is not offered to a second pod, unless its pod's bind comes again.
+        let mut g = flight(2);
+        g.redeemed[0] = Some("new-1".into());
+        assert_eq!(g.replaced_by(&l, "new-2"), Some(1));
+        assert_eq!(g.replaced_by(&l, "new-1"), Some(0));
     }
 
     #[test]
@@ -352,6 +365,12 @@ mod tests {
         let mut g = flight(1);
         assert_eq!(g.tick(1100, None, Some("n0")), Next::Wait);
         assert_eq!(g.tick(1300, None, Some("n0")), Next::DoneWithout);
+        // Placed, then gone (it finished): the plan ends as done, not given up.
+        let mut h = flight(1);
+        assert_eq!(h.tick(1100, None, Some("n0")), Next::Wait);
+        assert_eq!(h.tick(1110, Some(false), None), Next::Wait);
+        h.legs[0] = Leg::Landed;
+        assert_eq!(h.tick(1120, Some(false), None), Next::Done);
     }
 
     #[test]

@@ -455,9 +455,9 @@ impl Ledger {
     }
 
     /// Holds `node` for pod `waiting` until `until` (a defragmentation plan is making room there
-    /// for it): no other pod is placed there meanwhile, whatever its demand. The plan's own holds
-    /// (promises, and a reservation's stand-in for the waiting pod's share) are not pods, and
-    /// pass.
+    /// for it): gpu-share places no other pod there meanwhile (filter refuses them, [`Ledger::hold`]
+    /// too; a pod the API shows bound is recorded as ever). The plan's own holds (promises, and a
+    /// reservation's stand-in for the waiting pod's share) are not pods, and pass.
     pub fn fence(&self, node: &str, waiting: &str, until: std::time::Instant, why: String) {
         lock(&self.fenced).insert(
             node.to_string(),
@@ -501,7 +501,8 @@ impl Ledger {
     /// Places pod `pod` on `node` in the room promise `promise` holds there for it: under the
     /// node's lock, the promise is released and the pod placed; should the pod not fit even so,
     /// the promise stays as it was and the reason is returned. A promise no longer held (its
-    /// plan ended) is an ordinary hold.
+    /// plan ended) is an ordinary hold. The placement is made under the index's lock too: a
+    /// replacement's bind is rare, and the promise must not be seen gone before the pod is in.
     pub fn redeem(
         &self,
         scorer: &Scorer,

@@ -518,3 +518,72 @@ fn a_promise_holds_its_room_against_other_pods() {
     ext.end_flight("u-big");
     nothing_held(&ext, "u-big");
 }
+
+/// A replacement whose bind fails after taking its promise does not take the room with it: the
+/// next tick holds the promise again, and the next replacement is steered to it.
+#[tokio::test]
+async fn a_promise_taken_by_a_failed_bind_is_held_again() {
+    let (ext, fake) = cluster(json!({}), json!({}));
+    let policy = on(&["ml"]);
+    let metrics = Metrics::new();
+    let mut memory = Memory::default();
+    tick(
+        &fake,
+        &ext,
+        &policy,
+        &metrics,
+        &ext.wanting_room(),
+        &mut memory,
+    )
+    .await;
+    ext.forget_pod("u-a");
+    let a = fake.pod("ml/a").unwrap();
+    let a2 = replacement(&a, "a-2");
+    let d = decide(
+        &ext,
+        &LoadedPolicy::new(policy.clone()),
+        &Template::default(),
+        &BindPod::of(&a2),
+        "n1",
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let promise = promise_key("u-big", 0);
+    assert_eq!(ext.ledger().node_of(&promise), None, "taken by the bind");
+    // A second pod of the lineage is not offered the promise taken.
+    assert_eq!(ext.steer(&BindPod::of(&replacement(&a, "a-3"))), None);
+    d.abort();
+    tick(
+        &fake,
+        &ext,
+        &policy,
+        &metrics,
+        &ext.wanting_room(),
+        &mut memory,
+    )
+    .await;
+    assert_eq!(
+        ext.ledger().node_of(&promise).as_deref(),
+        Some("n1"),
+        "held again"
+    );
+    let a3 = replacement(&a, "a-3");
+    let (passed, why) = filtered(&ext, &policy, &a3, &["n0", "n1"]);
+    assert_eq!(passed, ["n1"], "{why}");
+    bind(&ext, &policy, &a3, "n1").unwrap();
+    assert_eq!(ext.ledger().node_of("u-a-3").as_deref(), Some("n1"));
+    assert_eq!(
+        ext.flights()[0].legs[0],
+        crate::defrag::flight::Leg::Evicted
+    );
+    tick(
+        &fake,
+        &ext,
+        &policy,
+        &metrics,
+        &ext.wanting_room(),
+        &mut memory,
+    )
+    .await;
+    assert_eq!(ext.flights()[0].legs[0], crate::defrag::flight::Leg::Landed);
+}
