@@ -40,7 +40,7 @@ use super::executor::{self, Executor};
 use super::state::ExtenderState;
 use crate::cache::Wanting;
 use crate::cluster::leadership::Leadership;
-use crate::defrag::flight::{GiveUp, Lineage, PodId, carries_plan};
+use crate::defrag::flight::{GiveUp, Lineage, PodId, carries_plan, recorded};
 use crate::defrag::{NoPlan, Plan};
 use crate::metrics::Metrics;
 use crate::packing::Scorer;
@@ -231,7 +231,8 @@ pub async fn tick<E: Executor>(
         };
         if carries_plan(&pod) {
             // Begun by a replica that no longer holds it: its holds went with that replica.
-            moving::unwind(io, ext, metrics, &id, GiveUp::Orphaned).await;
+            let plan = recorded(&pod);
+            moving::unwind(io, ext, metrics, &id, GiveUp::Orphaned { plan }).await;
             continue;
         }
         let Some(waiter) = Waiter::of(Arc::new(pod), policy) else {

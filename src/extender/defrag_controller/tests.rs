@@ -5,7 +5,7 @@
 
 mod moving;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,14 +23,13 @@ use crate::policy::Policy;
 use crate::reservation::Template;
 
 /// Serves the pods it holds (by `namespace/name`), records the events written, and writes
-/// annotations on its pods and evicts them (refusing the names in `refuse`, as a
+/// annotations on its pods and evicts them (refusing every eviction after `refuse_after`, as a
 /// PodDisruptionBudget would), recording each call.
 #[derive(Clone, Default)]
 struct Fake {
     pods: Arc<Mutex<HashMap<String, Pod>>>,
     events: Arc<Mutex<Vec<String>>>,
     calls: Arc<Mutex<Vec<String>>>,
-    refuse: Arc<Mutex<HashSet<String>>>,
     /// Refuses every eviction after this many.
     refuse_after: Arc<Mutex<Option<usize>>>,
 }
@@ -142,7 +141,7 @@ impl Executor for Fake {
             .lock()
             .unwrap()
             .is_some_and(|n| evictions > n);
-        if past || self.refuse.lock().unwrap().contains(&at) {
+        if past {
             return Ok(Evicted::Refused(
                 "Cannot evict pod as it would violate the pod's disruption budget.".into(),
             ));
@@ -265,8 +264,19 @@ fn policy(namespaces: &[&str]) -> Policy {
 }
 
 async fn tick_once(ext: &ExtenderState, fake: &Fake, policy: &Policy, memory: &mut Memory) {
+    tick_with(ext, fake, policy, &Metrics::new(), memory).await;
+}
+
+/// One tick over the pods waiting now, counted in `metrics`.
+async fn tick_with(
+    ext: &ExtenderState,
+    fake: &Fake,
+    policy: &Policy,
+    metrics: &Metrics,
+    memory: &mut Memory,
+) {
     let waiting = ext.wanting_room();
-    tick(fake, ext, policy, &Metrics::new(), &waiting, memory).await;
+    tick(fake, ext, policy, metrics, &waiting, memory).await;
 }
 
 /// The one event said: no plan, since `ml/a` has nowhere else to go.

@@ -110,8 +110,9 @@ pub enum GiveUp {
     Failed { pod: String, why: String },
     /// The waiting pod is gone, or was placed elsewhere before the room was made.
     WaitingGone,
-    /// Begun by a replica that no longer holds it (restarted, or another leads now).
-    Orphaned,
+    /// Begun by a replica that no longer holds it (restarted, or another leads now), as the
+    /// waiting pod's annotation records it (`None`: one that cannot be read).
+    Orphaned { plan: Option<Record> },
     /// `defrag.mode` is no longer `on`.
     TurnedOff,
 }
@@ -124,7 +125,7 @@ impl GiveUp {
             GiveUp::Refused { .. } => "eviction-refused",
             GiveUp::Failed { .. } => "eviction-failed",
             GiveUp::WaitingGone => "waiting-gone",
-            GiveUp::Orphaned => "orphaned",
+            GiveUp::Orphaned { .. } => "orphaned",
             GiveUp::TurnedOff => "turned-off",
         }
     }
@@ -134,7 +135,7 @@ impl std::fmt::Display for GiveUp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GiveUp::Lapsed { seconds } => {
-                write!(f, "not done within {seconds} s (defrag.planTimeout)")
+                write!(f, "not done within {seconds} s (defrag.planTimeoutSeconds)")
             }
             GiveUp::Refused { pod, why } => write!(
                 f,
@@ -142,9 +143,20 @@ impl std::fmt::Display for GiveUp {
             ),
             GiveUp::Failed { pod, why } => write!(f, "the eviction of {pod} failed ({why})"),
             GiveUp::WaitingGone => f.write_str("the waiting pod is gone or placed elsewhere"),
-            GiveUp::Orphaned => f.write_str(
-                "begun by a gpu-share replica that no longer holds it (restarted, or no longer leading); its holds went with it",
-            ),
+            GiveUp::Orphaned { plan } => {
+                f.write_str(
+                    "begun by a gpu-share replica that no longer holds it (restarted, or no longer leading)",
+                )?;
+                if let Some(r) = plan {
+                    write!(
+                        f,
+                        ": moving {} to make room on node {}",
+                        r.moves.join(", "),
+                        r.node
+                    )?;
+                }
+                f.write_str("; its holds went with it")
+            }
             GiveUp::TurnedOff => f.write_str("defrag.mode is no longer on"),
         }
     }

@@ -164,8 +164,7 @@ async fn a_plan_holds_first_evicts_steers_and_ends_with_nothing_held() {
     let policy = on(&["ml"]);
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    let waiting = ext.wanting_room();
-    tick(&fake, &ext, &policy, &metrics, &waiting, &mut memory).await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(
         fake.calls(),
         [
@@ -227,15 +226,7 @@ async fn a_plan_holds_first_evicts_steers_and_ends_with_nothing_held() {
     big.spec.as_mut().unwrap().node_name = Some("n0".into());
     fake.put(big);
 
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     let events = fake.events();
     assert!(
         events.last().unwrap().starts_with("Defragmentation GpuShareDefragDone ml/big: placed on node n0 after 1 move(s) (1 replacement(s) placed on their held targets)"),
@@ -268,15 +259,7 @@ async fn an_eviction_refused_midway_unwinds_the_plan() {
     let policy = on(&["ml"]);
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     let calls = fake.calls();
     assert_eq!(calls.len(), 4, "{calls:?}");
     assert!(
@@ -309,15 +292,7 @@ async fn an_eviction_refused_midway_unwinds_the_plan() {
     );
     // Weighed again, both workloads are cooling down (one moved, one refused): no plan, in words.
     memory.weighed.clear();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     let last = fake.events().last().unwrap().clone();
     assert!(
         last.contains("GpuShareNoDefragPlan")
@@ -334,26 +309,10 @@ async fn a_plan_lapses_at_its_deadline_with_nothing_held() {
     let policy = on(&["ml"]);
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(ext.flights().len(), 1);
     ext.with_flight("u-big", |f| f.deadline = f.started);
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     let last = fake.events().last().unwrap().clone();
     assert!(
         last.contains("GpuShareDefragGaveUp") && last.contains("not done within 0 s"),
@@ -371,15 +330,7 @@ async fn a_plan_begun_before_a_restart_is_unwound() {
     let policy = on(&["ml"]);
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert!(
         fake.pod("ml/big")
             .unwrap()
@@ -393,15 +344,7 @@ async fn a_plan_begun_before_a_restart_is_unwound() {
     fresh.forget_pod("u-a");
     let mut memory = Memory::default();
     let before = fake.calls().len();
-    tick(
-        &fake,
-        &fresh,
-        &policy,
-        &metrics,
-        &fresh.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&fresh, &fake, &policy, &metrics, &mut memory).await;
     let calls = fake.calls();
     assert_eq!(
         calls[before..],
@@ -410,7 +353,8 @@ async fn a_plan_begun_before_a_restart_is_unwound() {
     );
     let last = fake.events().last().unwrap().clone();
     assert!(
-        last.contains("GpuShareDefragGaveUp") && last.contains("no longer holds it (restarted"),
+        last.contains("GpuShareDefragGaveUp")
+            && last.contains("no longer holds it (restarted, or no longer leading): moving ml/a to make room on node n0"),
         "{last}"
     );
     nothing_held(&fresh, "u-big");
@@ -425,15 +369,7 @@ async fn moves_at_once_bounds_the_moves_under_way() {
     policy.defrag.moves_at_once = 1;
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(ext.moves_under_way(), 1);
     // A second pod waits for room.
     let second = pod("second", 2, None, &[], false, json!({}));
@@ -447,15 +383,7 @@ async fn moves_at_once_bounds_the_moves_under_way() {
         },
     );
     let before = fake.events().len();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(fake.events().len(), before, "{:?}", fake.events());
     assert_eq!(
         fake.calls()
@@ -527,15 +455,7 @@ async fn a_promise_taken_by_a_failed_bind_is_held_again() {
     let policy = on(&["ml"]);
     let metrics = Metrics::new();
     let mut memory = Memory::default();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     ext.forget_pod("u-a");
     let a = fake.pod("ml/a").unwrap();
     let a2 = replacement(&a, "a-2");
@@ -553,15 +473,7 @@ async fn a_promise_taken_by_a_failed_bind_is_held_again() {
     // A second pod of the lineage is not offered the promise taken.
     assert_eq!(ext.steer(&BindPod::of(&replacement(&a, "a-3"))), None);
     d.abort();
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(
         ext.ledger().node_of(&promise).as_deref(),
         Some("n1"),
@@ -576,14 +488,6 @@ async fn a_promise_taken_by_a_failed_bind_is_held_again() {
         ext.flights()[0].legs[0],
         crate::defrag::flight::Leg::Evicted
     );
-    tick(
-        &fake,
-        &ext,
-        &policy,
-        &metrics,
-        &ext.wanting_room(),
-        &mut memory,
-    )
-    .await;
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
     assert_eq!(ext.flights()[0].legs[0], crate::defrag::flight::Leg::Landed);
 }
