@@ -260,14 +260,12 @@ fn check(
     draws: &[(usize, u32, u32)],
     waiting: u32,
     per_gpu: u32,
-    at_once: u32,
     off_limits: Option<usize>,
 ) -> Came {
     let nodes = fill(kinds, draws);
     let demand = waiting_of(waiting);
     let limits = Limits {
         moves_per_gpu: per_gpu,
-        moves_at_once: at_once,
         ..Limits::default()
     };
     let forbidden = off_limits.map(|i| format!("n{i}"));
@@ -298,7 +296,7 @@ fn check(
                 GpuDemand::Whole { count } => count,
                 _ => 1,
             };
-            assert!(p.moves.len() as u32 <= at_once.min(per_gpu * asked));
+            assert!(p.moves.len() as u32 <= per_gpu * asked);
             assert!(may_host(Guest::Waiting, &p.node));
             let site = nodes.iter().find(|n| n.node.name == p.node).unwrap();
             for m in &p.moves {
@@ -339,10 +337,9 @@ proptest! {
         draws in prop::collection::vec((0usize..8, 0u32..12, 0u32..16), 10..100),
         waiting in 0u32..5,
         per_gpu in 1u32..4,
-        at_once in 1u32..6,
         off_limits in prop::option::of(0usize..6),
     ) {
-        check(&kinds, &draws, waiting, per_gpu, at_once, off_limits);
+        check(&kinds, &draws, waiting, per_gpu, off_limits);
     }
 }
 
@@ -373,7 +370,6 @@ fn plans_are_found_where_moves_make_room() {
             &draws,
             rng.random_range(0..5),
             rng.random_range(1..4),
-            rng.random_range(1..6),
             None,
         );
         *came.entry(format!("{c:?}")).or_insert(0u32) += 1;

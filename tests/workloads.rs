@@ -39,7 +39,9 @@
 //! defragmentation moves: with `defrag.mode: on`, the same move refused by a PodDisruptionBudget
 //!    is unwound with nothing left held; allowed, the pod is evicted through the Eviction API,
 //!    its replacement lands on its held target and the waiting pod where room was made, and the
-//!    audit log shows no pod deleted by gpu-share (tests/workloads/defrag.rs).
+//!    audit log shows no pod deleted by gpu-share (tests/workloads/defrag.rs);
+//! defragmentation restart: a plan under way when its extender is killed is unwound by the
+//!    restarted one, with nothing left held (tests/workloads/defrag.rs).
 
 mod common;
 #[path = "workloads/defrag.rs"]
@@ -1244,6 +1246,12 @@ async fn workloads_on_a_cluster_whose_pods_run() {
         &mut failures,
         "defragmentation moves",
         defrag::defrag_moves(&c),
+    )
+    .await;
+    point(
+        &mut failures,
+        "defragmentation restart",
+        defrag::defrag_restart(&c),
     )
     .await;
     assert!(

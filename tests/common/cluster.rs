@@ -211,6 +211,12 @@ impl Cluster {
         self.dir.join("pids").join(format!("{name}.pid"))
     }
 
+    /// Whether a process up.sh started runs: its PID file is there ([`Cluster::stop`] and
+    /// [`Cluster::kill`] take it away).
+    pub fn started(&self, name: &str) -> bool {
+        self.pid_file(name).exists()
+    }
+
     /// Stops one process up.sh started (webhook, extender, kube-scheduler) and waits for it to exit.
     pub fn stop(&self, name: &str) {
         let path = self.pid_file(name);

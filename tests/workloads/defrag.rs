@@ -10,7 +10,15 @@
 //!   replacement lands on the other node, and the waiting pod binds where room was made. The API
 //!   server's audit log shows gpu-share's evictions and no pod deleted by it.
 //!
-//! The nodes are tainted (`gpu-share.io/test=defrag`) so that only this point's pods land there.
+//! - A plan that outlives its extender: on three more nodes, a Deployment's two pods hold one
+//!   node's GPUs and an `exclusive-2` pod waits; with `movesAtOnce: 1` and
+//!   kube-controller-manager stopped (so no replacement lands), one pod is evicted and the
+//!   second waits for its replacement; the extender is then killed. The restarted one finds the
+//!   plan written on the waiting pod, holds none of it, and unwinds it in words; nothing is left
+//!   held, and once kube-controller-manager is back the waiting pod is placed.
+//!
+//! The nodes are tainted (`gpu-share.io/test=defrag`, `=defrag-restart`) so that only these
+//! points' pods land there.
 
 use super::*;
 
@@ -43,16 +51,26 @@ const EXTENDER_USER: &str = "system:serviceaccount:gpu-share:gpu-share-scheduler
 
 /// A pod template of `class` on the point's nodes (their pool, their taint), on `node` if given.
 fn pool_template(class: &str, node: Option<&str>) -> Value {
+    in_pool("defrag", class, node)
+}
+
+/// A pod template of `class` on the nodes of test pool `pool` (tainted with its name).
+fn in_pool(pool: &str, class: &str, node: Option<&str>) -> Value {
     let mut t = template(json!({"gpu-share": class}), node, "Always");
-    t["spec"]["nodeSelector"]["gpu-share.io/test-pool"] = json!("defrag");
+    t["spec"]["nodeSelector"]["gpu-share.io/test-pool"] = json!(pool);
     t["spec"]["tolerations"] =
-        json!([{"key": "gpu-share.io/test", "value": "defrag", "effect": "NoSchedule"}]);
+        json!([{"key": "gpu-share.io/test", "value": pool, "effect": "NoSchedule"}]);
     t
 }
 
 /// A bare pod of `class` named `name` on the point's nodes.
 fn bare(name: &str, class: &str, node: Option<&str>) -> Value {
-    let mut p = pool_template(class, node);
+    bare_in("defrag", name, class, node)
+}
+
+/// A bare pod of `class` named `name` on the nodes of test pool `pool`.
+fn bare_in(pool: &str, name: &str, class: &str, node: Option<&str>) -> Value {
+    let mut p = in_pool(pool, class, node);
     p["apiVersion"] = json!("v1");
     p["kind"] = json!("Pod");
     p["metadata"]["name"] = json!(name);
@@ -341,4 +359,175 @@ async fn moved(c: &Cluster) -> Check {
         format!("gpu-share deleted pods: {deletes:?}"),
     )?;
     ledger_is_the_api(c, "a pod moved, the waiting pod placed").await
+}
+
+/// The restart point's namespace, pool and nodes, and its Deployment.
+const RESTART_NS: &str = "defrag-restart";
+const RESTART_POOL: &str = "defrag-restart";
+const RESTART_NODES: [&str; 3] = ["restart-a", "restart-b", "restart-c"];
+const STEADY: &str = "steady";
+/// Moving, one move under way at a time.
+const ON_ONE_AT_ONCE: [(&str, &str); 4] = [
+    ("  mode: off\n", "  mode: on\n"),
+    ("  namespaces: []\n", "  namespaces: [defrag-restart]\n"),
+    ("  cooldownSeconds: 600\n", "  cooldownSeconds: 5\n"),
+    ("  movesAtOnce: 4\n", "  movesAtOnce: 1\n"),
+];
+const ON_ONE_AT_ONCE_OFF: [(&str, &str); 4] = [
+    ("  mode: on\n", "  mode: off\n"),
+    ("  namespaces: [defrag-restart]\n", "  namespaces: []\n"),
+    ("  cooldownSeconds: 5\n", "  cooldownSeconds: 600\n"),
+    ("  movesAtOnce: 1\n", "  movesAtOnce: 4\n"),
+];
+
+pub async fn defrag_restart(c: &Cluster) -> Check {
+    c.namespace(RESTART_NS, json!({})).await?;
+    super::quota::set_policy(c, &ON_ONE_AT_ONCE)?;
+    let result = outlived(c).await;
+    // kube-controller-manager runs again whatever happened (a second start of a running one
+    // only fails to take its port, and exits).
+    if !c.started("kube-controller-manager") {
+        c.start_process("kube-controller-manager");
+    }
+    let restored = super::quota::set_policy(c, &ON_ONE_AT_ONCE_OFF);
+    let cleaned = kubectl(
+        c,
+        &[
+            "-n",
+            RESTART_NS,
+            "delete",
+            "deployment,pod",
+            "--all",
+            "--wait=false",
+        ],
+        None,
+    );
+    result.and(restored).and(cleaned.map(|_| ()))
+}
+
+/// The events of `reason` on pod `name` in the restart point's namespace that say `words`,
+/// within 90 s.
+async fn restart_event(
+    c: &Cluster,
+    name: &str,
+    reason: &str,
+    words: &str,
+) -> Result<String, String> {
+    let events: Api<Event> = Api::namespaced(c.client.clone(), RESTART_NS);
+    wait_for(
+        &format!("a {reason} event on {name} saying {words:?}"),
+        Duration::from_secs(90),
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("list events: {e}"))?;
+            Ok(list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter(|e| e.involved_object.name.as_deref() == Some(name))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(words)))
+        },
+    )
+    .await
+}
+
+async fn outlived(c: &Cluster) -> Check {
+    let [a, b, cc] = RESTART_NODES;
+    let ns = RESTART_NS;
+    // One GPU of b and c held by bare pods, their other GPU filled for now: the Deployment's two
+    // pods can only take a's.
+    for (name, node) in [("held-b", b), ("held-c", cc), ("fill-b", b), ("fill-c", cc)] {
+        apply(
+            c,
+            ns,
+            &bare_in(RESTART_POOL, name, "exclusive-1", Some(node)),
+        )?;
+    }
+    wait_pods(c, ns, 4, 0).await?;
+    apply(
+        c,
+        ns,
+        &deployment(STEADY, 2, in_pool(RESTART_POOL, "exclusive-1", None)),
+    )?;
+    wait_pods(c, ns, 6, 0).await?;
+    for fill in ["fill-b", "fill-c"] {
+        kubectl(c, &["-n", ns, "delete", "pod", fill, "--wait=true"], None)?;
+    }
+    wait_pods(c, ns, 4, 0).await?;
+    let steady = |pods: &BTreeMap<String, Pod>| -> Vec<(String, Option<String>)> {
+        pods.iter()
+            .filter(|(n, p)| n.starts_with(&format!("{STEADY}-")) && live(p))
+            .map(|(n, p)| (n.clone(), node_of(p).map(String::from)))
+            .collect()
+    };
+    let on_a = steady(&pods_of(c, ns).await?);
+    ensure(
+        on_a.len() == 2 && on_a.iter().all(|(_, n)| n.as_deref() == Some(a)),
+        format!("the Deployment's pods are not both on {a}: {on_a:?}"),
+    )?;
+    ledger_is_the_api(c, "two GPUs free, on b and c").await?;
+
+    // No replacement will land while kube-controller-manager is stopped.
+    c.stop("kube-controller-manager");
+    apply(c, ns, &bare_in(RESTART_POOL, "big", "exclusive-2", None))?;
+    let moving = restart_event(c, "big", "GpuShareDefragMoving", "makes room on node").await?;
+    ensure(
+        moving.contains(&format!("makes room on node {a}")),
+        format!("the plan does not make room on {a}: {moving}"),
+    )?;
+    // One pod evicted; the second stays while the first one's replacement has not landed
+    // (two of the controller's ticks, 10 s apart, pass).
+    wait_for(
+        "one of the Deployment's pods evicted",
+        Duration::from_secs(60),
+        || async { Ok((steady(&pods_of(c, ns).await?).len() == 1).then_some(())) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let pods = pods_of(c, ns).await?;
+    let left = steady(&pods);
+    ensure(
+        left.len() == 1 && left[0].1.as_deref() == Some(a),
+        format!("with one move allowed under way and none landed, a second pod moved: {left:?}"),
+    )?;
+    let carries = |pods: &BTreeMap<String, Pod>| {
+        pods.get("big")
+            .and_then(|p| p.metadata.annotations.as_ref())
+            .is_some_and(|a| a.contains_key("gpu-share.io/defrag-plan"))
+    };
+    ensure(
+        carries(&pods) && pods.get("big").is_some_and(|p| node_of(p).is_none()),
+        "the waiting pod does not carry its plan, or was bound",
+    )?;
+
+    // The extender dies in the middle of the plan; the restarted one unwinds it.
+    c.kill("extender");
+    c.start_process_with(
+        "extender",
+        &[("GPU_SHARE_RESERVATION_IMAGE", "gpu-share:test")],
+    );
+    c.wait_ready("EXTENDER_ADMIN", Duration::from_secs(60))
+        .await?;
+    let gave_up = restart_event(c, "big", "GpuShareDefragGaveUp", "no longer holds it").await?;
+    ensure(
+        gave_up.contains(&format!("to make room on node {a}")),
+        format!("the unwound plan is not named: {gave_up}"),
+    )?;
+    wait_for(
+        "the plan's annotation off the waiting pod",
+        Duration::from_secs(30),
+        || async { Ok((!carries(&pods_of(c, ns).await?)).then_some(())) },
+    )
+    .await?;
+    // Nothing held is left behind: the ledger is the API (a promise would be a pod it lacks).
+    ledger_is_the_api(c, "a plan outlived its extender and was unwound").await?;
+
+    // kube-controller-manager back: the replacement is made, and the waiting pod is placed
+    // (as things stand, or by a new plan).
+    c.start_process("kube-controller-manager");
+    wait_pods_within(c, ns, 5, 0, Duration::from_secs(180)).await?;
+    ledger_is_the_api(c, "the waiting pod placed after the restart").await
 }

@@ -210,8 +210,10 @@ fn mps_pod(p: &mut Value, gpu: u32) {
     }
     c["resources"]["limits"]["cpu"] = json!("500m");
     c["resources"]["limits"]["memory"] = json!("256Mi");
-    c["resources"]["requests"]["cpu"] = json!("20m");
-    c["resources"]["requests"]["memory"] = json!("64Mi");
+    c["resources"]["requests"]["cpu"] =
+        json!(format!("{}m", crate::packing::MPS_RESERVATION.cpu_milli));
+    c["resources"]["requests"]["memory"] =
+        json!(format!("{}Mi", crate::packing::MPS_RESERVATION.memory_mib));
 }
 
 fn plain_pod(node: &str, gpu: u32, t: &Template) -> Value {
@@ -241,7 +243,11 @@ fn plain_pod(node: &str, gpu: u32, t: &Template) -> Value {
             ],
             "resources": {
                 "limits": {RESOURCE_GPU: "1", "cpu": "50m", "memory": "32Mi"},
-                "requests": {RESOURCE_GPU: "1", "cpu": "5m", "memory": "16Mi"}
+                "requests": {
+                    RESOURCE_GPU: "1",
+                    "cpu": format!("{}m", crate::packing::PLAIN_RESERVATION.cpu_milli),
+                    "memory": format!("{}Mi", crate::packing::PLAIN_RESERVATION.memory_mib)
+                }
             },
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": {
@@ -511,6 +517,39 @@ mod tests {
                 cdi_device: true
             })
         );
+    }
+
+    /// The packing counts a reservation's requests before it creates one: they are what the
+    /// ledger reads from the pod, for each kind of reservation.
+    #[test]
+    fn the_requests_the_packing_counts_are_the_pods() {
+        for (mps, cdi_device) in [(false, false), (false, true), (true, false)] {
+            let t = Template {
+                image: "gpu-share".into(),
+                cdi_device,
+                ..Template::default()
+            };
+            let created: k8s_openapi::api::core::v1::Pod =
+                serde_json::from_value(pod("n1", 0, mps, &t)).unwrap();
+            let held = crate::ledger::observed_holding(&created)
+                .unwrap()
+                .expect("a reservation holds its GPU");
+            // The ledger reads a live pod's CPU (its memory request is counted in a trace's
+            // replay only); the container asks both.
+            let want = crate::packing::reservation_requests(mps);
+            assert_eq!(
+                held.demand.cpu_milli, want.cpu_milli,
+                "mps {mps}, cdi device {cdi_device}"
+            );
+            let asked = &created.spec.as_ref().unwrap().containers[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .requests
+                .as_ref()
+                .unwrap()["memory"];
+            assert_eq!(asked.0, format!("{}Mi", want.memory_mib));
+        }
     }
 
     #[test]

@@ -58,19 +58,15 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub nodes_to_score: u32,
     /// Defragment: a pod that fits nowhere is placed where moving running pods makes room (the
-    /// extender's plan, docs/defragmentation.md), within --moves-per-gpu and --moves-at-once.
+    /// extender's plan, docs/defragmentation.md), within --moves-per-gpu.
     #[arg(long)]
     pub defrag: bool,
     /// With --defrag or --churn: at most this many moves per GPU the waiting pod asks.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub moves_per_gpu: u32,
-    /// With --defrag or --churn: at most this many moves in one plan.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
-    pub moves_at_once: u32,
     /// Replay with departures instead (docs/defragmentation.md): one pod arrives per step and
     /// lives a drawn number of steps; this many steps are counted, after twice as many to fill
-    /// the cluster. Each seed runs without moves and with them (within --moves-per-gpu and
-    /// --moves-at-once), and each refusal is weighed against an offline repack of its moment.
+    /// the cluster. Each seed runs without moves and with them (within --moves-per-gpu), and each refusal is weighed against an offline repack of its moment.
     #[arg(long, value_name = "STEPS")]
     pub churn: Option<usize>,
     /// With --churn: the GPUs offered, as a share of the cluster's.
@@ -87,11 +83,10 @@ impl SimulateArgs {
         self.defrag.then(|| self.move_limits())
     }
 
-    /// The limits --moves-per-gpu and --moves-at-once set.
+    /// The limits --moves-per-gpu sets.
     pub fn move_limits(&self) -> crate::defrag::Limits {
         crate::defrag::Limits {
             moves_per_gpu: self.moves_per_gpu,
-            moves_at_once: self.moves_at_once,
             ..crate::defrag::Limits::default()
         }
     }

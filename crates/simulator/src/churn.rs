@@ -388,7 +388,6 @@ pub struct ChurnSettings {
     pub steps: usize,
     pub patience: usize,
     pub moves_per_gpu: u32,
-    pub moves_at_once: u32,
 }
 
 impl ChurnReport {
@@ -421,14 +420,13 @@ pub fn table(reports: &[ChurnReport], seeds: &[u64]) -> String {
         let c = &r.churn;
         let _ = writeln!(
             out,
-            "{}: with departures, load {}, {} steps counted after {} (one arrival per step), a refused pod waits {} steps; moves: at most {} per GPU, {} at once; seeds {}",
+            "{}: with departures, load {}, {} steps counted after {} (one arrival per step), a refused pod waits {} steps; moves: at most {} per GPU asked; seeds {}",
             r.policy,
             c.load,
             c.steps,
             c.warmup,
             c.patience,
             c.moves_per_gpu,
-            c.moves_at_once,
             super::report::seeds_text(seeds)
         );
         let _ = writeln!(

@@ -423,7 +423,6 @@ pub fn churn_replays(
                     steps: churn.steps,
                     patience: churn.patience,
                     moves_per_gpu: limits.moves_per_gpu,
-                    moves_at_once: limits.moves_at_once,
                 },
                 without: of(false),
                 with: of(true),

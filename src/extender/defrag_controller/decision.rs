@@ -44,7 +44,6 @@ impl Waiter {
 pub fn limits(policy: &DefragPolicy) -> Limits {
     Limits {
         moves_per_gpu: policy.moves_per_gpu,
-        moves_at_once: policy.moves_at_once,
         ..Limits::default()
     }
 }

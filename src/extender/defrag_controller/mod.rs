@@ -178,7 +178,7 @@ pub async fn tick<E: Executor>(
     let on = policy.defrag.mode == DefragMode::On;
     let scorer = ext.scorer(policy.packing.policy.into());
     if on {
-        moving::advance(io, ext, &scorer, metrics).await;
+        moving::advance(io, ext, &scorer, &policy.defrag, metrics).await;
     }
     let flying: HashSet<String> = ext.flights().into_iter().map(|f| f.waiting.uid).collect();
     let now = Instant::now();
@@ -196,7 +196,7 @@ pub async fn tick<E: Executor>(
     if due.is_empty() {
         return;
     }
-    let mut defrag = policy.defrag.clone();
+    let defrag = &policy.defrag;
     let unsettled = |uid: &str| ext.assumption(uid).is_some() || ext.in_doubt(uid).is_some();
     let cooldown = Duration::from_secs(u64::from(defrag.cooldown_seconds));
     let gather = |cooled: &HashMap<String, Instant>| {
@@ -238,19 +238,13 @@ pub async fn tick<E: Executor>(
         let Some(waiter) = Waiter::of(Arc::new(pod), policy) else {
             continue;
         };
-        if on {
-            // At most `movesAtOnce` moves under way, over every plan.
-            let left = policy
-                .defrag
-                .moves_at_once
-                .saturating_sub(ext.moves_under_way() as u32);
-            if left == 0 {
-                memory.weighed.remove(uid);
-                break;
-            }
-            defrag.moves_at_once = left;
+        // No plan begins while `movesAtOnce` moves are under way, over every plan (a plan's own
+        // moves beyond the bound wait for earlier ones to land).
+        if on && ext.moves_under_way() >= defrag.moves_at_once as usize {
+            memory.weighed.remove(uid);
+            break;
         }
-        let (outcome, read) = checked_plan(io, ext, &ground, &scorer, &waiter, &defrag).await;
+        let (outcome, read) = checked_plan(io, ext, &ground, &scorer, &waiter, defrag).await;
         metrics.defrag_plan(decision::label(&outcome));
         if let (true, Ok(plan)) = (on, &outcome) {
             let lineages: Option<Vec<Lineage>> = plan
@@ -267,7 +261,7 @@ pub async fn tick<E: Executor>(
                 io,
                 ext,
                 &scorer,
-                &defrag,
+                defrag,
                 metrics,
                 memory,
                 id,

@@ -1,10 +1,12 @@
 //! `defrag.mode: on`: carrying plans out, and ending them. A plan begins with its holds (each
 //! move's target, and the node room is made on fenced for the waiting pod:
 //! [`ExtenderState::begin_flight`]) and the plan written on the waiting pod; then each pod is
-//! evicted through the Eviction API, in order. A refusal (a PodDisruptionBudget) or a failure
-//! unwinds the plan: its holds are released, the annotation taken off, the waiting pod told
-//! why. Each tick, [`advance`] follows the plans under way: replacements that took their
-//! promise, the waiting pod placed, the deadline.
+//! evicted through the Eviction API, in order, while fewer than `defrag.movesAtOnce` moves are
+//! under way over every plan (evicted, their replacement not landed): the rest wait for earlier
+//! replacements to land. A refusal (a PodDisruptionBudget) or a failure unwinds the plan: its
+//! holds are released, the annotation taken off, the waiting pod told why. Each tick,
+//! [`advance`] follows the plans under way: replacements that took their promise, the next
+//! evictions, the waiting pod placed, the deadline.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -92,22 +94,55 @@ pub async fn begin<E: Executor>(
     )
     .await;
     tracing::info!(pod = %waiting, plan = %words, "defragmentation plan begun");
-    for (i, m) in moves.iter().enumerate() {
+    for m in &moves {
+        memory.cooled.insert(m.workload.clone(), Instant::now());
+    }
+    evict_due(io, ext, policy, metrics, &waiting).await
+}
+
+/// Evicts the next moves of waiting pod `waiting`'s plan, in the plan's order, while fewer than
+/// `defrag.movesAtOnce` moves are under way over every plan. Whether the plan is still under
+/// way (`false`: an eviction was refused or failed, and the plan was unwound).
+async fn evict_due<E: Executor>(
+    io: &E,
+    ext: &ExtenderState,
+    policy: &DefragPolicy,
+    metrics: &Metrics,
+    waiting: &PodId,
+) -> bool {
+    loop {
+        if ext.moves_under_way() >= policy.moves_at_once as usize {
+            return true;
+        }
+        let Some((i, m)) = ext
+            .with_flight(&waiting.uid, |f| {
+                let i = f.next_eviction()?;
+                // Under way before the call: its replacement may reach filter before the answer.
+                f.legs[i] = Leg::Evicted;
+                Some((i, f.plan.moves[i].clone()))
+            })
+            .flatten()
+        else {
+            return true;
+        };
         let Some((namespace, name)) = m.key.split_once('/') else {
-            continue;
+            let why = GiveUp::Failed {
+                pod: m.key.clone(),
+                why: "not a namespace/name".into(),
+            };
+            unwind(io, ext, metrics, waiting, why).await;
+            return false;
         };
         let moved = Owner {
             namespace: namespace.to_string(),
             name: name.to_string(),
             uid: m.id.clone(),
         };
-        memory.cooled.insert(m.workload.clone(), Instant::now());
         let answer = io.evict(&moved).await;
         let why = match answer {
             Ok(Evicted::Done) | Ok(Evicted::Gone) => {
                 let gone = matches!(answer, Ok(Evicted::Gone));
                 metrics.defrag_eviction(if gone { "gone" } else { "evicted" });
-                ext.with_flight(&waiting.uid, |f| f.legs[i] = Leg::Evicted);
                 if !gone {
                     io.note(
                         &moved,
@@ -121,7 +156,7 @@ pub async fn begin<E: Executor>(
                     )
                     .await;
                 }
-                tracing::info!(pod = %m.key, from = %m.from, to = %m.to, waiting = %waiting, gone, "moved");
+                tracing::info!(pod = %m.key, from = %m.from, to = %m.to, waiting = %waiting, gone, move_index = i, "moved");
                 continue;
             }
             Ok(Evicted::Refused(why)) => {
@@ -139,10 +174,9 @@ pub async fn begin<E: Executor>(
                 }
             }
         };
-        unwind(io, ext, metrics, &waiting, why).await;
+        unwind(io, ext, metrics, waiting, why).await;
         return false;
     }
-    true
 }
 
 /// Gives up waiting pod `waiting`'s plan: its holds released, its annotation taken off, and
@@ -194,9 +228,16 @@ async fn waiting_state<E: Executor>(
     }
 }
 
-/// Follows every plan under way: replacements that took their promise, the waiting pod placed
-/// (its node's fence lifted), done, or given up.
-pub async fn advance<E: Executor>(io: &E, ext: &ExtenderState, scorer: &Scorer, metrics: &Metrics) {
+/// Follows every plan under way: replacements that took their promise, the next evictions where
+/// earlier replacements landed, the waiting pod placed (its node's fence lifted), done, or given
+/// up.
+pub async fn advance<E: Executor>(
+    io: &E,
+    ext: &ExtenderState,
+    scorer: &Scorer,
+    policy: &DefragPolicy,
+    metrics: &Metrics,
+) {
     ext.note_landings(scorer);
     for flight in ext.flights() {
         let id = flight.waiting.clone();
@@ -210,6 +251,9 @@ pub async fn advance<E: Executor>(io: &E, ext: &ExtenderState, scorer: &Scorer, 
         };
         match next {
             Next::Wait => {
+                if !evict_due(io, ext, policy, metrics, &id).await {
+                    continue;
+                }
                 if let Some(f) = ext.with_flight(&id.uid, |f| f.clone()) {
                     if f.placed {
                         ext.lift_fence(&id.uid);

@@ -211,21 +211,27 @@ impl Flight {
     }
 
     /// The move a pending pod of `lineage` (not the moved pod itself, `uid`) is the replacement
-    /// of: the first move of that lineage whose promise no pod has taken (or `uid` has). A pod of
-    /// the same controller and template made before the eviction (a scale-up) takes the move's
-    /// held room just as well: it is the same demand.
+    /// of: the first move of that lineage, evicted, whose promise no pod has taken (or `uid`
+    /// has). Any pending pod of the same controller and template takes the room just as well
+    /// (it is the same demand); a move not evicted yet offers none, as its pod still runs.
     pub fn replaced_by(&self, lineage: &Lineage, uid: &str) -> Option<usize> {
         (0..self.legs.len()).find(|&i| {
-            self.legs[i] != Leg::Landed
+            self.legs[i] == Leg::Evicted
                 && self.redeemed[i].as_deref().is_none_or(|r| r == uid)
                 && self.lineages.get(i) == Some(lineage)
                 && self.plan.moves[i].id != uid
         })
     }
 
-    /// How many moves are not landed.
+    /// How many moves are under way: evicted, their replacement not landed yet
+    /// (`defrag.movesAtOnce` bounds these over every plan).
     pub fn moves_under_way(&self) -> usize {
-        self.legs.iter().filter(|l| **l != Leg::Landed).count()
+        self.legs.iter().filter(|l| **l == Leg::Evicted).count()
+    }
+
+    /// The next move to evict, in the plan's order: the first whose pod still runs.
+    pub fn next_eviction(&self) -> Option<usize> {
+        self.legs.iter().position(|l| *l == Leg::Held)
     }
 
     /// Where the plan stands at `now`: `waiting` is whether the waiting pod still exists and
@@ -341,6 +347,9 @@ mod tests {
     fn a_replacement_is_known_by_its_controller_and_template_not_its_name() {
         let mut f = flight(2);
         let l = lineage("rs-uid", Some("abc"));
+        // Nothing evicted yet: no pod replaces anything.
+        assert_eq!(f.replaced_by(&l, "new-1"), None);
+        f.legs = vec![Leg::Evicted; 2];
         assert_eq!(f.replaced_by(&l, "new-1"), Some(0));
         // The moved pod itself is not its own replacement.
         assert_eq!(f.replaced_by(&l, "m0"), Some(1));
@@ -352,9 +361,24 @@ mod tests {
         assert_eq!(f.replaced_by(&l, "new-3"), None);
         // A promise taken is not offered to a second pod, unless its pod's bind comes again.
         let mut g = flight(2);
+        g.legs = vec![Leg::Evicted; 2];
         g.redeemed[0] = Some("new-1".into());
         assert_eq!(g.replaced_by(&l, "new-2"), Some(1));
         assert_eq!(g.replaced_by(&l, "new-1"), Some(0));
+    }
+
+    /// Moves are evicted in the plan's order; only those evicted and not landed are under way.
+    #[test]
+    fn moves_are_evicted_in_order_and_under_way_until_landed() {
+        let mut f = flight(3);
+        assert_eq!((f.next_eviction(), f.moves_under_way()), (Some(0), 0));
+        f.legs[0] = Leg::Evicted;
+        assert_eq!((f.next_eviction(), f.moves_under_way()), (Some(1), 1));
+        f.legs[1] = Leg::Evicted;
+        f.legs[0] = Leg::Landed;
+        assert_eq!((f.next_eviction(), f.moves_under_way()), (Some(2), 1));
+        f.legs[2] = Leg::Evicted;
+        assert_eq!((f.next_eviction(), f.moves_under_way()), (None, 2));
     }
 
     #[test]

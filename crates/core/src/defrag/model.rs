@@ -105,9 +105,6 @@ impl Pinned {
 pub struct Limits {
     /// At most this many moves for each GPU the waiting pod asks (a share asks one).
     pub moves_per_gpu: u32,
-    /// At most this many moves in the plan: the policy's moves at once, less those of plans
-    /// under way.
-    pub moves_at_once: u32,
     /// On how many nodes the ways to make room are weighed, those the quick estimate ranks
     /// first ([`super::room::estimate`]).
     pub nodes_weighed: usize,
@@ -119,7 +116,6 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             moves_per_gpu: 2,
-            moves_at_once: 4,
             nodes_weighed: 32,
             rooms_tried: 16,
         }

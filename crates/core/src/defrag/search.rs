@@ -32,11 +32,11 @@ pub fn plan(
     limits: &Limits,
     may_host: impl Fn(Guest, &str) -> bool,
 ) -> Result<Plan, NoPlan> {
-    let limit = limits.moves_at_once.min(
-        limits
-            .moves_per_gpu
-            .saturating_mul(room::gpus_asked(&waiting.demand.gpu)),
-    );
+    // The plan's length is bounded per GPU freed; how many of its moves are under way at once
+    // is the execution's to pace (`defrag.movesAtOnce`).
+    let limit = limits
+        .moves_per_gpu
+        .saturating_mul(room::gpus_asked(&waiting.demand.gpu));
     let mut why = NoPlan {
         limit,
         ..NoPlan::default()

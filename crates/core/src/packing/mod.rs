@@ -17,7 +17,9 @@ pub mod frag;
 mod held;
 mod homes;
 mod online_workload;
+mod opening;
 mod placements;
+mod reason;
 pub mod score;
 mod usage;
 
@@ -33,7 +35,11 @@ pub use frag::FragMemo;
 pub use held::{memory_hold, share_of};
 pub use homes::{Homes, SCARCITY_EXPONENT};
 pub use online_workload::{OnlineWorkload, TYPICAL_COVERAGE, Workload};
+pub use opening::{
+    MPS_RESERVATION, PLAIN_RESERVATION, ReservationRequests, reservation_requests, reservation_room,
+};
 pub use placements::*;
+pub use reason::Reason;
 pub use score::{PackingPolicy, Scorer};
 pub use usage::*;
 
@@ -688,6 +694,65 @@ mod tests {
         unapply(&mut u, &without);
         assert_eq!(u.without_device, vec![0, 0]);
         assert_eq!(fit(&n, &u, &share(30, true)), Ok(()));
+    }
+
+    /// A share that would open a GPU on a node shared per GPU brings the GPU's reservation pod;
+    /// where the node's CPU (or memory) cannot hold it too, only a GPU a reservation already
+    /// holds takes the share, and with none the node says why in words. The fit and the
+    /// placement agree: fit passes only where a candidate is.
+    #[test]
+    fn a_share_opens_a_gpu_only_where_the_node_holds_its_reservation_too() {
+        let mut n = GpuNode::whole("pg", "NVIDIA-A100-SXM4-80GB", 2, 81920);
+        n.sharing = Sharing::PerGpu;
+        n.cpu_milli = Some(8000);
+        n.memory_mib = Some(65536);
+        let scorer = Scorer::new(PackingPolicy::Binpack);
+        let with_cpu = |d: Demand, cpu_milli: u64| Demand { cpu_milli, ..d };
+        let mut u = Usage::empty(&n);
+        let plain = PLAIN_RESERVATION;
+        // The share leaves just its reservation's CPU: it opens GPU 0.
+        let fits = with_cpu(ts(30), 8000 - plain.cpu_milli);
+        assert_eq!(fit(&n, &u, &fits), Ok(()));
+        // One millicore more and no GPU can be opened.
+        let over = with_cpu(ts(30), 8000 - plain.cpu_milli + 1);
+        assert_eq!(fit(&n, &u, &over), Err(Reason::NoRoomForReservation));
+        assert!(candidates(&n, &u, &over).is_empty());
+        assert!(Reason::NoRoomForReservation.resolvable());
+        assert!(
+            Reason::NoRoomForReservation
+                .message()
+                .contains("reservation pod")
+        );
+        // GPU 1 held by its reservation (in its grace, no share on it): the share goes there,
+        // never to GPU 0, which it would have to open.
+        let r = Demand {
+            cpu_milli: plain.cpu_milli,
+            memory_mib: plain.memory_mib,
+            ..Demand::gpu(GpuDemand::ReservationPod {
+                gpu: 1,
+                mps: false,
+                cdi_device: false,
+            })
+        };
+        add(&n, &mut u, &r).unwrap();
+        let over = with_cpu(ts(30), 8000 - plain.cpu_milli);
+        assert_eq!(fit(&n, &u, &over), Ok(()));
+        let (p, _) = place(&scorer, &n, &u, &over, &mut FragMemo::default()).unwrap();
+        assert_eq!(p.gpus, [(1, 300)]);
+        // An MPS share would open its GPU with the daemon's reservation, which asks more: the
+        // time-sliced reservation on GPU 1 is of the other class, so nothing takes it.
+        let mps_room = MPS_RESERVATION;
+        let m = with_cpu(mps(30), 8000 - plain.cpu_milli - mps_room.cpu_milli + 1);
+        assert_eq!(fit(&n, &u, &m), Err(Reason::NoRoomForReservation));
+        let m = with_cpu(mps(30), 8000 - plain.cpu_milli - mps_room.cpu_milli);
+        let (p, _) = place(&scorer, &n, &u, &m, &mut FragMemo::default()).unwrap();
+        assert_eq!(p.gpus, [(0, 300)]);
+        // Memory counts as CPU does.
+        let big = Demand {
+            memory_mib: 65536 - plain.memory_mib - mps_room.memory_mib + 1,
+            ..mps(30)
+        };
+        assert_eq!(fit(&n, &u, &big), Err(Reason::NoRoomForReservation));
     }
 
     /// Per GPU, MPS shares of unequal sizes share a GPU (its own MPS daemon), within 100% and

@@ -170,7 +170,10 @@ pub fn for_each_candidate(
     // a pod recorded from the API does, which runs on some GPU whatever the model says.
     // A share that takes its GPU's CDI device goes only where no reservation without it holds
     // the GPU.
+    // On a node shared per GPU, a GPU no reservation holds yet is opened only where the node
+    // has room for the reservation the share brings ([`super::reservation_room`]).
     let cdi_device = demand.takes_cdi_device();
+    let room_to_open = |mps: bool| super::opening::reservation_room(node, usage, demand, mps);
     let mut one_gpu_each = |milli: u32, rule: ShareRule, base: Placement| {
         let memory = base.gpu_memory_mib;
         let gpu_memory = node.gpu_memory_mib.unwrap_or(u64::MAX);
@@ -179,6 +182,7 @@ pub fn for_each_candidate(
             ..base
         };
         let mut visited = false;
+        let opens = !rule.per_gpu || room_to_open(rule.mps);
         // GPUs in the same state are interchangeable: the same fit, the same score.
         let state = |i: usize| {
             (
@@ -187,7 +191,8 @@ pub fn for_each_candidate(
                 usage.is_free(i),
                 usage.is_shareable(i)
                     && usage.class_ok(i, rule.mps)
-                    && (!rule.per_gpu || !cdi_device || usage.serves_cdi_device(i)),
+                    && (!rule.per_gpu || !cdi_device || usage.serves_cdi_device(i))
+                    && (opens || usage.is_reserved(i)),
             )
         };
         for (i, m) in usage.gpu_milli.iter().enumerate() {

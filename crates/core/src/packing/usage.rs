@@ -82,6 +82,11 @@ impl Usage {
             })
     }
 
+    /// Whether a reservation pod holds GPU `i` (a share there brings no new one).
+    pub fn is_reserved(&self, i: usize) -> bool {
+        self.reserved.get(i).is_some_and(|r| *r > 0)
+    }
+
     /// Whether GPU `i` can take shares: it is not held whole.
     pub fn is_shareable(&self, i: usize) -> bool {
         i < self.gpu_milli.len() && self.whole.get(i).is_none_or(|w| *w == 0)

@@ -49,10 +49,12 @@ pub struct DefragPolicy {
     /// any pod opts out with `gpu-share.io/defrag: never`. A moved pod restarts.
     #[serde(default)]
     pub namespaces: Vec<String>,
-    /// At most this many moves for each GPU the waiting pod asks (a share asks one).
+    /// At most this many moves in a plan for each GPU the waiting pod asks (a share asks one).
     #[serde(default = "moves_per_gpu")]
     pub moves_per_gpu: u32,
-    /// At most this many moves in one plan, and (`on`) under way at once over every plan.
+    /// (`on`) At most this many moves under way at once over every plan: pods evicted whose
+    /// replacement has not landed on its held target. A plan's further moves wait for earlier
+    /// ones to land, and no plan begins while this many are under way.
     #[serde(default = "moves_at_once")]
     pub moves_at_once: u32,
     /// A workload that had a pod moved, or an eviction refused, is left alone this long.

@@ -394,6 +394,49 @@ async fn moves_at_once_bounds_the_moves_under_way() {
     );
 }
 
+/// A plan longer than `movesAtOnce` is begun whole (every target held) and evicted in waves:
+/// with one move allowed under way, the second pod is evicted only once the first one's
+/// replacement has landed on its target, and a replacement is steered only once its pod is
+/// evicted.
+#[tokio::test]
+async fn a_plan_longer_than_moves_at_once_evicts_as_replacements_land() {
+    let (ext, fake) = two_moves();
+    let mut policy = on(&["ml"]);
+    policy.defrag.moves_at_once = 1;
+    let metrics = Metrics::new();
+    let mut memory = Memory::default();
+    let evictions = |fake: &Fake| {
+        fake.calls()
+            .into_iter()
+            .filter(|c| c.starts_with("evict"))
+            .collect::<Vec<_>>()
+    };
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
+    assert_eq!(evictions(&fake), ["evict ml/a"]);
+    assert_eq!(ext.moves_under_way(), 1);
+    // Both targets held from the start.
+    for i in 0..2 {
+        assert!(
+            ext.ledger().node_of(&promise_key("u-big", i)).is_some(),
+            "promise {i}"
+        );
+    }
+    // `b` still runs: a pod of its workload is no replacement yet, and goes where filter says.
+    let b = fake.pod("ml/b").unwrap();
+    assert_eq!(ext.steer(&BindPod::of(&replacement(&b, "b-early"))), None);
+    // Nothing lands: the next tick evicts nothing more.
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
+    assert_eq!(evictions(&fake), ["evict ml/a"]);
+    // `a`'s replacement lands on its target: the next tick evicts `b`.
+    ext.forget_pod("u-a");
+    let a2 = replacement(&fake.pod("ml/a").unwrap(), "a-2");
+    let to = ext.ledger().node_of(&promise_key("u-big", 0)).unwrap();
+    bind(&ext, &policy, &a2, &to).unwrap();
+    tick_with(&ext, &fake, &policy, &metrics, &mut memory).await;
+    assert_eq!(evictions(&fake), ["evict ml/a", "evict ml/b"]);
+    assert_eq!(ext.moves_under_way(), 1);
+}
+
 /// A promise is the ledger's like any holding: a pod that does not replace the moved one is
 /// placed beside it, never in it.
 #[test]
